@@ -1,0 +1,82 @@
+"""The ``hpctrain`` command: one click group, lazily loaded subcommands, one error exit.
+
+Subcommands live in ``hpctrain.commands.<name>`` and are imported only when invoked,
+so ``hpctrain --help`` and every login-node command stay fast (no torch import).
+:func:`main` is the only place an :class:`~hpctrain.errors.HpctrainError` becomes a
+message on stderr and an exit code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Sequence
+
+import click
+
+from hpctrain import __version__
+from hpctrain.errors import HpctrainError
+
+# name -> ("module:attribute", one-line help shown by `hpctrain --help`)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "devcluster": ("hpctrain.commands.devcluster:devcluster", "Run a real SLURM cluster on this machine."),
+    "render": ("hpctrain.commands.render:render", "Render a job spec to an sbatch script."),
+    "templates": ("hpctrain.commands.templates:templates", "List, show and check partition templates."),
+    "ckpt": ("hpctrain.commands.ckpt:ckpt", "List, verify and prune checkpoints."),
+    "plan": ("hpctrain.commands.plan:plan", "Will it fit? Memory and layout planner."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use, not at startup."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._lazy = lazy
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self._lazy})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self._lazy:
+            target, _ = self._lazy[name]
+            module_name, attr = target.split(":")
+            return getattr(importlib.import_module(module_name), attr)
+        return super().get_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Help text comes from the table so listing commands imports none of them.
+        rows = [(name, self._lazy[name][1]) for name in sorted(self._lazy)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hpctrain")
+def cli() -> None:
+    """hpctrain: training jobs on SLURM GPU clusters, rendered, submitted and kept alive."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code; the one place errors become messages."""
+    try:
+        rv = cli.main(args=list(argv) if argv is not None else None, prog_name="hpctrain",
+                      standalone_mode=False)
+    except HpctrainError as exc:
+        click.echo(f"hpctrain: error: {exc}", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.Abort:
+        click.echo("hpctrain: aborted", err=True)
+        return 130
+    except KeyboardInterrupt:
+        click.echo("hpctrain: interrupted", err=True)
+        return 130
+    return rv if isinstance(rv, int) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The one exception root of hpctrain.
+
+Every error a user can cause or meet derives from :class:`HpctrainError`. The CLI
+(``hpctrain.cli.main``) turns it into one message and an exit code in one place;
+Python callers catch it like any exception. Messages name the offending value and
+the fix, e.g. ``tp=3 does not divide gpus_per_node=2: choose tp in {1, 2}``.
+"""
+
+from __future__ import annotations
+
+
+class HpctrainError(Exception):
+    """Root of every error hpctrain raises on purpose."""
+
+    exit_code: int = 1
+
+
+class SpecError(HpctrainError):
+    """A job spec is malformed, has an unknown key or an unsafe value."""
+
+    exit_code = 2
+
+
+class LayoutError(SpecError):
+    """A data/tensor/pipeline layout does not fit the job's GPUs or model."""
+
+
+class TemplateError(HpctrainError):
+    """A template is missing, broken, or renders an unsafe script."""
+
+    exit_code = 2
+
+
+class PartitionError(SpecError):
+    """An unknown partition or a malformed partition facts file."""
+
+
+class SlurmError(HpctrainError):
+    """A SLURM command failed; carries Slurm's own message."""
+
+    exit_code = 3
+
+
+class SlurmNotFound(SlurmError):
+    """No SLURM client binaries on this machine."""
+
+
+class SlurmTimeout(SlurmError):
+    """A SLURM command did not answer in time (controller down or slow)."""
+
+
+class DevclusterError(HpctrainError):
+    """The local development cluster could not be brought up, inspected or down."""
+
+    exit_code = 4
+
+
+class CheckpointError(HpctrainError):
+    """A checkpoint cannot be written, read or verified."""
+
+    exit_code = 5
+
+
+class PlanError(HpctrainError):
+    """The planner got nonsense input or found no layout that fits."""
+
+    exit_code = 2

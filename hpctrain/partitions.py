@@ -1,0 +1,105 @@
+"""Partition facts that sysadmins keep in ``templates/partitions/<name>.toml``.
+
+One file per partition says what a node offers (GPUs, their type and memory, CPUs,
+memory), the limits (max time, max nodes), site defaults (account, QoS, constraint),
+the environment to load (modules, NCCL/network variables), and figures the planner
+uses (peak TFLOPS per GPU, interconnects). Loading is pure apart from reading files.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+from hpctrain.errors import PartitionError
+from hpctrain.resources import template_dirs
+
+
+@dataclass(frozen=True)
+class Partition:
+    """What one SLURM partition offers, as its sysadmins describe it."""
+
+    name: str
+    gpus_per_node: int
+    cpus_per_node: int
+    mem_per_node_gb: float
+    max_time: str = "UNLIMITED"
+    max_nodes: int | None = None
+    gpu_type: str = "gpu"
+    gpu_mem_gb: float = 80.0
+    gpu_peak_tflops: float = 312.0       # dense bf16 per GPU, for cost estimates
+    intra_node_link: str = "nvlink"      # nvlink | pcie
+    inter_node_link: str = "infiniband"  # infiniband | ethernet
+    description: str = ""
+    default_account: str = ""
+    default_qos: str = ""
+    default_constraint: str = ""
+    modules: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    # planner: overrides of the default scaling-efficiency curve, e.g. {"inter_node": 0.9}
+    scaling: dict[str, float] = field(default_factory=dict)
+    source: str = ""                     # the file it was read from
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "") -> "Partition":
+        known = {f.name for f in fields(cls)} - {"source"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PartitionError(f"{source}: unknown key(s) {', '.join(unknown)}; "
+                                 f"valid keys: {', '.join(sorted(known))}")
+        for key in ("name", "gpus_per_node", "cpus_per_node", "mem_per_node_gb"):
+            if key not in data:
+                raise PartitionError(f"{source}: missing required key {key!r}")
+        values = dict(data)
+        values["modules"] = tuple(values.get("modules", ()))
+        values["env"] = {str(k): str(v) for k, v in values.get("env", {}).items()}
+        try:
+            part = cls(**values, source=source)
+        except TypeError as exc:  # pragma: no cover - guarded by the key checks
+            raise PartitionError(f"{source}: {exc}") from None
+        for key in ("gpus_per_node", "cpus_per_node"):
+            value = getattr(part, key)
+            if not isinstance(value, int) or value < 0:
+                raise PartitionError(f"{source}: {key}={value!r} must be a whole number >= 0")
+        return part
+
+
+def _partition_files(dirs: Iterable[Path]) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in reversed(list(dirs)):  # lowest priority first, so higher ones overwrite
+        pdir = d / "partitions"
+        if pdir.is_dir():
+            for f in sorted(pdir.glob("*.toml")):
+                found[f.stem] = f
+    return found
+
+
+def load_partition(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> Partition:
+    """Load one partition's facts; unknown names list the partitions that exist."""
+    files = _partition_files(template_dirs(extra_dirs))
+    if name not in files:
+        known = ", ".join(sorted(files)) or "none"
+        raise PartitionError(f"unknown partition {name!r}: known partitions are {known} "
+                             "(add templates/partitions/<name>.toml to define it)")
+    return read_partition_file(files[name])
+
+
+def read_partition_file(path: Path) -> Partition:
+    """Parse one partition facts file."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise PartitionError(f"{path}: not valid TOML: {exc}") from None
+    part = Partition.from_dict(data, source=str(path))
+    if part.name != path.stem:
+        raise PartitionError(f"{path}: name={part.name!r} must match the file name {path.stem!r}")
+    return part
+
+
+def list_partitions(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[Partition]:
+    """Every partition visible through the template search path, by name."""
+    files = _partition_files(template_dirs(extra_dirs))
+    return [read_partition_file(files[n]) for n in sorted(files)]

@@ -1,0 +1,50 @@
+"""Shared test fixtures.
+
+House rule: a test whose prerequisite (the SLURM devcluster, torch, deepspeed) is
+missing skips on a developer's machine but FAILS when CI=true, so CI can never go
+green by skipping. Use :func:`require` for any such check, never ``pytest.skip``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(ok: bool, what: str) -> None:
+    """Skip locally, fail in CI, when a prerequisite ``what`` is missing."""
+    if ok:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and a prerequisite is missing: {what}", pytrace=False)
+    pytest.skip(f"prerequisite missing: {what}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for module in ("torch", "deepspeed"):
+        if item.get_closest_marker(module) is not None:
+            require(importlib.util.find_spec(module) is not None, f"python package {module!r}")
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The real local SLURM cluster (``hpctrain devcluster``), brought up once per session.
+
+    Sets SLURM_CONF for this process and its children so plain ``sbatch`` etc. find it.
+    Never brought down here: later sessions reuse it (``up`` is idempotent).
+    """
+    require(sys.platform.startswith("linux"), "Linux")
+    require(os.geteuid() == 0, "root (the devcluster starts slurmctld/slurmd as root)")
+    from hpctrain.devcluster.cluster import DevCluster, Shape
+
+    dev = DevCluster()
+    dev.up(Shape())
+    os.environ.update(dev.client_env())
+    return dev
