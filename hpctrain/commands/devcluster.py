@@ -1,0 +1,80 @@
+"""``hpctrain devcluster up|status|down``: the local SLURM cluster from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from hpctrain.devcluster.cluster import DevCluster
+from hpctrain.devcluster.config import Shape
+
+state_dir_option = click.option(
+    "--state-dir", type=click.Path(file_okay=False), default=None,
+    help="Where configs, logs, databases and shared storage live "
+         "[default: $HPCTRAIN_DEVCLUSTER_DIR or /var/lib/hpctrain/devcluster].")
+
+
+@click.group()
+def devcluster() -> None:
+    """A real multi-node SLURM cluster on this machine (emulated nodes, fake GPUs)."""
+
+
+@devcluster.command()
+@click.option("--nodes", default=Shape.nodes, show_default=True, help="Emulated nodes.")
+@click.option("--gpus-per-node", default=Shape.gpus_per_node, show_default=True,
+              help="Fake GPUs (real GRES) per node.")
+@click.option("--cpus-per-node", default=Shape.cpus_per_node, show_default=True,
+              help="CPUs each node declares (may exceed this machine's).")
+@state_dir_option
+def up(nodes: int, gpus_per_node: int, cpus_per_node: int, state_dir: str | None) -> None:
+    """Install (as root), configure and start the cluster; a no-op when already up."""
+    dev = DevCluster(state_dir)
+    outcome = dev.up(Shape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node))
+    click.echo(f"devcluster {outcome}: {nodes} nodes x {gpus_per_node} GPUs, "
+               f"partitions debug (default) and urgent")
+    click.echo(f"  Slurm config:   {dev.paths.slurm_conf}  (export SLURM_CONF={dev.paths.slurm_conf}"
+               " if /etc/slurm/slurm.conf is not ours)")
+    click.echo(f"  shared storage: {dev.shared_dir}")
+
+
+@devcluster.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@state_dir_option
+def status(as_json: bool, state_dir: str | None) -> int:
+    """Nodes, states, GRES, partitions and whether each daemon is alive."""
+    info = DevCluster(state_dir).status()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        click.echo(_format_status(info))
+    up_ = info["daemons"] and all(d["alive"] for d in info["daemons"])
+    return 0 if up_ else 1
+
+
+def _format_status(info: dict) -> str:
+    if info["shape"] is None:
+        return f"devcluster: never brought up (state dir {info['state_dir']})"
+    lines = [f"state dir: {info['state_dir']}", f"config:    {info['slurm_conf']}",
+             f"shared:    {info['shared_dir']}", "daemons:"]
+    lines += [f"  {d['name']:<12} {'alive pid ' + str(d['pid']) if d['alive'] else 'DOWN'}"
+              for d in info["daemons"]]
+    if info["nodes"]:
+        lines.append("nodes:")
+        lines += [f"  {n['name']:<4} {n['state']:<12} gres={n['gres']} cpus={n['cpus']} "
+                  f"partitions={n['partitions']}" for n in info["nodes"]]
+        lines.append("partitions:")
+        lines += [f"  {p['name']:<8}{'*' if p['default'] else ' '} nodes={p['nodes']} "
+                  f"priority_tier={p['priority_tier']} preempt_mode={p['preempt_mode']} "
+                  f"grace_time={p['grace_time']}" for p in info["partitions"]]
+    else:
+        lines.append("nodes: (slurmctld is not running)")
+    return "\n".join(lines)
+
+
+@devcluster.command()
+@state_dir_option
+def down(state_dir: str | None) -> None:
+    """Stop exactly the daemons `up` started (by their pid files), nothing else."""
+    stopped = DevCluster(state_dir).down()
+    click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))

@@ -1,0 +1,326 @@
+"""``DevCluster``: bring the local SLURM cluster up, report on it, bring it down.
+
+Order of start: munge -> MariaDB -> slurmdbd (+ accounting records) -> slurmctld ->
+one slurmd per emulated node. ``down`` stops the same daemons in reverse, each only
+through the pid file this module wrote. A reshape restarts slurmctld and the slurmds
+with the new configuration and keeps munge, MariaDB and slurmdbd running.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from hpctrain.devcluster import config, daemons
+from hpctrain.devcluster.config import Paths, Ports, Shape
+from hpctrain.devcluster.packages import ensure_packages
+from hpctrain.errors import DevclusterError, SlurmError
+from hpctrain.slurm import client
+from hpctrain.slurm.parse import parse_kv_records
+
+DEFAULT_STATE_DIR = "/var/lib/hpctrain/devcluster"
+STATE_DIR_ENV = "HPCTRAIN_DEVCLUSTER_DIR"
+SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
+HOSTS_FILE = Path("/etc/hosts")
+READY_TIMEOUT_S = 60.0
+
+
+class DevCluster:
+    """A real SLURM cluster of emulated nodes on this machine, owned through one state dir."""
+
+    def __init__(self, state_dir: str | os.PathLike[str] | None = None,
+                 ports: Ports = Ports()) -> None:
+        root = state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+        self.paths = Paths(Path(root).resolve())
+        self.ports = ports
+
+    # ---- what clients and tests need -------------------------------------------------
+    def client_env(self) -> dict[str, str]:
+        """Environment that points Slurm clients (and jobs) at this cluster."""
+        return {"SLURM_CONF": str(self.paths.slurm_conf)}
+
+    @property
+    def shared_dir(self) -> Path:
+        """Shared storage every emulated node sees (they are all this machine)."""
+        return self.paths.shared
+
+    def shape(self) -> Shape | None:
+        """The shape the cluster was last brought up with, if any."""
+        try:
+            return Shape(**json.loads(self.paths.shape_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    # ---- daemons -----------------------------------------------------------------------
+    def _daemons(self, shape: Shape) -> list[daemons.Daemon]:
+        p = self.paths
+        conf = str(p.slurm_conf)
+
+        def d(name: str, argv: list[str], match: tuple[str, ...], forks: bool = True) -> daemons.Daemon:
+            return daemons.Daemon(name, tuple(argv), p.pid_file(name), p.log_file(name), match, forks)
+
+        result = [
+            d("munged", ["/usr/sbin/munged", f"--socket={p.munge_socket}",
+                         f"--key-file={p.munge_key}", f"--pid-file={p.pid_file('munged')}",
+                         f"--log-file={p.log_file('munged')}", f"--seed-file={p.munge_dir}/seed",
+                         "--force"], ("munged", str(p.munge_socket))),
+            # MariaDB runs as `mysql`, so its socket, pid and log live in a dir it owns.
+            daemons.Daemon("mariadbd", (
+                "/usr/sbin/mariadbd", "--no-defaults", f"--datadir={p.mysql_data}",
+                f"--socket={p.mysql_socket}", f"--port={self.ports.mariadb}",
+                "--bind-address=127.0.0.1", f"--pid-file={p.mysql_run}/mariadbd.pid",
+                "--user=mysql", f"--log-error={p.mysql_run}/mariadbd.log", "--skip-log-bin",
+                "--innodb-buffer-pool-size=64M"), p.mysql_run / "mariadbd.pid",
+                p.mysql_run / "mariadbd-stdout.log", ("mariadbd", str(p.mysql_data)), forks=False),
+            d("slurmdbd", ["/usr/sbin/slurmdbd"], ("slurmdbd",)),
+            d("slurmctld", ["/usr/sbin/slurmctld", "-i", "-f", conf], ("slurmctld", conf)),
+        ]
+        result += [d(f"slurmd-{n}", ["/usr/sbin/slurmd", "-N", n, "-f", conf], ("slurmd", n, conf))
+                   for n in shape.node_names]
+        return result
+
+    def _daemon_env(self) -> dict[str, str]:
+        return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
+                **self.client_env()}
+
+    # ---- up ------------------------------------------------------------------------------
+    def up(self, shape: Shape = Shape()) -> str:
+        """Bring the cluster up in ``shape``; returns "started", "reshaped" or "already up"."""
+        if os.geteuid() != 0:
+            raise DevclusterError("`hpctrain devcluster up` must run as root: it installs Debian "
+                                  "packages and starts munged, MariaDB, slurmdbd, slurmctld and "
+                                  "slurmd (try `sudo hpctrain devcluster up`)")
+        ensure_packages()
+        with self._lock():
+            previous = self.shape()
+            wanted = self._daemons(shape)
+            fresh = previous == shape and not self._configs_changed(shape)
+            if fresh and all(daemons.running_pid(d) for d in wanted):
+                return "already up"
+            self._prepare_dirs(shape)
+            # A new shape (or settings from a newer hpctrain) needs slurmctld and the
+            # slurmds restarted; munge, MariaDB and slurmdbd keep running.
+            reshaped = previous is not None and not fresh
+            if reshaped and previous is not None:
+                for d in reversed(self._daemons(previous)[3:]):  # slurmctld + slurmds
+                    daemons.stop(d)
+            self._write_configs(shape)
+            env = self._daemon_env()
+            munge, mariadb, slurmdbd, ctld, *slurmds = wanted
+            daemons.start(munge, env)
+            self._start_database(mariadb, env)
+            daemons.start(slurmdbd, env)
+            self._ensure_accounting()
+            daemons.start(ctld, env)
+            for d in slurmds:
+                daemons.start(d, env)
+            self._wait_nodes_ready(shape)
+            self.paths.shape_file.write_text(shape.to_json())
+            self._link_system_conf()
+            return "reshaped" if reshaped else "started"
+
+    @contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        with open(self.paths.root / ".lock", "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)  # concurrent `up`s (parallel tests) wait their turn
+            yield
+
+    def _prepare_dirs(self, shape: Shape) -> None:
+        p = self.paths
+        for d in (p.etc, p.run, p.log, p.ctld_state, p.fake_gpus, p.shared):
+            d.mkdir(parents=True, exist_ok=True)
+        p.shared.chmod(0o1777)  # like /tmp: every user's jobs can write checkpoints there
+        for node in shape.node_names:
+            (p.spool / node).mkdir(parents=True, exist_ok=True)
+            for f in p.fake_gpu_files(node, shape.gpus_per_node):
+                f.touch()
+        p.munge_dir.mkdir(mode=0o700, exist_ok=True)
+        if not p.munge_key.exists():
+            p.munge_key.write_bytes(secrets.token_bytes(1024))
+        p.munge_key.chmod(0o400)
+        if not p.db_password_file.exists():
+            p.db_password_file.write_text(secrets.token_hex(16))
+        p.db_password_file.chmod(0o600)
+        hosts = HOSTS_FILE.read_text() if HOSTS_FILE.exists() else ""
+        new_hosts = config.updated_hosts(hosts, shape)
+        if new_hosts != hosts:
+            HOSTS_FILE.write_text(new_hosts)
+
+    def _slurm_configs(self, shape: Shape) -> dict[Path, str]:
+        p = self.paths
+        return {p.slurm_conf: config.slurm_conf(shape, p, self.ports, socket.gethostname()),
+                p.gres_conf: config.gres_conf(shape, p)}
+
+    def _configs_changed(self, shape: Shape) -> bool:
+        for path, text in self._slurm_configs(shape).items():
+            try:
+                if path.read_text() != text:
+                    return True
+            except OSError:
+                return True
+        return False
+
+    def _write_configs(self, shape: Shape) -> None:
+        p = self.paths
+        for path, text in self._slurm_configs(shape).items():
+            path.write_text(text)
+        p.slurmdbd_conf.write_text(config.slurmdbd_conf(p, self.ports,
+                                                        p.db_password_file.read_text().strip()))
+        p.slurmdbd_conf.chmod(0o600)  # slurmdbd refuses a readable config (it holds a password)
+
+    def _start_database(self, mariadb: daemons.Daemon, env: dict[str, str]) -> None:
+        p = self.paths
+        if not (p.mysql_data / "mysql").is_dir():
+            p.mysql_data.mkdir(parents=True, exist_ok=True)
+            daemons.run_checked(["chown", "-R", "mysql:mysql", str(p.mysql_data)])
+            daemons.run_checked(["/usr/bin/mariadb-install-db", "--no-defaults",
+                                 f"--datadir={p.mysql_data}", "--user=mysql",
+                                 "--auth-root-authentication-method=socket",
+                                 "--skip-test-db"], env=env)
+        p.mysql_run.mkdir(exist_ok=True)
+        daemons.run_checked(["chown", "mysql:mysql", str(p.mysql_run)])
+        daemons.start(mariadb, env)
+        deadline = time.monotonic() + 30
+        while not p.mysql_socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        daemons.run_checked(["/usr/bin/mariadb", "--no-defaults", f"--socket={p.mysql_socket}",
+                             "-u", "root"], env=env,
+                            input=config.db_setup_sql(p.db_password_file.read_text().strip()))
+
+    def _ensure_accounting(self) -> None:
+        """Register cluster, account and users with slurmdbd (idempotent)."""
+        env = self.client_env()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                existing = client.run(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"],
+                                      env=env, timeout=10).stdout.split()
+                break
+            except SlurmError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        if config.CLUSTER_NAME not in existing:
+            client.run(["sacctmgr", "-i", "add", "cluster", config.CLUSTER_NAME], env=env)
+        accounts = client.run(["sacctmgr", "-n", "-P", "list", "account", "format=Account"],
+                              env=env).stdout.split()
+        if config.ACCOUNT not in accounts:
+            client.run(["sacctmgr", "-i", "add", "account", config.ACCOUNT,
+                        f"cluster={config.CLUSTER_NAME}"], env=env)
+        users = client.run(["sacctmgr", "-n", "-P", "list", "user", "format=User"],
+                           env=env).stdout.split()
+        for user in {"root", os.environ.get("SUDO_USER") or "root"} - set(users):
+            client.run(["sacctmgr", "-i", "add", "user", user, f"account={config.ACCOUNT}",
+                        f"cluster={config.CLUSTER_NAME}"], env=env)
+
+    def _wait_nodes_ready(self, shape: Shape) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            states = {n["NodeName"]: n.get("State", "") for n in self.nodes()}
+            ready = [n for n in shape.node_names
+                     if states.get(n, "").split("+")[0] in ("IDLE", "MIXED", "ALLOCATED")]
+            if len(ready) == shape.nodes:
+                return
+            for name, state in states.items():  # a node left DOWN by an earlier run
+                if name in shape.node_names and state.startswith(("DOWN", "DRAIN")):
+                    client.run(["scontrol", "update", f"nodename={name}", "state=resume"],
+                               env=self.client_env(), check=False)
+            time.sleep(0.5)
+        raise DevclusterError(f"nodes not ready within {READY_TIMEOUT_S:g}s: {states}; see "
+                              f"{self.paths.log}/slurmd-*.log and slurmctld.log")
+
+    def _link_system_conf(self) -> None:
+        """Point /etc/slurm/slurm.conf at ours, unless a real site config lives there."""
+        link = SYSTEM_SLURM_CONF
+        if link.is_symlink() or not link.exists():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() and Path(os.readlink(link)) == self.paths.slurm_conf:
+                return
+            link.unlink(missing_ok=True)
+            link.symlink_to(self.paths.slurm_conf)
+
+    # ---- status ------------------------------------------------------------------------
+    def nodes(self) -> list[dict[str, str]]:
+        """``scontrol show node`` records (empty when the controller is down)."""
+        return self._show("node")
+
+    def partitions(self) -> list[dict[str, str]]:
+        return self._show("partition")
+
+    def _show(self, entity: str) -> list[dict[str, str]]:
+        if not self.paths.slurm_conf.exists():
+            return []
+        try:
+            out = client.run(["scontrol", "show", entity, "--oneliner"], env=self.client_env(),
+                             timeout=10, retries=0).stdout
+        except SlurmError:
+            return []
+        return parse_kv_records(out)
+
+    def status(self) -> dict[str, Any]:
+        """Daemons, nodes and partitions, as a JSON-able dict."""
+        shape = self.shape()
+        known = self._daemons(shape) if shape else []
+        daemon_rows = [{"name": d.name, "pid": daemons.running_pid(d),
+                        "alive": daemons.running_pid(d) is not None} for d in known]
+        ctld_alive = any(r["alive"] for r in daemon_rows if r["name"] == "slurmctld")
+        return {
+            "state_dir": str(self.paths.root),
+            "slurm_conf": str(self.paths.slurm_conf),
+            "shared_dir": str(self.paths.shared),
+            "shape": json.loads(shape.to_json()) if shape else None,
+            "daemons": daemon_rows,
+            "nodes": [{"name": n.get("NodeName"), "state": n.get("State"),
+                       "gres": n.get("Gres"), "cpus": n.get("CPUTot"),
+                       "partitions": n.get("Partitions")} for n in self.nodes()] if ctld_alive else [],
+            "partitions": [{"name": p.get("PartitionName"), "nodes": p.get("Nodes"),
+                            "default": p.get("Default") == "YES",
+                            "priority_tier": p.get("PriorityTier"),
+                            "preempt_mode": p.get("PreemptMode"),
+                            "grace_time": p.get("GraceTime"), "state": p.get("State")}
+                           for p in self.partitions()] if ctld_alive else [],
+        }
+
+    # ---- node loss (tests of requeue after NODE_FAIL) -------------------------------------
+    def stop_node(self, node: str) -> bool:
+        """Stop one emulated node's slurmd (its jobs' processes are the caller's business)."""
+        return daemons.stop(self._node_daemon(node))
+
+    def start_node(self, node: str) -> None:
+        daemons.start(self._node_daemon(node), self._daemon_env())
+
+    def _node_daemon(self, node: str) -> daemons.Daemon:
+        shape = self.shape()
+        if shape is None or node not in shape.node_names:
+            raise DevclusterError(f"no emulated node {node!r}: nodes are "
+                                  f"{', '.join(shape.node_names) if shape else 'none (not up)'}")
+        return next(d for d in self._daemons(shape) if d.name == f"slurmd-{node}")
+
+    # ---- down ----------------------------------------------------------------------------
+    def down(self) -> list[str]:
+        """Stop every daemon this cluster started (by pid file); returns the names stopped."""
+        shape = self.shape()
+        if shape is None:
+            return []
+        with self._lock():
+            if any(daemons.running_pid(d) for d in self._daemons(shape) if d.name == "slurmctld"):
+                # Jobs on a cluster going away would leave orphaned slurmstepds behind.
+                env = self.client_env()
+                jobs = client.run(["squeue", "-h", "-o", "%A"], env=env, check=False,
+                                  timeout=10, retries=0).stdout.split()
+                if jobs:
+                    client.run(["scancel", *jobs], env=env, check=False, timeout=10, retries=0)
+            stopped = [d.name for d in reversed(self._daemons(shape)) if daemons.stop(d)]
+            hosts = HOSTS_FILE.read_text() if HOSTS_FILE.exists() else ""
+            if config.HOSTS_MARKER in hosts:
+                HOSTS_FILE.write_text(config.updated_hosts(hosts, None))
+            return stopped

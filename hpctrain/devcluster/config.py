@@ -1,0 +1,220 @@
+"""Pure rendering of the devcluster's configuration files from its shape and paths.
+
+Nothing here touches the machine: given a :class:`Shape` and a :class:`Layout` of
+paths it returns file contents, so the settings are easy to read and to test.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpctrain.errors import DevclusterError
+
+CLUSTER_NAME = "hpcdev"
+ACCOUNT = "hpctrain"
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
+HOSTS_MARKER = "# hpctrain-devcluster"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many emulated nodes, and what each one offers."""
+
+    nodes: int = 2
+    gpus_per_node: int = 2
+    cpus_per_node: int = 4
+    mem_per_node_mb: int = 4000
+
+    def __post_init__(self) -> None:
+        limits = {"nodes": (1, 64), "gpus_per_node": (0, 16), "cpus_per_node": (1, 256),
+                  "mem_per_node_mb": (100, 1 << 22)}
+        for key, (low, high) in limits.items():
+            value = getattr(self, key)
+            if not isinstance(value, int) or not low <= value <= high:
+                raise DevclusterError(f"{key}={value!r} is out of range: use {low}..{high}")
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"n{i}" for i in range(1, self.nodes + 1)]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """TCP ports, away from Slurm's defaults so a real installation is not disturbed."""
+
+    slurmctld: int = 16817
+    slurmdbd: int = 16819
+    mariadb: int = 16306
+    slurmd_base: int = 17000  # node i listens on slurmd_base + i
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Every file and directory the devcluster owns, all under one state directory."""
+
+    root: Path
+
+    etc = property(lambda self: self.root / "etc")
+    run = property(lambda self: self.root / "run")
+    log = property(lambda self: self.root / "log")
+    spool = property(lambda self: self.root / "spool")
+    ctld_state = property(lambda self: self.root / "ctld-state")
+    fake_gpus = property(lambda self: self.root / "fake-gpus")
+    mysql_data = property(lambda self: self.root / "mysql")
+    munge_dir = property(lambda self: self.root / "munge")
+    shared = property(lambda self: self.root / "shared")
+    slurm_conf = property(lambda self: self.etc / "slurm.conf")
+    gres_conf = property(lambda self: self.etc / "gres.conf")
+    slurmdbd_conf = property(lambda self: self.etc / "slurmdbd.conf")
+    shape_file = property(lambda self: self.root / "shape.json")
+    munge_key = property(lambda self: self.munge_dir / "munge.key")
+    munge_socket = property(lambda self: self.munge_dir / "munge.socket")
+    mysql_run = property(lambda self: self.root / "mysql-run")  # owned by the mysql user
+    mysql_socket = property(lambda self: self.mysql_run / "mysqld.sock")
+    db_password_file = property(lambda self: self.etc / "db-password")
+
+    def pid_file(self, daemon: str) -> Path:
+        """Pid file of a daemon: 'munged', 'mariadbd', 'slurmdbd', 'slurmctld', 'slurmd-n1'."""
+        return self.run / f"{daemon}.pid"
+
+    def log_file(self, daemon: str) -> Path:
+        return self.log / f"{daemon}.log"
+
+    def fake_gpu_files(self, node: str, count: int) -> list[Path]:
+        return [self.fake_gpus / f"{node}-gpu{i}" for i in range(count)]
+
+
+def _node_range(shape: Shape) -> str:
+    return f"n[1-{shape.nodes}]" if shape.nodes > 1 else "n1"
+
+
+def slurm_conf(shape: Shape, paths: Paths, ports: Ports, hostname: str) -> str:
+    """slurm.conf for the emulated nodes, partitions `debug` and `urgent`."""
+    nodes = "\n".join(
+        f"NodeName={n} NodeHostname={hostname} NodeAddr=127.0.0.1 "
+        f"Port={ports.slurmd_base + i} CPUs={shape.cpus_per_node} "
+        f"RealMemory={shape.mem_per_node_mb}"
+        + (f" Gres=gpu:{shape.gpus_per_node}" if shape.gpus_per_node else "")
+        + " State=UNKNOWN"
+        for i, n in enumerate(shape.node_names, start=1))
+    return f"""\
+# Written by `hpctrain devcluster up`; rewritten on every reshape. Do not edit.
+ClusterName={CLUSTER_NAME}
+SlurmctldHost={hostname}(127.0.0.1)
+SlurmctldPort={ports.slurmctld}
+SlurmdPort={ports.slurmd_base}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+# Our own munged on our own socket; cred_expire is also how long a requeued job is
+# held before it may start again (Slurm's default 120 s would make requeue tests slow).
+AuthInfo=socket={paths.munge_socket},cred_expire=10
+StateSaveLocation={paths.ctld_state}
+SlurmdSpoolDir={paths.spool}/%n
+SlurmctldPidFile={paths.pid_file('slurmctld')}
+SlurmdPidFile={paths.run}/slurmd-%n.pid
+SlurmctldLogFile={paths.log_file('slurmctld')}
+SlurmdLogFile={paths.log}/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+# No cgroups in a container: track processes by their parent chain.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+# Nodes may declare more CPUs/GPUs than this machine has.
+SlurmdParameters=config_overrides
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+# preempt_send_user_signal: a preempted job gets its --signal (e.g. B:USR2) as soon as
+# GraceTime starts, so it can write an emergency checkpoint; without it a batch script
+# with no srun step gets no signal at all before it is killed.
+SchedulerParameters=sched_interval=2,bf_interval=2,preempt_send_user_signal
+MpiDefault=none
+GresTypes=gpu
+ReturnToService=2
+JobRequeue=1
+# Node loss is noticed within seconds, not Slurm's default 5 minutes.
+SlurmdTimeout=10
+SlurmctldTimeout=10
+MessageTimeout=10
+KillWait=10
+InactiveLimit=0
+MinJobAge=600
+MaxArraySize=1001
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={ports.slurmdbd}
+# For slurmdbd connections Slurm takes the munge socket from here, not from AuthInfo.
+AccountingStoragePass={paths.munge_socket}
+AccountingStorageTRES=gres/gpu
+JobAcctGatherType=jobacct_gather/linux
+JobAcctGatherFrequency=30
+JobCompType=jobcomp/none
+{nodes}
+PartitionName=debug Nodes={_node_range(shape)} Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
+PartitionName=urgent Nodes={_node_range(shape)} PriorityTier=10 PreemptMode=OFF MaxTime=04:00:00 State=UP
+"""
+
+
+def gres_conf(shape: Shape, paths: Paths) -> str:
+    """gres.conf: each fake GPU is an empty file, enough for Slurm to count and bind it."""
+    lines = ["# Written by `hpctrain devcluster up`: fake GPUs, one empty file each."]
+    count = shape.gpus_per_node
+    for node in shape.node_names if count else ():
+        files = f"{node}-gpu[0-{count - 1}]" if count > 1 else f"{node}-gpu0"
+        lines.append(f"NodeName={node} Name=gpu File={paths.fake_gpus}/{files}")
+    return "\n".join(lines) + "\n"
+
+
+def slurmdbd_conf(paths: Paths, ports: Ports, db_password: str) -> str:
+    """slurmdbd.conf (must be mode 600: it holds the database password)."""
+    return f"""\
+# Written by `hpctrain devcluster up`. Do not edit.
+AuthType=auth/munge
+AuthInfo=socket={paths.munge_socket}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={ports.slurmdbd}
+SlurmUser=root
+PidFile={paths.pid_file('slurmdbd')}
+LogFile={paths.log_file('slurmdbd')}
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={ports.mariadb}
+StorageUser={DB_USER}
+StoragePass={db_password}
+StorageLoc={DB_NAME}
+"""
+
+
+def db_setup_sql(db_password: str) -> str:
+    """SQL that makes the accounting database and its user; safe to run again."""
+    return (f"CREATE DATABASE IF NOT EXISTS {DB_NAME};\n"
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{db_password}';\n"
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{db_password}';\n"
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1';\n"
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost';\n"
+            "FLUSH PRIVILEGES;\n")
+
+
+def hosts_line(shape: Shape) -> str:
+    """The /etc/hosts line that makes node names resolve (rendezvous needs it)."""
+    return f"127.0.0.1 {' '.join(shape.node_names)} {HOSTS_MARKER}"
+
+
+def updated_hosts(current: str, shape: Shape | None) -> str:
+    """/etc/hosts text with our line replaced (or removed when ``shape`` is None)."""
+    kept = [line for line in current.splitlines() if not line.endswith(HOSTS_MARKER)]
+    if shape is not None:
+        kept.append(hosts_line(shape))
+    return "\n".join(kept) + "\n"

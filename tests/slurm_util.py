@@ -1,0 +1,52 @@
+"""Small helpers for tests that drive the real devcluster (through hpctrain.slurm.client)."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from hpctrain.slurm import client
+
+
+def sbatch(*args: str) -> str:
+    """Submit with sbatch --parsable; return the job id."""
+    return client.run(["sbatch", "--parsable", *args]).stdout.strip().split(";")[0]
+
+
+def squeue_state(job_id: str) -> str:
+    """Current state from squeue ('' once the job has left the queue)."""
+    out = client.run(["squeue", "-h", "-j", job_id, "-o", "%T"], check=False).stdout
+    return out.strip()
+
+
+def sacct_states(job_id: str) -> list[str]:
+    """Every state sacct recorded for the job's allocation, oldest first (-D: duplicates)."""
+    out = client.run(["sacct", "-n", "-X", "-P", "-D", "-j", job_id, "-o", "State"]).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str,
+               interval_s: float = 0.5) -> float:
+    """Poll ``predicate`` until true; return seconds waited; fail with ``what`` on timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+
+
+def wait_done(job_id: str, timeout_s: float = 60.0) -> str:
+    """Wait until the job has left the queue and sacct has a final state; return it."""
+    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+    states: list[str] = []
+
+    def done() -> bool:
+        nonlocal states
+        if squeue_state(job_id):
+            return False
+        states = sacct_states(job_id)
+        return bool(states) and states[-1] in final
+
+    wait_until(done, timeout_s, f"job {job_id} to finish")
+    return states[-1]

@@ -1,0 +1,89 @@
+"""Pure tests of the devcluster's configuration rendering and input checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpctrain.devcluster import config, packages
+from hpctrain.devcluster.config import Paths, Ports, Shape
+from hpctrain.errors import DevclusterError
+from hpctrain.slurm.parse import parse_kv_line
+
+PATHS = Paths(Path("/state"))
+
+
+def conf_lines(shape: Shape) -> list[str]:
+    return config.slurm_conf(shape, PATHS, Ports(), "host").splitlines()
+
+
+def test_nodes_have_own_ports_gres_and_resolve_to_loopback() -> None:
+    nodes = [parse_kv_line(line) for line in conf_lines(Shape(nodes=3, gpus_per_node=4))
+             if line.startswith("NodeName=")]
+    assert [n["NodeName"] for n in nodes] == ["n1", "n2", "n3"]
+    assert [n["Port"] for n in nodes] == ["17001", "17002", "17003"]
+    assert {n["Gres"] for n in nodes} == {"gpu:4"}
+    assert {n["NodeAddr"] for n in nodes} == {"127.0.0.1"}
+
+
+def test_partitions_debug_default_low_urgent_preempts_with_requeue() -> None:
+    parts = {p["PartitionName"]: p for p in map(parse_kv_line, conf_lines(Shape()))
+             if "PartitionName" in p}
+    assert parts["debug"]["Default"] == "YES"
+    assert int(parts["urgent"]["PriorityTier"]) > int(parts["debug"]["PriorityTier"])
+    assert parts["debug"]["PreemptMode"] == "REQUEUE"
+    assert 0 < int(parts["debug"]["GraceTime"]) <= 30
+    assert parts["debug"]["Nodes"] == "n[1-2]"
+
+
+def test_fast_failure_detection_and_fast_requeue() -> None:
+    text = "\n".join(conf_lines(Shape()))
+    assert "SlurmdTimeout=10" in text
+    assert "cred_expire=10" in text  # requeued jobs held 10 s, not Slurm's 120 s
+    assert "PreemptType=preempt/partition_prio" in text
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in text
+
+
+def test_gres_conf_points_each_node_at_its_fake_gpu_files() -> None:
+    text = config.gres_conf(Shape(nodes=2, gpus_per_node=2), PATHS)
+    assert "NodeName=n1 Name=gpu File=/state/fake-gpus/n1-gpu[0-1]" in text
+    assert "NodeName=n2 Name=gpu File=/state/fake-gpus/n2-gpu[0-1]" in text
+    single = config.gres_conf(Shape(nodes=1, gpus_per_node=1), PATHS)
+    assert "File=/state/fake-gpus/n1-gpu0" in single
+    assert "Name=gpu" not in config.gres_conf(Shape(gpus_per_node=0), PATHS)
+
+
+def test_no_gres_line_when_no_gpus() -> None:
+    assert not any("Gres=" in line for line in conf_lines(Shape(gpus_per_node=0))
+                   if line.startswith("NodeName="))
+
+
+def test_hosts_update_is_idempotent_and_removable() -> None:
+    base = "127.0.0.1 localhost\n"
+    once = config.updated_hosts(base, Shape(nodes=2))
+    assert once == config.updated_hosts(once, Shape(nodes=2))
+    assert "127.0.0.1 n1 n2 # hpctrain-devcluster" in once
+    three = config.updated_hosts(once, Shape(nodes=3))
+    assert three.count(config.HOSTS_MARKER) == 1 and " n3 " in three
+    assert config.updated_hosts(three, None) == base
+
+
+@pytest.mark.parametrize("field,value", [("nodes", 0), ("nodes", 1000), ("gpus_per_node", -1),
+                                         ("cpus_per_node", 0)])
+def test_bad_shape_is_refused_with_the_range(field: str, value: int) -> None:
+    with pytest.raises(DevclusterError, match=f"{field}={value}.*use"):
+        Shape(**{field: value})
+
+
+def test_slurmdbd_conf_and_sql_carry_the_password() -> None:
+    conf = config.slurmdbd_conf(PATHS, Ports(), "s3cret")
+    assert "StoragePass=s3cret" in conf and "StoragePort=16306" in conf
+    assert "IDENTIFIED BY 's3cret'" in config.db_setup_sql("s3cret")
+
+
+def test_missing_packages_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(packages.BINARIES, "slurmdbd", "/nonexistent/slurmdbd")
+    assert "slurmdbd" in packages.missing_packages()
+    with pytest.raises(DevclusterError, match="apt-get install -y .*slurmdbd"):
+        packages.ensure_packages(install=False)
