@@ -14,6 +14,14 @@ __version__ = "0.1.0"
 # public name -> module that defines it; loaded lazily on first attribute access
 _LAZY = {
     "HpctrainError": "hpctrain.errors",
+    "JobSpec": "hpctrain.spec",
+    "render_script": "hpctrain.render",
+    "CheckpointManager": "hpctrain.checkpoint.manager",
+    "submit": "hpctrain.api",
+    "submit_function": "hpctrain.api",
+    "submit_sweep": "hpctrain.api",
+    "Job": "hpctrain.job",
+    "Layout": "hpctrain.api",
 }
 
 

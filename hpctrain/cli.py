@@ -24,6 +24,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "templates": ("hpctrain.commands.templates:templates", "List, show and check partition templates."),
     "ckpt": ("hpctrain.commands.ckpt:ckpt", "List, verify and prune checkpoints."),
     "plan": ("hpctrain.commands.plan:plan", "Will it fit? Memory and layout planner."),
+    "submit": ("hpctrain.commands.submit:submit", "Render a job spec and submit it (or --dry-run)."),
+    "status": ("hpctrain.commands.status:status", "States of your jobs and sweeps (one Slurm call)."),
+    "logs": ("hpctrain.commands.logs:logs", "Print or follow a job's output."),
+    "cancel": ("hpctrain.commands.cancel:cancel", "Cancel jobs, array tasks or sweeps."),
+    "sweep": ("hpctrain.commands.sweep:sweep", "Submit a grid of overrides as one job array."),
 }
 
 

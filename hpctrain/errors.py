@@ -61,6 +61,12 @@ class CheckpointError(HpctrainError):
     exit_code = 5
 
 
+class CheckpointCorrupt(CheckpointError):
+    """A checkpoint failed verification (checksum, size or manifest); ``ckpt verify`` exits 1."""
+
+    exit_code = 1
+
+
 class PlanError(HpctrainError):
     """The planner got nonsense input or found no layout that fits."""
 

@@ -41,6 +41,8 @@ class Partition:
     env: dict[str, str] = field(default_factory=dict)
     # planner: overrides of the default scaling-efficiency curve, e.g. {"inter_node": 0.9}
     scaling: dict[str, float] = field(default_factory=dict)
+    # how rendered scripts ask for GPUs: "gpus-per-node" (--gpus-per-node=N) or "gres" (--gres=gpu:N)
+    gpu_request: str = "gpus-per-node"
     source: str = ""                     # the file it was read from
 
     @classmethod
@@ -79,12 +81,7 @@ def _partition_files(dirs: Iterable[Path]) -> dict[str, Path]:
 
 def load_partition(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> Partition:
     """Load one partition's facts; unknown names list the partitions that exist."""
-    files = _partition_files(template_dirs(extra_dirs))
-    if name not in files:
-        known = ", ".join(sorted(files)) or "none"
-        raise PartitionError(f"unknown partition {name!r}: known partitions are {known} "
-                             "(add templates/partitions/<name>.toml to define it)")
-    return read_partition_file(files[name])
+    return find_partition(name, template_dirs(extra_dirs))
 
 
 def read_partition_file(path: Path) -> Partition:
@@ -102,4 +99,20 @@ def read_partition_file(path: Path) -> Partition:
 def list_partitions(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[Partition]:
     """Every partition visible through the template search path, by name."""
     files = _partition_files(template_dirs(extra_dirs))
+    return [read_partition_file(files[n]) for n in sorted(files)]
+
+
+def find_partition(name: str, dirs: Iterable[Path]) -> Partition:
+    """Like :func:`load_partition` but on an explicit search path (no environment read)."""
+    files = _partition_files(dirs)
+    if name not in files:
+        known = ", ".join(sorted(files)) or "none"
+        raise PartitionError(f"unknown partition {name!r}: known partitions are {known} "
+                             "(add templates/partitions/<name>.toml to define it)")
+    return read_partition_file(files[name])
+
+
+def partitions_in(dirs: Iterable[Path]) -> list[Partition]:
+    """Every partition on an explicit search path, by name (no environment read)."""
+    files = _partition_files(dirs)
     return [read_partition_file(files[n]) for n in sorted(files)]

@@ -1,6 +1,8 @@
 """Parsers for SLURM's output formats, one function per format.
 
 - ``scontrol show <entity> --oneliner``: one record per line of ``Key=Value`` pairs.
+- ``sacct --parsable2`` (with header), ``squeue -o SQUEUE_FORMAT``, ``sbatch --parsable``,
+  ``scontrol show config``, and Slurm durations.
 """
 
 from __future__ import annotations
@@ -26,3 +28,121 @@ def parse_kv_records(text: str) -> list[dict[str, str]]:
     """Parse ``scontrol show <entity> --oneliner`` output: one dict per non-empty line."""
     return [parse_kv_line(line) for line in text.splitlines()
             if line.strip() and "=" in line]
+
+
+# --- sacct / squeue (submission and status) -------------------------------------------
+
+def parse_sacct_parsable2(text: str) -> list[dict[str, str]]:
+    """Parse ``sacct --parsable2`` output WITH its header line (no ``-n``).
+
+    The header names the fields, so callers never depend on column positions. The last
+    field may contain ``|`` (a job name): it keeps the rest of the line. Lines that are
+    not records (blank) are skipped.
+    """
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    names = lines[0].split("|")
+    records = []
+    for line in lines[1:]:
+        values = line.split("|", len(names) - 1)
+        values += [""] * (len(names) - len(values))
+        records.append({n: v.strip() for n, v in zip(names, values)})
+    return records
+
+
+# `squeue --noheader --array --format` with these fields; the job name is last because
+# it is the only one that may contain the separator.
+SQUEUE_FIELDS = ("JobIDRaw", "JobID", "State", "Elapsed", "AllocNodes", "NodeList",
+                 "Reason", "JobName")
+SQUEUE_FORMAT = "%A|%i|%T|%M|%D|%N|%r|%j"
+
+
+def parse_squeue(text: str) -> list[dict[str, str]]:
+    """Parse ``squeue -h -r -o SQUEUE_FORMAT`` output into dicts keyed like sacct's fields.
+
+    squeue prints elapsed time as ``M:SS`` or ``H:MM:SS`` or ``D-HH:MM:SS``; it is kept
+    as printed (see :func:`parse_elapsed`).
+    """
+    records = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        values = line.split("|", len(SQUEUE_FIELDS) - 1)
+        if len(values) != len(SQUEUE_FIELDS):
+            continue
+        records.append({n: v.strip() for n, v in zip(SQUEUE_FIELDS, values)})
+    return records
+
+
+def parse_elapsed(text: str) -> int | None:
+    """Slurm durations (``[D-]HH:MM:SS``, ``MM:SS``, ``M:SS``, ``INVALID``) -> seconds."""
+    text = text.strip()
+    if not text or not text[0].isdigit():
+        return None
+    days = 0
+    if "-" in text:
+        d, text = text.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    h, m, s = parts[-3:]
+    return ((days * 24 + h) * 60 + m) * 60 + s
+
+
+def parse_sbatch_parsable(text: str) -> str:
+    """``sbatch --parsable`` prints ``JOBID`` or ``JOBID;CLUSTER``: return the job id."""
+    first = text.strip().splitlines()[-1] if text.strip() else ""
+    job_id = first.split(";")[0].strip()
+    if not job_id.isdigit():
+        raise ValueError(f"sbatch --parsable printed {text.strip()!r}, not a job id")
+    return job_id
+
+
+def parse_scontrol_config(text: str) -> dict[str, str]:
+    """``scontrol show config``: ``Key = Value`` lines -> dict (other lines ignored)."""
+    config = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and key.strip() and " " not in key.strip():
+            config[key.strip()] = value.strip()
+    return config
+
+
+def sbatch_header(script: str) -> list[str]:
+    """The lines sbatch reads directives from: up to the first command line.
+
+    sbatch stops looking for ``#SBATCH`` at the first line that is neither blank nor a
+    comment, so everything after it is the script body.
+    """
+    header = []
+    for line in script.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            break
+        header.append(line)
+    return header
+
+
+def parse_sbatch_directives(script: str) -> dict[str, str]:
+    """``#SBATCH --key=value`` / ``#SBATCH --flag`` lines of a script's header -> dict.
+
+    Values are unquoted the way bash would not (sbatch reads them literally, except
+    for one level of surrounding quotes, which is removed here too).
+    """
+    directives: dict[str, str] = {}
+    for line in sbatch_header(script):
+        text = line.strip()
+        if not text.startswith("#SBATCH"):
+            continue
+        option = text[len("#SBATCH"):].strip().split(" #")[0].strip()
+        if not option.startswith("-"):
+            continue
+        key, sep, value = option.partition("=")
+        if not sep and " " in option:
+            key, _, value = option.partition(" ")
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        directives[key.lstrip("-")] = value
+    return directives

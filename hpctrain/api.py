@@ -1,0 +1,336 @@
+"""The Python API (notebooks): submit a spec, a callable, or a sweep; get :class:`~hpctrain.job.Job` handles.
+
+    import hpctrain
+    spec = hpctrain.JobSpec.load("job.toml").with_overrides({"nodes": 2})
+    job = hpctrain.submit(spec)                       # job.job_id, job.state, job.wait()
+    job = hpctrain.submit_function(fn, 3, partition="debug", nodes=2, gpus_per_node=2,
+                                   layout=hpctrain.Layout(tp=2))
+    job.result()                                      # one value per rank
+
+Every path renders the job through ``hpctrain.render`` and submits the rendered
+script through :class:`hpctrain.submission.RenderedExecutor` (submitit). Importing
+this module is cheap; submitit is imported when something is submitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import uuid
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from hpctrain import records
+from hpctrain.errors import SlurmError, SpecError
+from hpctrain.job import Job, log_paths
+from hpctrain.layout import LayoutPlan
+from hpctrain.records import JobRecord, job_folder
+from hpctrain.spec import JobSpec, LayoutSpec, parse_set_options
+from hpctrain.sweep import (differing_directives, dispatcher_script, grid_points, index_width,
+                            plan_arrays, task_checkpoint_dir)
+
+# What the user writes: hpctrain.Layout(tp=2) (pp=1, dp derived). The spec's own section.
+Layout = LayoutSpec
+Templates = Sequence[str | os.PathLike[str]]
+
+
+def prepare(spec: JobSpec, templates: Templates = ()) -> tuple[str, LayoutPlan]:
+    """Check the spec against its partition and render it: (script, layout plan). Pure."""
+    from hpctrain.render import render
+
+    rendered = render(spec, template_dirs=tuple(templates))
+    return rendered.script, rendered.plan
+
+
+def _minutes(spec: JobSpec) -> int:
+    seconds = spec.time_seconds
+    return 60 * 24 * 365 if seconds is None else max(1, seconds // 60)
+
+
+def submit(spec: JobSpec, *, folder: str | os.PathLike[str] | None = None,
+           templates: Templates = (), spec_path: str = "") -> Job:
+    """Render ``spec`` and submit it; the file Slurm runs is exactly ``hpctrain render``'s output."""
+    from hpctrain.submission import RenderedExecutor
+
+    script, plan = prepare(spec, templates)
+    jfolder = job_folder(spec.name, folder)
+    executor = RenderedExecutor(jfolder, script, plan.ntasks, time_min=_minutes(spec))
+    sjob = executor.submit_script()
+    logs = log_paths(script, os.getcwd())
+    rec = JobRecord(job_id=sjob.job_id, name=spec.name, kind="script", folder=str(jfolder),
+                    log=logs.log, rank_log=logs.rank_log,
+                    checkpoint_dir=spec.checkpoint.dir or "", partition=spec.partition,
+                    num_tasks=plan.ntasks, spec=spec_path)
+    records.append([rec])
+    return Job(rec, submitit_job=sjob)
+
+
+# ---- functions -----------------------------------------------------------------------------
+class RankCall:
+    """Runs the user's callable on one rank with the distributed environment set.
+
+    Pickled by submitit and unpickled in every task of the job. Existing values (the
+    rendered script's launcher sets RANK, MASTER_ADDR, ...) are kept; what is missing
+    is derived from Slurm's variables, the same way the templates derive it.
+    """
+
+    def __init__(self, fn: Callable[..., Any], layout: Mapping[str, int]) -> None:
+        self.fn = fn
+        self.layout = dict(layout)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        set_rank_environment(os.environ, self.layout)
+        with rank_log_tee(os.environ):
+            return self.fn(*args, **kwargs)
+
+
+class CheckpointableRankCall(RankCall):
+    """A RankCall whose callable implements submitit's ``checkpoint`` (requeue protocol)."""
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        import submitit  # in the job only
+
+        delayed = self.fn.checkpoint(*args, **kwargs)
+        if delayed is None:
+            return None
+        return submitit.helpers.DelayedSubmission(
+            CheckpointableRankCall(delayed.function, self.layout), *delayed.args, **delayed.kwargs)
+
+
+class _Tee:
+    """A text stream writing to the job log (as before) and to this rank's own file."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._first, self._second = first, second
+
+    def write(self, text: str) -> int:
+        self._second.write(text)
+        return self._first.write(text)
+
+    def flush(self) -> None:
+        self._first.flush()
+        self._second.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._first, name)
+
+
+@contextlib.contextmanager
+def rank_log_tee(env: Mapping[str, str]) -> Iterator[None]:
+    """Copy this rank's stdout/stderr to ``FOLDER/<job>_<rank>_log.out`` (``logs --rank``).
+
+    The ranks of an srun job share the batch log; the per-rank copy is what lets
+    ``hpctrain logs --rank N`` (and submitit's ``job.stdout()``) show one rank.
+    """
+    folder, job_id = env.get("SUBMITIT_FOLDER"), env.get("SLURM_JOB_ID")
+    if not folder or not job_id:
+        yield
+        return
+    path = Path(folder) / f"{job_id}_{env.get('SLURM_PROCID', '0')}_log.out"
+    with open(path, "a", encoding="utf-8", buffering=1) as fh:
+        saved = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _Tee(sys.stdout, fh), _Tee(sys.stderr, fh)
+        try:
+            yield
+        finally:
+            sys.stdout, sys.stderr = saved
+
+
+def set_rank_environment(env: Any, layout: Mapping[str, int]) -> None:
+    """Fill RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT and layout coordinates from SLURM_*."""
+    from hpctrain.layout import rank_to_coords
+
+    rank = int(env.get("SLURM_PROCID", 0))
+    world = int(env.get("SLURM_NTASKS", 1))
+    env.setdefault("RANK", str(rank))
+    env.setdefault("WORLD_SIZE", str(world))
+    env.setdefault("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+    env.setdefault("NODE_RANK", env.get("SLURM_NODEID", "0"))
+    if "MASTER_ADDR" not in env:
+        env["MASTER_ADDR"] = first_host(env.get("SLURM_JOB_NODELIST", "localhost"))
+    # 20000-39999 from the job id: two jobs sharing a node do not collide
+    env.setdefault("MASTER_PORT", str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
+    tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
+    dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
+    coords = rank_to_coords(rank, tp, dp, pp)
+    for key, value in (("TP", tp), ("DP", dp), ("PP", pp), ("TP_RANK", coords.tp),
+                       ("DP_RANK", coords.dp), ("PP_RANK", coords.pp)):
+        env.setdefault(f"HPCTRAIN_{key}", str(value))
+
+
+def first_host(nodelist: str) -> str:
+    """First host of a Slurm node list: ``n[3-4,7],m1`` -> ``n3``."""
+    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist
+    if "[" not in head:
+        return head
+    prefix, _, rest = head.partition("[")
+    first = rest.split(",")[0].split("-")[0].rstrip("]")
+    return prefix + first
+
+
+def submit_function(fn: Callable[..., Any], *args: Any, partition: str = "debug",
+                    nodes: int = 1, gpus_per_node: int | None = None,
+                    layout: LayoutSpec | Mapping[str, int] | None = None,
+                    name: str | None = None, time: str = "01:00:00",
+                    folder: str | os.PathLike[str] | None = None,
+                    setup: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                    account: str | None = None, templates: Templates = (),
+                    max_num_timeout: int = 3, python: str | None = None,
+                    **kwargs: Any) -> Job:
+    """Run ``fn(*args, **kwargs)`` on every rank of an allocation (one task per GPU).
+
+    The job is an ordinary hpctrain spec with the ``srun`` launcher whose command is
+    submitit's entry point, rendered by the partition's templates. Each rank sees
+    RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and HPCTRAIN_{TP,DP,PP}[_RANK].
+    A callable with a ``checkpoint`` method (submitit.helpers.Checkpointable) is
+    checkpointed and requeued by submitit on the preemption/time-limit signal.
+    ``job.result()`` returns one value per rank when there is more than one.
+    """
+    from hpctrain.submission import RenderedExecutor, submitit_command
+
+    job_name = name or function_job_name(fn)
+    jfolder = job_folder(job_name, folder)
+    python = python or sys.executable
+    lay = _layout_dict(layout)
+    data: dict[str, Any] = {
+        "name": job_name, "partition": partition, "nodes": nodes, "time": time,
+        "output": f"{jfolder}/%j_log.out", "layout": lay,
+        "run": {"launcher": "srun", "command": submitit_command(python, jfolder),
+                "setup": list(setup), "env": {"SUBMITIT_EXECUTOR": "slurm", **(env or {})}},
+    }
+    if gpus_per_node is not None:
+        data["gpus_per_node"] = gpus_per_node
+    if account:
+        data["account"] = account
+    spec = JobSpec.from_dict(data)
+    script, plan = prepare(spec, templates)
+    executor = RenderedExecutor(jfolder, script, plan.ntasks, time_min=_minutes(spec),
+                                max_num_timeout=max_num_timeout, python=python)
+    call_cls = CheckpointableRankCall if hasattr(fn, "checkpoint") else RankCall
+    sjob = executor.submit(call_cls(fn, {"tp": plan.tp, "pp": plan.pp}), *args, **kwargs)
+    logs = log_paths(script, os.getcwd())
+    rec = JobRecord(job_id=sjob.job_id, name=job_name, kind="function", folder=str(jfolder),
+                    log=logs.log, rank_log=f"{jfolder}/%j_%t_log.out", partition=partition,
+                    num_tasks=plan.ntasks)
+    records.append([rec])
+    return Job(rec, submitit_job=sjob)
+
+
+def function_job_name(fn: Callable[..., Any]) -> str:
+    """A Slurm-safe job name from a callable's name (``_train`` -> ``train``, lambdas -> ``lambda``)."""
+    raw = getattr(fn, "__name__", None) or type(fn).__name__
+    cleaned = re.sub(r"[^A-Za-z0-9._+-]+", "-", raw).lstrip("._+-")[:128]
+    return cleaned or "function"
+
+
+def _layout_dict(layout: LayoutSpec | Mapping[str, int] | None) -> dict[str, int]:
+    if layout is None:
+        return {}
+    if isinstance(layout, Mapping):
+        return {k: int(v) for k, v in layout.items()}
+    return {k: v for k in ("tp", "pp", "dp", "num_layers", "num_heads")
+            if (v := getattr(layout, k, None)) is not None}
+
+
+# ---- sweeps --------------------------------------------------------------------------------
+@dataclass
+class Sweep:
+    """A submitted sweep: its id (the first array's job id), arrays, and per-task handles."""
+
+    sweep_id: str
+    arrays: list[JobRecord]
+    points: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def jobs(self) -> list[Job]:
+        return [Job(rec, task=str(t)) for rec in self.arrays for t in range(rec.num_tasks)]
+
+
+def sweep_specs(spec: JobSpec, grid: Mapping[str, Sequence[str]]) -> tuple[list[dict[str, str]], list[JobSpec]]:
+    """The grid's points and one spec per point (own overrides, own checkpoint subdir). Pure."""
+    points = grid_points({k: list(v) for k, v in grid.items()})
+    width = index_width(len(points))
+    specs = []
+    for i, point in enumerate(points):
+        overrides = parse_set_options([f"{k}={v}" for k, v in point.items()])
+        if spec.checkpoint.dir:
+            overrides["checkpoint.dir"] = task_checkpoint_dir(spec.checkpoint.dir, i, width)
+        specs.append(spec.with_overrides(overrides))
+    return points, specs
+
+
+def render_sweep(spec: JobSpec, grid: Mapping[str, Sequence[str]], templates: Templates = ()
+                 ) -> tuple[list[dict[str, str]], list[JobSpec], list[tuple[str, LayoutPlan]],
+                            list[list[str]]]:
+    """Points, specs, rendered scripts and their headers; refuses grids that change resources."""
+    from hpctrain.slurm.parse import sbatch_header
+
+    points, specs = sweep_specs(spec, grid)
+    rendered = [prepare(s, templates) for s in specs]
+    headers = [sbatch_header(script) for script, _ in rendered]
+    diff = differing_directives(headers)
+    if diff:
+        raise SpecError(f"the grid changes Slurm directives ({'; '.join(diff[:4])}), but every "
+                        f"task of a job array gets the same allocation: sweep only keys that "
+                        f"do not change resources (grid keys: {', '.join(grid)}), or submit "
+                        "those as separate jobs")
+    return points, specs, rendered, headers
+
+
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (``scontrol show config``): task indices stay below it."""
+    from hpctrain.slurm import client
+    from hpctrain.slurm.parse import parse_scontrol_config
+
+    config = parse_scontrol_config(client.run(["scontrol", "show", "config"]).stdout)
+    value = config.get("MaxArraySize", "1001")
+    return int(value) if value.isdigit() else 1001
+
+
+def submit_sweep(spec: JobSpec, grid: Mapping[str, Sequence[str]], *,
+                 max_parallel: int | None = None, folder: str | os.PathLike[str] | None = None,
+                 templates: Templates = (), spec_path: str = "",
+                 array_limit: int | None = None) -> Sweep:
+    """Submit the grid's cartesian product as ONE job array (split above MaxArraySize).
+
+    Each point's script is rendered like ``hpctrain render --set k=v ...`` would; the
+    array's script is their common ``#SBATCH`` header plus one line that runs the
+    point of ``$SLURM_ARRAY_TASK_ID``.
+    """
+    from hpctrain.submission import RenderedExecutor
+
+    points, specs, rendered, headers = render_sweep(spec, grid, templates)
+    chunks = plan_arrays(len(points), max_parallel, array_limit or max_array_size())
+    sweep_dir = job_folder(spec.name, folder) / f"sweep-{uuid.uuid4().hex[:8]}"
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    for i, (script, _) in enumerate(rendered):
+        (sweep_dir / f"point-{i}.sh").write_text(script, encoding="utf-8")
+    logs = log_paths(rendered[0][0], os.getcwd(), array=True)
+    arrays: list[JobRecord] = []
+    sweep_id = ""
+    for chunk in chunks:
+        args = [f"--array={chunk.array_option}"]
+        if chunk.after is not None:
+            args.append(f"--dependency=afterany:{arrays[chunk.after].job_id}")
+        text = dispatcher_script(headers[0], str(sweep_dir), chunk.offset)
+        executor = RenderedExecutor(sweep_dir, text, rendered[0][1].ntasks, sbatch_args=args,
+                                    time_min=_minutes(spec))
+        try:
+            sjob = executor.submit_script()
+        except SlurmError:
+            if arrays:  # keep what was queued visible: record it before failing
+                records.append(arrays)
+            raise
+        sweep_id = sweep_id or sjob.job_id
+        arrays.append(JobRecord(
+            job_id=sjob.job_id, name=spec.name, kind="sweep", folder=str(sweep_dir),
+            log=logs.log, checkpoint_dir=spec.checkpoint.dir or "", partition=spec.partition,
+            num_tasks=chunk.size, spec=spec_path, sweep_id=sweep_id, sweep_offset=chunk.offset,
+            points=points[chunk.offset:chunk.offset + chunk.size],
+            extra={"max_parallel": max_parallel, "array": chunk.array_option,
+                   "total_points": len(points)}))
+    records.append(arrays)
+    return Sweep(sweep_id, arrays, points)

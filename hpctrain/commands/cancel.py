@@ -1,0 +1,31 @@
+"""``hpctrain cancel JOB_ID ...``: scancel jobs (a sweep id cancels all its arrays)."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+from hpctrain import records
+from hpctrain.job import JobError, cancel as cancel_jobs
+
+JOB_ID = re.compile(r"^\d+(_\d+)?$")
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, required=True, metavar="JOB_ID...")
+def cancel(job_ids: tuple[str, ...]) -> int:
+    """Cancel jobs, array tasks (123_4) or whole sweeps, in one scancel call."""
+    ids: list[str] = []
+    for jid in job_ids:
+        if not JOB_ID.match(jid):
+            raise JobError(f"{jid!r} is not a Slurm job id: use 123, 123_4 (an array task) "
+                           "or a sweep id that `hpctrain status` lists")
+        rec = records.find(jid)
+        if rec is not None and rec.kind == "sweep" and rec.sweep_id == jid:
+            ids += [m.job_id for m in records.sweep_members(jid)]
+        else:
+            ids.append(jid)
+    cancel_jobs(ids)
+    click.echo(f"cancelled {' '.join(ids)}")
+    return 0

@@ -1,0 +1,55 @@
+"""Job views shared by submit/status/logs/cancel/sweep: formatting only, no Slurm calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.slurm.states import Outcome
+
+
+def format_elapsed(seconds: int | None) -> str:
+    """Seconds -> ``1-02:03:04`` / ``02:03:04`` / ``-``."""
+    if seconds is None:
+        return "-"
+    days, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    text = f"{h:02d}:{m:02d}:{s:02d}"
+    return f"{days}-{text}" if days else text
+
+
+def format_requeues(requeues: dict[str, int]) -> str:
+    """``{"preempted": 2, "timeout": 1}`` -> ``preempted:2 timeout:1`` (``-`` when none)."""
+    return " ".join(f"{k}:{v}" for k, v in sorted(requeues.items())) or "-"
+
+
+def info_json(info: Any) -> dict[str, Any]:
+    return {"state": str(info.state), "slurm_state": info.slurm_state,
+            "outcome": info.state.outcome.value, "elapsed_s": info.elapsed_s,
+            "nodes": info.nodes, "num_nodes": info.num_nodes, "exit_code": info.exit_code,
+            "reason": info.reason, "requeues": info.requeues}
+
+
+def job_json(job: Any, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job.job_id, "name": job.name, "kind": job.record.kind,
+            "paths": {"folder": job.folder, "submission_file": str(job.submission_file),
+                      "log": extra.pop("log", job.record.log),
+                      "checkpoint_dir": job.record.checkpoint_dir}, **extra}
+
+
+def progress_line(job: Any, info: Any) -> str:
+    """One line of ``submit --wait`` progress."""
+    from hpctrain.watcher import last_checkpoint_step
+
+    step = last_checkpoint_step(job.record.checkpoint_dir)
+    return (f"job {job.job_id}: {info.state}  elapsed {format_elapsed(info.elapsed_s)}  "
+            f"requeues {format_requeues(info.requeues)}  "
+            f"last checkpoint step {'-' if step is None else step}")
+
+
+def exit_code_for(info: Any) -> int:
+    """0 when the job COMPLETED; otherwise non-zero (distinct for cancellations)."""
+    outcome = info.state.outcome
+    if outcome is Outcome.SUCCESS:
+        return 0
+    return 7 if outcome is Outcome.CANCELLED else 6

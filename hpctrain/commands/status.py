@@ -1,0 +1,145 @@
+"""``hpctrain status [JOB_ID ...]``: the user's hpctrain jobs, with ONE batched Slurm call."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from hpctrain import records, watcher
+from hpctrain.commands.jobview import format_elapsed, format_requeues, info_json
+from hpctrain.records import JobRecord
+from hpctrain.slurm.states import ORDER
+from hpctrain.sweep import index_width, task_checkpoint_dir
+from hpctrain.watcher import JobInfo, Snapshot
+
+
+@dataclass
+class Row:
+    """One line of the status table: a job, a sweep task, or a whole sweep."""
+
+    job_id: str
+    name: str
+    state: str
+    elapsed: str = "-"
+    nodes: str = "-"
+    requeues: str = "-"
+    ckpt: str = "-"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@click.command()
+@click.argument("job_ids", nargs=-1, metavar="[JOB_ID]...")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--expand", is_flag=True, help="Show every task of sweeps, not one row each.")
+@click.option("--limit", default=20, show_default=True,
+              help="Without JOB_IDs: how many of the most recent submissions to show.")
+def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int) -> int:
+    """State, elapsed time, nodes, requeues by cause and last checkpoint step of jobs.
+
+    Without JOB_IDs: the jobs this user submitted through hpctrain (local record).
+    A sweep is one row with per-state counts; give its id (or --expand) for its tasks.
+    """
+    targets = _targets(job_ids, limit)
+    expand_ids = set(job_ids) if job_ids else set()
+    ids = [t.job_id for t, _ in targets]
+    snap = watcher.poll(ids)
+    rows = []
+    for rec, given in targets:
+        if rec.kind == "sweep":
+            rows += _sweep_rows(rec, targets, snap, expand or rec.sweep_id in expand_ids
+                                or given in expand_ids)
+        else:
+            rows.append(_job_row(given, rec, snap))
+    rows = [r for r in rows if r is not None]
+    if as_json:
+        click.echo(json.dumps({"source": snap.source, "note": snap.note,
+                               "slurm_calls": snap.calls, "jobs": [r.detail for r in rows]}))
+    else:
+        if snap.note:
+            click.echo(f"note: {snap.note}", err=True)
+        click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
+                   f"({records.record_path()}); submit one with `hpctrain submit SPEC`")
+    return 0
+
+
+def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobRecord, str]]:
+    """(record, id as given) for the requested jobs, or the recent submissions."""
+    if not job_ids:
+        return [(r, r.job_id) for r in records.load(limit)]
+    out = []
+    for jid in job_ids:
+        rec = records.find(jid)
+        if rec is not None and rec.kind == "sweep" and rec.sweep_id == jid:
+            out += [(r, jid) for r in records.sweep_members(jid)]
+        else:
+            # a job hpctrain did not submit still gets its Slurm state
+            out.append((rec or JobRecord(job_id=jid.split("_")[0], name="", kind="other",
+                                         folder=""), jid))
+    return out
+
+
+def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
+    info = _info(job_id, rec, snap)
+    step = watcher.last_checkpoint_step(rec.checkpoint_dir)
+    return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
+               info.nodes or "-", format_requeues(info.requeues),
+               "-" if step is None else str(step),
+               {"job_id": job_id, "name": info.name or rec.name, "kind": rec.kind,
+                **info_json(info), "last_checkpoint_step": step, "folder": rec.folder})
+
+
+def _info(job_id: str, rec: JobRecord, snap: Snapshot) -> JobInfo:
+    if job_id in snap.infos:
+        return snap.infos[job_id]
+    if snap.source == "squeue":
+        return watcher.ended_without_accounting(job_id, rec.folder)
+    return snap.get(job_id)
+
+
+def _sweep_rows(rec: JobRecord, targets: list[tuple[JobRecord, str]], snap: Snapshot,
+                expand: bool) -> list[Row]:
+    """A sweep as one row (first array only; its siblings fold in), or one row per task."""
+    members = [r for r, _ in targets if r.sweep_id == rec.sweep_id]
+    tasks: list[tuple[str, JobRecord, int]] = []
+    for m in members:
+        tasks += [(f"{m.job_id}_{t}", m, t) for t in range(m.num_tasks)]
+    if expand:
+        rows = []
+        for tid, m, t in tasks:
+            ckpt = (task_checkpoint_dir(m.checkpoint_dir, m.sweep_offset + t, index_width(
+                m.extra.get("total_points", m.sweep_offset + m.num_tasks)))
+                if m.checkpoint_dir else "")
+            row = _job_row(tid, JobRecord(**{**m.__dict__, "checkpoint_dir": ckpt}), snap)
+            point = m.points[t] if t < len(m.points) else {}
+            row.name = ",".join(f"{k}={v}" for k, v in point.items()) or row.name
+            row.detail["point"] = point
+            rows.append(row)
+        return rows if rec is members[0] else []
+    if rec is not members[0]:
+        return []
+    counts: dict[str, int] = {}
+    for tid, m, _ in tasks:
+        state = str(_info(tid, m, snap).state)
+        counts[state] = counts.get(state, 0) + 1
+    summary = " ".join(f"{s}:{counts[s]}" for s in ORDER if s in counts)
+    return [Row(rec.sweep_id, f"{rec.name} (sweep, {len(tasks)} points)", summary,
+                detail={"job_id": rec.sweep_id, "name": rec.name, "kind": "sweep",
+                        "arrays": [m.job_id for m in members], "points": len(tasks),
+                        "state_counts": counts})]
+
+
+def _table(rows: list[Row]) -> str:
+    head = Row("JOBID", "NAME", "STATE", "ELAPSED", "NODES", "REQUEUES", "CKPT")
+    cols = ("job_id", "name", "state", "elapsed", "nodes", "requeues", "ckpt")
+    all_rows = [head, *rows]
+    widths = {c: min(48, max(len(str(getattr(r, c))) for r in all_rows)) for c in cols}
+    return "\n".join("  ".join(str(getattr(r, c))[:48].ljust(widths[c]) for c in cols).rstrip()
+                     for r in all_rows)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(status())

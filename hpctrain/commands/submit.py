@@ -1,0 +1,122 @@
+"""``hpctrain submit SPEC``: validate, render, submit; or ``--dry-run`` to see plan and script."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from hpctrain.commands.jobview import (exit_code_for, format_elapsed, info_json, job_json,
+                                      progress_line)
+from hpctrain.spec import JobSpec, parse_set_options
+
+
+@click.command()
+@click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override a spec field (repeatable), e.g. --set layout.tp=4.")
+@click.option("--templates", multiple=True, type=click.Path(file_okay=False),
+              help="A site template directory layered over the built-in ones (repeatable).")
+@click.option("--folder", type=click.Path(file_okay=False), default=None,
+              help="Root of job folders [default: $HPCTRAIN_JOBS_DIR or ~/hpctrain-jobs].")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the script; submit nothing.")
+@click.option("--wait", is_flag=True,
+              help="Show progress until the job ends; exit non-zero unless it COMPLETED.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def submit(spec_file: str, sets: tuple[str, ...], templates: tuple[str, ...],
+           folder: str | None, dry_run: bool, wait: bool, as_json: bool) -> int:
+    """Render SPEC with the partition's templates and submit it to Slurm."""
+    spec = JobSpec.load(spec_file)
+    if sets:
+        spec = spec.with_overrides(parse_set_options(sets))
+    if dry_run:
+        return _dry_run(spec, templates, as_json)
+    from hpctrain.api import submit as api_submit  # imports submitit: only when submitting
+
+    job = api_submit(spec, folder=folder, templates=templates,
+                     spec_path=os.path.abspath(spec_file))
+    log = str(job.log_path())
+    if as_json and not wait:
+        click.echo(json.dumps(job_json(job, state="SUBMITTED", log=log)))
+        return 0
+    if not as_json:
+        click.echo(f"submitted job {job.job_id} ({spec.name}) on partition {spec.partition}")
+        click.echo(f"  log:     {log}")
+        click.echo(f"  follow:  hpctrain logs {job.job_id} --follow")
+        click.echo(f"  status:  hpctrain status {job.job_id}")
+    if not wait:
+        return 0
+    return _wait(job, as_json)
+
+
+def _wait(job: Any, as_json: bool) -> int:
+    last = [""]
+
+    def show(info: Any) -> None:
+        line = progress_line(job, info)
+        if line != last[0]:
+            click.echo(line, err=as_json)
+            last[0] = line
+
+    try:
+        info = job.wait(on_update=show)
+    except KeyboardInterrupt:
+        click.echo(f"stopped waiting; job {job.job_id} keeps running "
+                   f"(hpctrain cancel {job.job_id} to stop it)", err=True)
+        return 130
+    if as_json:
+        click.echo(json.dumps({**job_json(job, state=str(info.state), log=str(job.log_path())),
+                               **info_json(info)}))
+    else:
+        click.echo(f"job {job.job_id} ended {info.state} after {format_elapsed(info.elapsed_s)}")
+    return exit_code_for(info)
+
+
+def _dry_run(spec: JobSpec, templates: tuple[str, ...], as_json: bool) -> int:
+    from hpctrain.render import render
+
+    rendered = render(spec, template_dirs=templates)
+    if as_json:
+        click.echo(json.dumps({"dry_run": True, "plan": plan_json(rendered.plan),
+                               "template": rendered.template_path, "script": rendered.script}))
+        return 0
+    click.echo(plan_table(rendered.plan))
+    click.echo(f"template: {rendered.template_path}")
+    click.echo("--- script " + "-" * 60)
+    click.echo(rendered.script, nl=False)
+    click.echo("--- dry run: nothing was submitted", err=True)
+    return 0
+
+
+def plan_json(plan: Any) -> dict[str, Any]:
+    return {"partition": plan.partition, "nodes": plan.nodes,
+            "gpus_per_node": plan.gpus_per_node, "launcher": plan.launcher,
+            "tasks_per_node": plan.tasks_per_node, "procs_per_task": plan.procs_per_task,
+            "world": plan.world, "tp": plan.tp, "dp": plan.dp, "pp": plan.pp,
+            "time_s": plan.time_s}
+
+
+def plan_table(plan: Any, max_rows: int = 16) -> str:
+    """The plan: allocation, launcher and the rank -> (node, pp, dp, tp) table."""
+    lines = [
+        f"partition {plan.partition}: {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s), "
+        f"launcher {plan.launcher}: {plan.tasks_per_node} task(s)/node x "
+        f"{plan.procs_per_task} process(es)/task",
+        f"layout: world={plan.world} = tp {plan.tp} x dp {plan.dp} x pp {plan.pp} "
+        "(rank order: tp fastest, then dp, then pp)",
+        f"{'rank':>5} {'node':>5} {'pp':>4} {'dp':>4} {'tp':>4}",
+    ]
+    shown = range(min(plan.world, max_rows))
+    for rank in shown:
+        c = plan.coords(rank)
+        lines.append(f"{rank:>5} {plan.node_of(rank):>5} {c.pp:>4} {c.dp:>4} {c.tp:>4}")
+    if plan.world > max_rows:
+        lines.append(f"  ... {plan.world - max_rows} more ranks")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(submit())

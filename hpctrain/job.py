@@ -1,0 +1,258 @@
+"""The handle on a submitted job: ``job_id``, ``state``, ``wait()``, ``logs()``, ``cancel()``, ``result()``.
+
+A :class:`Job` is built from the local record (``hpctrain.records``), so it works
+the same from the submitting notebook, from another shell (``Job.attach("123")``) and
+from the CLI. States come from one batched poll (``hpctrain.watcher``); results of
+function jobs from submitit's result files, imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from hpctrain import records, watcher
+from hpctrain.errors import HpctrainError, SlurmError
+from hpctrain.records import JobRecord
+from hpctrain.slurm import client
+from hpctrain.slurm.parse import parse_sbatch_directives
+from hpctrain.slurm.states import ENDED, State
+from hpctrain.watcher import JobInfo
+
+
+class JobError(HpctrainError):
+    """A job ended badly, or asked for something it does not have (a script job's result)."""
+
+    exit_code = 6
+
+
+def is_over(info: JobInfo, queued: Callable[[], bool]) -> bool:
+    """Has the job ended for good? Interruptions count only once Slurm did not requeue.
+
+    ``queued`` is asked only for PREEMPTED/TIMEOUT/NODE_FAIL (one squeue call), because
+    a requeued job's sacct record can show the interruption for a moment before the
+    job is PENDING again.
+    """
+    if not info.state.final:
+        return False
+    if info.state.may_resume:
+        return not queued()
+    return True
+
+
+class Job:
+    """A submitted hpctrain job (or one task of a sweep array: ``123_4``)."""
+
+    def __init__(self, record: JobRecord, task: str | None = None,
+                 submitit_job: Any = None) -> None:
+        self.record = record
+        self.job_id = f"{record.job_id}_{task}" if task is not None else record.job_id
+        self._submitit_job = submitit_job
+
+    @classmethod
+    def attach(cls, job_id: str) -> "Job":
+        """The handle of a job submitted earlier through hpctrain (from the local record)."""
+        rec = records.find(job_id)
+        if rec is None:
+            raise JobError(f"job {job_id} is not in hpctrain's record ({records.record_path()}): "
+                           "pass a job id that `hpctrain status` lists")
+        task = job_id.split("_", 1)[1] if "_" in job_id else None
+        return cls(rec, task)
+
+    def __repr__(self) -> str:
+        return f"Job(job_id={self.job_id!r}, name={self.name!r})"
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    # ---- state ------------------------------------------------------------------------
+    def info(self) -> JobInfo:
+        """What Slurm says now (one sacct call; squeue and the job folder without sacct)."""
+        snap = watcher.poll([self.job_id])
+        info = snap.get(self.job_id)
+        if snap.source == "squeue" and self.job_id not in snap.infos:
+            info = watcher.ended_without_accounting(self.job_id, self.folder)
+        return info
+
+    @property
+    def state(self) -> State:
+        """The hpctrain state (see hpctrain.slurm.states)."""
+        return self.info().state
+
+    def done(self) -> bool:
+        return is_over(self.info(), lambda: self.job_id in watcher.queued_ids([self.job_id]))
+
+    def wait(self, timeout_s: float | None = None, poll_s: float = 2.0,
+             on_update: Callable[[JobInfo], None] | None = None) -> JobInfo:
+        """Block until the job has ended for good; return its last info.
+
+        Requeues (preemption, time limit, node loss) do not end the wait. ``on_update``
+        is called with every new poll (``submit --wait`` prints progress with it).
+        """
+        start = time.monotonic()
+        while True:
+            info = self.info()
+            if on_update is not None:
+                on_update(info)
+            if is_over(info, lambda: self.job_id in watcher.queued_ids([self.job_id])):
+                return info
+            if info.state is ENDED:
+                return info
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise JobError(f"job {self.job_id} still {info.state} after {timeout_s:g}s "
+                               "(it keeps running; wait again or `hpctrain cancel` it)")
+            time.sleep(poll_s)
+
+    # ---- files ------------------------------------------------------------------------
+    @property
+    def folder(self) -> str:
+        """The job folder (submission file, pickles, results)."""
+        return self.record.folder
+
+    @property
+    def submission_file(self) -> Path:
+        """The script Slurm ran (submitit's ``<id>_submission.sh``)."""
+        return Path(self.folder) / f"{self.record.job_id}_submission.sh"
+
+    def log_path(self, rank: int | None = None, raw_id: str | None = None) -> Path:
+        """The log file of the job, or of one rank when ranks have their own files."""
+        pattern = self.record.rank_log if (rank is not None and self.record.rank_log) \
+            else self.record.log
+        return Path(expand_pattern(pattern, self.job_id, rank, self.name, raw_id))
+
+    def logs(self, rank: int | None = None) -> str:
+        """The job's output so far ('' before it starts)."""
+        path = self.log_path(rank, self._raw_id())
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+        return filter_rank(text, rank) if rank is not None and not self.record.rank_log else text
+
+    def follow(self, rank: int | None = None, poll_s: float = 0.5,
+               stop_when_done: bool = True) -> Iterator[str]:
+        """Yield the log's lines as they are written, until the job has ended."""
+        path = self.log_path(rank, self._raw_id())
+        pos, partial, last_check = 0, "", 0.0
+        while True:
+            chunk = ""
+            if path.exists():
+                with path.open("r", encoding="utf-8", errors="replace") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+                    pos = fh.tell()
+            if chunk:
+                lines = (partial + chunk).split("\n")
+                partial = lines.pop()
+                for line in lines:
+                    if rank is None or self.record.rank_log or line_rank(line) in (None, rank):
+                        yield line
+                continue
+            now = time.monotonic()
+            if stop_when_done and now - last_check > 2.0:
+                last_check = now
+                if self.done():
+                    if partial:
+                        yield partial
+                    return
+            time.sleep(poll_s)
+
+    def _raw_id(self) -> str | None:
+        if "_" not in self.job_id:
+            return None
+        return watcher.poll([self.job_id]).get(self.job_id).raw_id or None
+
+    # ---- control ----------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Cancel the job (scancel); cancelling an ended job is not an error."""
+        cancel([self.job_id])
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """The callable's return value; a list of per-rank values for multi-task jobs.
+
+        Raises JobError for script jobs (they have logs, not results) and when the job
+        did not complete, with the job's own traceback when it raised.
+        """
+        if self.record.kind != "function":
+            raise JobError(f"job {self.job_id} runs a script, not a Python callable: it has no "
+                           "result; read its output with job.logs() / `hpctrain logs`")
+        info = self.wait(timeout_s=timeout_s)
+        from hpctrain.submission import function_results
+        return function_results(self, info)
+
+
+def cancel(job_ids: list[str]) -> list[str]:
+    """scancel the given jobs in one call; return the ids Slurm still knew."""
+    if not job_ids:
+        return []
+    try:
+        client.run(["scancel", *job_ids])
+    except SlurmError as exc:
+        # scancel of a finished job: "Job/step already completing or completed" / invalid id
+        text = str(exc)
+        if "Invalid job id" not in text and "already complet" not in text:
+            raise
+    return job_ids
+
+
+def line_rank(line: str) -> int | None:
+    """The rank of a line labelled by ``srun --label`` (``3: text``), else None."""
+    head, sep, _ = line.partition(":")
+    head = head.strip()
+    return int(head) if sep and head.isdigit() else None
+
+
+def filter_rank(text: str, rank: int) -> str:
+    """The lines of one rank from a log shared by all ranks (``srun --label`` prefixes)."""
+    lines = text.splitlines(keepends=True)
+    labelled = [ln for ln in lines if line_rank(ln) is not None]
+    if not labelled:
+        return text  # unlabelled output: cannot tell ranks apart, show all of it
+    return "".join(ln for ln in lines if line_rank(ln) in (None, rank))
+
+
+@dataclass(frozen=True)
+class LogPaths:
+    """Where a job's output goes, as patterns (%j/%A/%a/%t/%x unexpanded)."""
+
+    log: str        # the batch log (every rank's output when ranks share it)
+    rank_log: str   # per-rank files ("" when the ranks share the batch log)
+
+
+def log_paths(script: str, cwd: str | os.PathLike[str], array: bool = False) -> LogPaths:
+    """The log file a rendered script writes, from its ``--output`` directive.
+
+    Without one Slurm writes ``slurm-%j.out`` (``slurm-%A_%a.out`` for arrays) in the
+    job's working directory: ``--chdir`` or the directory sbatch ran in.
+    """
+    d = parse_sbatch_directives(script)
+    workdir = Path(d.get("chdir") or d.get("D") or cwd)
+    out = d.get("output") or d.get("o") or ("slurm-%A_%a.out" if array else "slurm-%j.out")
+    path = Path(out) if os.path.isabs(out) else workdir / out
+    return LogPaths(str(path), "")
+
+
+def expand_pattern(pattern: str, job_id: str, task: int | None = None, name: str = "",
+                   raw_id: str | None = None) -> str:
+    """Expand Slurm's filename patterns (%j %A %a %t %x %%) for one job or array task.
+
+    ``job_id`` is ``123`` or ``123_4``; an array task's ``%j`` is its own raw job id
+    (``raw_id``, from sacct/squeue). Unknown letters stay as they are.
+    """
+    base, _, index = job_id.partition("_")
+    subst = {"j": raw_id or base, "A": base, "a": index or "0",
+             "t": str(task or 0), "x": name, "%": "%"}
+    out, i = [], 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "%" and i + 1 < len(pattern) and pattern[i + 1] in subst:
+            out.append(subst[pattern[i + 1]])
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)

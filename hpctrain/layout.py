@@ -1,0 +1,189 @@
+"""Parallel layout math: does a tp x pp x dp layout fit the job's GPUs, and who is who.
+
+Global rank order is Megatron's: **tp fastest, then dp, then pp**::
+
+    rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+
+so the ranks of one tensor-parallel group are consecutive and (because tp divides
+gpus_per_node and launchers number ranks node by node) never cross a node. Drawn
+out in docs/layouts.md. Everything here is pure arithmetic on the spec and the
+partition's facts: no environment, no subprocess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from hpctrain.errors import LayoutError
+from hpctrain.partitions import Partition
+from hpctrain.spec import JobSpec
+from hpctrain.validate import slurm_time_seconds
+
+
+class Coords(NamedTuple):
+    """Where one rank sits in the layout."""
+
+    pp: int
+    dp: int
+    tp: int
+
+
+def _check_degrees(tp: int, dp: int, pp: int) -> None:
+    for key, value in (("tp", tp), ("dp", dp), ("pp", pp)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LayoutError(f"{key}={value!r} must be a whole number >= 1")
+
+
+def rank_to_coords(rank: int, tp: int, dp: int, pp: int) -> Coords:
+    """(pp_rank, dp_rank, tp_rank) of global ``rank``: tp fastest, then dp, then pp."""
+    _check_degrees(tp, dp, pp)
+    world = tp * dp * pp
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise LayoutError(f"rank={rank!r} is outside world={world} (tp={tp} x dp={dp} x "
+                          f"pp={pp}): use 0..{world - 1}")
+    return Coords(pp=rank // (tp * dp), dp=(rank // tp) % dp, tp=rank % tp)
+
+
+def coords_to_rank(pp_rank: int, dp_rank: int, tp_rank: int, tp: int, dp: int, pp: int) -> int:
+    """Global rank of the given coordinates; the inverse of :func:`rank_to_coords`."""
+    _check_degrees(tp, dp, pp)
+    for key, value, size in (("pp_rank", pp_rank, pp), ("dp_rank", dp_rank, dp),
+                             ("tp_rank", tp_rank, tp)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
+            raise LayoutError(f"{key}={value!r} is outside 0..{size - 1}")
+    return (pp_rank * dp + dp_rank) * tp + tp_rank
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A tp x dp x pp decomposition of ``world`` ranks."""
+
+    tp: int
+    dp: int
+    pp: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def coords(self, rank: int) -> Coords:
+        return rank_to_coords(rank, self.tp, self.dp, self.pp)
+
+    def rank(self, coords: Coords) -> int:
+        return coords_to_rank(coords.pp, coords.dp, coords.tp, self.tp, self.dp, self.pp)
+
+    def tp_group(self, rank: int) -> list[int]:
+        """The ranks sharing ``rank``'s tensor-parallel group (consecutive ranks)."""
+        c = self.coords(rank)
+        return [self.rank(Coords(c.pp, c.dp, t)) for t in range(self.tp)]
+
+    def dp_group(self, rank: int) -> list[int]:
+        c = self.coords(rank)
+        return [self.rank(Coords(c.pp, d, c.tp)) for d in range(self.dp)]
+
+    def pp_group(self, rank: int) -> list[int]:
+        c = self.coords(rank)
+        return [self.rank(Coords(p, c.dp, c.tp)) for p in range(self.pp)]
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    """A checked layout plus what the allocation and launcher need to realise it."""
+
+    layout: Layout
+    nodes: int
+    gpus_per_node: int
+    launcher: str
+    tasks_per_node: int      # Slurm tasks per node: 1 for torchrun, one per GPU otherwise
+    procs_per_task: int      # processes each task starts: gpus_per_node for torchrun, else 1
+    partition: str
+    time_s: int | None       # None: no time limit
+
+    world = property(lambda self: self.layout.world)
+    tp = property(lambda self: self.layout.tp)
+    dp = property(lambda self: self.layout.dp)
+    pp = property(lambda self: self.layout.pp)
+
+    @property
+    def ntasks(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    def coords(self, rank: int) -> Coords:
+        return self.layout.coords(rank)
+
+    def node_of(self, rank: int) -> int:
+        """Index of the node that runs ``rank`` (launchers number ranks node by node)."""
+        self.layout.coords(rank)  # range check
+        return rank // self.gpus_per_node
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choices(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def plan_layout(spec: JobSpec, partition: Partition) -> LayoutPlan:
+    """Check ``spec`` against ``partition`` and return the plan, or raise LayoutError."""
+    if partition.gpus_per_node < 1:
+        raise LayoutError(f"partition {partition.name!r} has no GPUs (gpus_per_node=0): "
+                          "pick a GPU partition")
+    gpn = spec.gpus_per_node or partition.gpus_per_node
+    if gpn > partition.gpus_per_node:
+        raise LayoutError(f"gpus_per_node={gpn} exceeds partition {partition.name!r}'s "
+                          f"{partition.gpus_per_node} GPUs per node: use gpus_per_node <= "
+                          f"{partition.gpus_per_node}")
+    if partition.max_nodes is not None and spec.nodes > partition.max_nodes:
+        raise LayoutError(f"nodes={spec.nodes} exceeds partition {partition.name!r}'s "
+                          f"max_nodes={partition.max_nodes}: use nodes <= {partition.max_nodes}")
+    time_s = _check_time(spec, partition)
+    layout = _check_layout(spec, gpn)
+    per_node = 1 if spec.run.launcher == "torchrun" else gpn
+    return LayoutPlan(layout=layout, nodes=spec.nodes, gpus_per_node=gpn,
+                      launcher=spec.run.launcher, tasks_per_node=per_node,
+                      procs_per_task=gpn // per_node, partition=partition.name, time_s=time_s)
+
+
+def _check_time(spec: JobSpec, partition: Partition) -> int | None:
+    time_s = slurm_time_seconds(spec.time, "time")
+    limit = slurm_time_seconds(partition.max_time, f"partition {partition.name} max_time")
+    if limit is not None and (time_s is None or time_s > limit):
+        raise LayoutError(f"time={spec.time} exceeds partition {partition.name!r}'s "
+                          f"max_time={partition.max_time}: ask for {partition.max_time} or less")
+    lead = spec.requeue.signal_lead_s
+    if time_s is not None and lead >= time_s:
+        raise LayoutError(f"requeue.signal_lead_s={lead} is not shorter than time={spec.time} "
+                          f"({time_s} s): lower signal_lead_s or raise time")
+    return time_s
+
+
+def _check_layout(spec: JobSpec, gpn: int) -> Layout:
+    tp, pp, world = spec.layout.tp, spec.layout.pp, spec.nodes * gpn
+    if gpn % tp:
+        raise LayoutError(f"tp={tp} does not divide gpus_per_node={gpn}: choose tp in "
+                          f"{_choices(_divisors(gpn))} (tensor parallelism stays inside a node)")
+    if world % (tp * pp):
+        fits = _divisors(world // tp) if world % tp == 0 else [1]
+        raise LayoutError(f"tp={tp} x pp={pp} = {tp * pp} does not divide world={world} "
+                          f"(nodes={spec.nodes} x gpus_per_node={gpn}): with tp={tp} choose "
+                          f"pp in {_choices(fits)}")
+    dp = world // (tp * pp)
+    want = spec.layout.dp
+    if want is not None and want != dp:
+        need = want * tp * pp
+        hint = (f", or nodes={need // gpn} to get dp={want}" if need % gpn == 0 else "")
+        raise LayoutError(f"layout.dp={want} does not match world={world} / (tp={tp} x "
+                          f"pp={pp}) = {dp}: set dp={dp} or leave it out{hint}")
+    layers, heads = spec.layout.num_layers, spec.layout.num_heads
+    if layers is not None and layers % pp:
+        ok = [p for p in _divisors(layers) if (world // tp) % p == 0]
+        raise LayoutError(f"num_layers={layers} is not divisible by pp={pp} (each pipeline "
+                          f"stage holds the same number of layers): choose pp in {_choices(ok)}")
+    if heads is not None and heads % tp:
+        ok = [t for t in _divisors(gpn) if heads % t == 0]
+        raise LayoutError(f"num_heads={heads} is not divisible by tp={tp} (each tensor-"
+                          f"parallel rank holds whole heads): choose tp in {_choices(ok)}")
+    return Layout(tp=tp, dp=dp, pp=pp)

@@ -1,0 +1,276 @@
+"""Render a job spec to an sbatch script through the (site-layerable) Jinja templates.
+
+Safety model, enforced here rather than trusted to each template:
+
+- every ``{{ ... }}`` must produce a :class:`ShellSafe` string (the output of the
+  ``shq``, ``directive`` or ``envname`` filters) or an integer; anything else is
+  refused with a TemplateError, so a template (built-in or a site's) cannot paste a
+  raw user value into the script by forgetting a filter;
+- ``shq`` quotes with :func:`shlex.quote`; ``directive`` only lets through values that
+  need no quoting on an ``#SBATCH`` line; values that cannot be made safe (NUL, a
+  newline on a directive line) are refused.
+
+Rendering is pure: it reads templates and partition facts from the directories it
+is given and nothing else (no environment, no subprocess, no file writes).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import jinja2
+from jinja2.runtime import BlockReference, Context
+
+from hpctrain import __version__
+from hpctrain.errors import HpctrainError, SpecError, TemplateError
+from hpctrain.layout import LayoutPlan, plan_layout
+from hpctrain.partitions import Partition, find_partition
+from hpctrain.resources import template_dirs as _search_path
+from hpctrain.spec import JobSpec
+from hpctrain.validate import DIRECTIVE_VALUE_RE, ENV_KEY_RE
+
+BASE_TEMPLATE = "base.sbatch.j2"
+DEFAULT_OUTPUT = "hpctrain-%x-%j.out"
+# torchrun's agent forwards only TERM/INT/HUP/QUIT to its workers; other signals would
+# kill the agent and orphan the workers, so the step gets TERM under torchrun.
+FORWARD_AS = {"torchrun": "TERM", "srun": "", "deepspeed": ""}
+_PYTHON = re.compile(r"(^|/)python[0-9.]*$")
+
+
+class ShellSafe(str):
+    """Text that may go into the script as is: quoted, checked, or template-made."""
+
+
+def shq(value: Any) -> ShellSafe:
+    """Shell-quote one value, or a list of values into space-separated words."""
+    if isinstance(value, jinja2.Undefined):
+        str(value)  # StrictUndefined raises here, naming the missing variable
+    if isinstance(value, (list, tuple)):
+        return ShellSafe(" ".join(shq(v) for v in value))
+    if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float, Path)):
+        raise TemplateError(f"shq: cannot quote {value!r} ({type(value).__name__}): pass a "
+                            "string, a number or a list of them")
+    text = str(value)
+    if "\0" in text:
+        raise TemplateError(f"shq: {text!r} contains a NUL byte, which bash cannot hold")
+    return ShellSafe(shlex.quote(text))
+
+
+def directive(value: Any) -> ShellSafe:
+    """A value for an ``#SBATCH`` line: allowed only when it needs no quoting at all."""
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not DIRECTIVE_VALUE_RE.match(text):
+        raise TemplateError(f"{value!r} cannot go on an #SBATCH line (spaces, quotes, $, "
+                            "newlines and the like are refused): fix the value")
+    return ShellSafe(text)
+
+
+def envname(value: Any) -> ShellSafe:
+    """A shell variable name, checked."""
+    if not isinstance(value, str) or not ENV_KEY_RE.match(value):
+        raise TemplateError(f"{value!r} is not a shell variable name")
+    return ShellSafe(value)
+
+
+def _finalize(value: Any) -> Any:
+    if isinstance(value, ShellSafe) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise TemplateError(f"a template prints {value!r} without a quoting filter: write "
+                        "{{ value | shq }} (or | directive on #SBATCH lines)")
+
+
+class _SafeBlock:
+    """``{{ super() }}`` output: a block the templates already rendered safely."""
+
+    def __init__(self, ref: BlockReference) -> None:
+        self._ref = ref
+
+    def __call__(self) -> ShellSafe:
+        # without its final newline: `{{ super() }}` is written on a line of its own
+        return ShellSafe(self._ref().rstrip("\n"))
+
+    @property
+    def super(self) -> Any:
+        parent = self._ref.super
+        return _SafeBlock(parent) if isinstance(parent, BlockReference) else parent
+
+
+class _SafeContext(Context):
+    def super(self, name: str, current: Any) -> Any:  # noqa: D102 - see _SafeBlock
+        ref = super().super(name, current)
+        return _SafeBlock(ref) if isinstance(ref, BlockReference) else ref
+
+
+def environment(dirs: Sequence[Path]) -> jinja2.Environment:
+    """The Jinja environment over ``dirs`` (first match wins): strict and shell-safe.
+
+    Cached per search path so a sweep of 1000 points compiles each template once; Jinja's
+    loader still notices an edited template file (auto_reload compares mtimes).
+    """
+    return _environment(tuple(dirs))
+
+
+@functools.lru_cache(maxsize=16)
+def _environment(dirs: tuple[Path, ...]) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
+        undefined=jinja2.StrictUndefined, autoescape=False, finalize=_finalize,
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+    env.context_class = _SafeContext
+    env.filters.update(shq=shq, directive=directive, envname=envname)
+    return env
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A rendered script and what it was made from."""
+
+    script: str
+    spec: JobSpec
+    plan: LayoutPlan
+    partition: Partition
+    template: str            # template name, e.g. partitions/debug.sbatch.j2
+    template_path: str       # the file it came from (shows site overrides)
+
+
+def resolve_dirs(template_dirs: Iterable[str | Path] = ()) -> list[Path]:
+    """``template_dirs`` (checked to exist) followed by the built-in directory; no env read."""
+    dirs = _search_path(template_dirs, environ={})
+    unique = {d.resolve(): d for d in reversed(dirs)}  # keep each dir once, at its first place
+    return [d for d in dirs if unique.pop(d.resolve(), None) is not None]
+
+
+def render(spec: JobSpec, template_dirs: Iterable[str | Path] = ()) -> Rendered:
+    """Plan ``spec`` on its partition and render it; raises SpecError/LayoutError/TemplateError."""
+    dirs = resolve_dirs(template_dirs)
+    partition = find_partition(spec.partition, dirs)
+    plan = plan_layout(spec, partition)
+    context = render_context(spec, plan, partition)
+    env = environment(dirs)
+    name = f"partitions/{partition.name}.sbatch.j2"
+    if not any((d / name).is_file() for d in dirs):
+        name = BASE_TEMPLATE
+    template = _get(env, name)
+    try:
+        script = template.render(context)
+    except (HpctrainError, jinja2.TemplateError) as exc:
+        raise TemplateError(f"{_where(exc, template)}: {exc}") from None
+    return Rendered(script=script, spec=spec, plan=plan, partition=partition,
+                    template=name, template_path=str(template.filename))
+
+
+def render_script(spec: JobSpec, template_dirs: Iterable[str | Path] = ()) -> str:
+    """The sbatch script for ``spec``: pure apart from reading templates and partition facts."""
+    return render(spec, template_dirs).script
+
+
+def _where(exc: BaseException, template: jinja2.Template) -> str:
+    """file:line of the template line that failed (Jinja rewrites tracebacks to templates)."""
+    if isinstance(exc, jinja2.TemplateSyntaxError) and exc.filename:
+        return f"{exc.filename}:{exc.lineno}"
+    where = str(template.filename)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(".j2"):
+            where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
+
+
+def _get(env: jinja2.Environment, name: str) -> jinja2.Template:
+    try:
+        return env.get_template(name)
+    except jinja2.TemplateNotFound:
+        raise TemplateError(f"template {name!r} not found in {env.loader.searchpath}: "  # type: ignore[union-attr]
+                            "reinstall hpctrain or fix --templates") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"{exc.filename}:{exc.lineno}: {exc.message}") from None
+
+
+# ---- what the templates see ------------------------------------------------------------
+def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition) -> dict[str, Any]:
+    """The variables every template gets (documented in docs/templates.md)."""
+    return {
+        "version": __version__,
+        "spec": spec,
+        "plan": plan,
+        "partition": partition,
+        "directives": sbatch_directives(spec, plan, partition),
+        "exports": job_exports(spec, plan),
+        "launcher_template": f"launchers/{plan.launcher}.j2",
+        "forward_as": FORWARD_AS[plan.launcher],
+        "torchrun": torchrun_argv(spec.run.command) if plan.launcher == "torchrun" else None,
+    }
+
+
+def sbatch_directives(spec: JobSpec, plan: LayoutPlan,
+                      partition: Partition) -> list[tuple[str, str | None]]:
+    """``#SBATCH`` options as (option, value or None for a flag), in script order."""
+    gpus = (("gres", f"gpu:{plan.gpus_per_node}") if partition.gpu_request == "gres"
+            else ("gpus-per-node", str(plan.gpus_per_node)))
+    if partition.gpu_request not in ("gres", "gpus-per-node"):
+        raise TemplateError(f"{partition.source}: gpu_request={partition.gpu_request!r}: "
+                            "use \"gpus-per-node\" or \"gres\"")
+    opts: list[tuple[str, str | None]] = [
+        ("job-name", spec.name), ("partition", spec.partition), ("nodes", str(plan.nodes)),
+        ("ntasks-per-node", str(plan.tasks_per_node)), gpus, ("time", spec.time)]
+    for key, default in (("account", partition.default_account), ("qos", partition.default_qos),
+                         ("constraint", partition.default_constraint),
+                         ("exclude", ""), ("reservation", "")):
+        value = getattr(spec, key) or default
+        if value:
+            opts.append((key, value))
+    if spec.mail:
+        opts += [("mail-user", spec.mail), ("mail-type", spec.mail_type)]
+    if spec.workdir:
+        opts.append(("chdir", spec.workdir))
+    opts += [("output", spec.output or DEFAULT_OUTPUT), ("open-mode", "append"),
+             ("requeue", None),
+             ("signal", f"B:{spec.requeue.signal}@{spec.requeue.signal_lead_s}")]
+    opts += list(spec.sbatch.items())
+    for key, value in opts:
+        if value is not None and not DIRECTIVE_VALUE_RE.match(value):
+            raise SpecError(f"--{key}={value!r} cannot go on an #SBATCH line: fix the "
+                            "spec or the partition's defaults (no spaces, quotes or $)")
+    return opts
+
+
+def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
+    """HPCTRAIN_* variables every rank sees (names documented in docs/spec.md)."""
+    ck, rq = spec.checkpoint, spec.requeue
+    pairs = [
+        ("HPCTRAIN_JOB_NAME", spec.name), ("HPCTRAIN_PARTITION", spec.partition),
+        ("HPCTRAIN_LAUNCHER", plan.launcher), ("HPCTRAIN_NODES", plan.nodes),
+        ("HPCTRAIN_GPUS_PER_NODE", plan.gpus_per_node), ("HPCTRAIN_WORLD_SIZE", plan.world),
+        ("HPCTRAIN_TP", plan.tp), ("HPCTRAIN_PP", plan.pp), ("HPCTRAIN_DP", plan.dp),
+        ("HPCTRAIN_CKPT_INTERVAL_STEPS", ck.interval_steps),
+        ("HPCTRAIN_CKPT_KEEP_LAST", ck.keep_last),
+        ("HPCTRAIN_MAX_REQUEUES", rq.max_requeues), ("HPCTRAIN_REQUEUE_SIGNAL", rq.signal),
+        ("HPCTRAIN_SIGNAL_LEAD_S", rq.signal_lead_s),
+        ("HPCTRAIN_TIME_LIMIT_S", plan.time_s if plan.time_s is not None else 0),
+    ]
+    if ck.dir is not None:
+        pairs.append(("HPCTRAIN_CKPT_DIR", ck.dir))
+    return [(k, str(v)) for k, v in pairs]
+
+
+def torchrun_argv(command: Sequence[str]) -> dict[str, list[str]]:
+    """How torchrun starts ``command``: {"launcher": [...], "script": [...]}.
+
+    ``python[3] script.py ...`` runs torchrun as ``python -m torch.distributed.run`` with
+    that very interpreter (no PATH lookup); any other program runs through
+    ``torchrun --no-python``.
+    """
+    if _PYTHON.search(command[0]):
+        if len(command) < 2:
+            raise SpecError(f"run.command={list(command)!r} starts python without a script: "
+                            "add the training script (or -m module) for torchrun")
+        return {"launcher": [command[0], "-m", "torch.distributed.run"],
+                "script": list(command[1:])}
+    return {"launcher": ["torchrun"], "script": ["--no-python", *command]}

@@ -1,0 +1,355 @@
+"""The job spec: what a researcher wants, as frozen dataclasses read from TOML.
+
+A spec is checked on construction (types, names, Slurm time formats, every value
+that will reach the script), so a :class:`JobSpec` that exists is well formed. Whether
+it *fits* a partition (GPUs per node, layout divisibility, time limit) is the job of
+:func:`hpctrain.layout.plan_layout`. Everything here is pure: no environment, no
+subprocess; :meth:`JobSpec.load` only reads the one file it is given.
+
+Field reference: docs/spec.md.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hpctrain.errors import SpecError
+from hpctrain.validate import (ENV_KEY_RE, MAIL_RE, check_directive_value, check_name,
+                               check_sbatch_option, check_signal, check_text, closest,
+                               slurm_time_seconds)
+
+LAUNCHERS = ("torchrun", "srun", "deepspeed")
+MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
+              "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50",
+              "ARRAY_TASKS")
+# Variables the rendered script sets itself; run.env must not fight them.
+RESERVED_ENV_PREFIXES = ("HPCTRAIN_", "SLURM_")
+RESERVED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                "LOCAL_WORLD_SIZE", "PATH")
+
+
+# ---- small typed readers: each names the key and the fix ------------------------------
+def _int(value: Any, where: str, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}={value!r} must be a whole number (e.g. {where}={max(minimum, 1)})")
+    if value < minimum or (maximum is not None and value > maximum):
+        top = f"..{maximum}" if maximum is not None else " or more"
+        raise SpecError(f"{where}={value} is out of range: use {minimum}{top}")
+    return value
+
+
+def _opt_int(value: Any, where: str, minimum: int) -> int | None:
+    return None if value is None else _int(value, where, minimum)
+
+
+def _str_list(value: Any, where: str, *, allow_empty: bool = True,
+              newlines: bool = False) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise SpecError(f"{where}={value!r} must be a list of strings, e.g. "
+                        f'{where} = ["python", "train.py"]')
+    items = tuple(check_text(v, f"{where}[{i}]", newlines=newlines) for i, v in enumerate(value))
+    if not allow_empty and (not items or items[0] == ""):
+        raise SpecError(f"{where} is empty: give the program and its arguments, e.g. "
+                        f'{where} = ["python", "train.py"]')
+    return items
+
+
+def _table(data: Any, where: str, cls: type) -> dict[str, Any]:
+    """A TOML table for dataclass ``cls``: unknown keys name the closest valid one."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where} must be a table ([{where}]), not {data!r}")
+    known = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in known:
+            full = f"{where}.{key}" if where else str(key)
+            raise SpecError(f"unknown key {full!r}{closest(str(key), known, where + '.' if where else '')}; valid keys"
+                            f"{' in [' + where + ']' if where else ''}: {', '.join(known)}")
+    return {k: v for k, v in data.items() if v is not None}
+
+
+# ---- the sections ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class LayoutSpec:
+    """Tensor (tp), pipeline (pp) and data (dp) parallel degrees; dp is derived if absent."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    num_layers: int | None = None
+    num_heads: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "LayoutSpec":
+        d = _table(data, "layout", cls)
+        return cls(tp=_int(d.get("tp", 1), "layout.tp", 1), pp=_int(d.get("pp", 1), "layout.pp", 1),
+                   dp=_opt_int(d.get("dp"), "layout.dp", 1),
+                   num_layers=_opt_int(d.get("num_layers"), "layout.num_layers", 1),
+                   num_heads=_opt_int(d.get("num_heads"), "layout.num_heads", 1))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What runs: the launcher, the command (argv), setup lines and extra environment."""
+
+    command: tuple[str, ...]
+    launcher: str = "torchrun"
+    setup: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict, hash=False)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "RunSpec":
+        d = _table(data, "run", cls)
+        launcher = d.get("launcher", "torchrun")
+        if launcher not in LAUNCHERS:
+            raise SpecError(f"run.launcher={launcher!r} is not a launcher: use one of "
+                            f"{', '.join(LAUNCHERS)}" + closest(str(launcher), LAUNCHERS))
+        if "command" not in d:
+            raise SpecError('run.command is missing: add command = ["python", "train.py"] '
+                            "under [run]")
+        env = d.get("env", {})
+        if not isinstance(env, Mapping):
+            raise SpecError(f"run.env={env!r} must be a table of NAME = \"value\"")
+        return cls(command=_str_list(d["command"], "run.command", allow_empty=False,
+                                           newlines=True),
+                   launcher=launcher, setup=_str_list(d.get("setup", ()), "run.setup"),
+                   env={_env_key(k): _env_value(k, v) for k, v in env.items()})
+
+
+def _env_key(key: Any) -> str:
+    where = f"run.env.{key}"
+    if not isinstance(key, str) or not ENV_KEY_RE.match(key):
+        raise SpecError(f"{where}: {key!r} is not a shell variable name: use letters, "
+                        "digits and _, not starting with a digit")
+    if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
+        raise SpecError(f"{where}: the rendered script sets {key} itself; pick another "
+                        "name (HPCTRAIN_*, SLURM_* and the launcher's variables are reserved)")
+    return key
+
+
+def _env_value(key: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise SpecError(f"run.env.{key}={value!r} must be a string or a number")
+    return check_text(str(value), f"run.env.{key}", newlines=True)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """Where and how often the job checkpoints; exported to the job as HPCTRAIN_CKPT_*."""
+
+    dir: str | None = None
+    interval_steps: int = 100
+    keep_last: int = 3
+    stripe_count: int | None = None   # Lustre stripes (-1 = all OSTs), applied when lfs exists
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "CheckpointSpec":
+        d = _table(data, "checkpoint", cls)
+        ckpt_dir = d.get("dir")
+        if ckpt_dir is not None:
+            check_text(ckpt_dir, "checkpoint.dir")
+            if not ckpt_dir.startswith("/"):
+                raise SpecError(f"checkpoint.dir={ckpt_dir!r} must be an absolute path on "
+                                "storage every node sees (e.g. /shared/ckpt/NAME)")
+        stripes = d.get("stripe_count")
+        if stripes is not None and (_int(stripes, "checkpoint.stripe_count", -1) == 0):
+            raise SpecError("checkpoint.stripe_count=0 means nothing: use -1 (all OSTs) or "
+                            "a positive count, or leave it out")
+        return cls(dir=ckpt_dir, stripe_count=stripes,
+                   interval_steps=_int(d.get("interval_steps", 100), "checkpoint.interval_steps", 1),
+                   keep_last=_int(d.get("keep_last", 3), "checkpoint.keep_last", 1))
+
+
+@dataclass(frozen=True)
+class RequeueSpec:
+    """How the job survives preemption and time limits: signal, lead time, retry budget."""
+
+    max_requeues: int = 10
+    signal: str = "USR2"
+    signal_lead_s: int = 120
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "RequeueSpec":
+        d = _table(data, "requeue", cls)
+        return cls(max_requeues=_int(d.get("max_requeues", 10), "requeue.max_requeues", 0, 10000),
+                   signal=check_signal(d.get("signal", "USR2"), "requeue.signal"),
+                   # Slurm's --signal lead time is at most 65535 s
+                   signal_lead_s=_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s", 0, 65535))
+
+
+_SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
+             "requeue": RequeueSpec}
+_DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One training job as the researcher describes it (see docs/spec.md)."""
+
+    name: str
+    partition: str
+    run: RunSpec
+    nodes: int = 1
+    gpus_per_node: int | None = None     # None: the partition's GPUs per node
+    time: str = "01:00:00"
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    exclude: str | None = None
+    reservation: str | None = None
+    mail: str | None = None
+    mail_type: str = "END,FAIL"
+    output: str | None = None            # None: hpctrain-%x-%j.out in the submit directory
+    workdir: str | None = None
+    layout: LayoutSpec = LayoutSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    requeue: RequeueSpec = RequeueSpec()
+    sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)
+
+    # ---- construction ------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "JobSpec":
+        """Build and check a spec from a dict shaped like the TOML file."""
+        d = _table(data, "", cls)
+        for key in ("name", "partition", "run"):
+            if key not in d:
+                raise SpecError(f"{key!r} is missing: every spec needs name, partition and "
+                                "a [run] table with command")
+        values: dict[str, Any] = {
+            "name": check_name(d["name"], "name"),
+            "partition": check_name(d["partition"], "partition"),
+            "nodes": _int(d.get("nodes", 1), "nodes", 1, 100000),
+            "gpus_per_node": _opt_int(d.get("gpus_per_node"), "gpus_per_node", 1),
+            "time": d.get("time", "01:00:00"),
+        }
+        slurm_time_seconds(values["time"], "time")
+        for key in _DIRECTIVE_FIELDS:
+            if key in d:
+                values[key] = check_directive_value(d[key], key)
+        for key in ("account", "qos", "reservation"):
+            if key in values:
+                check_name(values[key], key)
+        if "mail" in d:
+            if not isinstance(d["mail"], str) or not MAIL_RE.match(d["mail"]):
+                raise SpecError(f"mail={d['mail']!r} is not an e-mail address (user@host)")
+            values["mail"] = d["mail"]
+        values["mail_type"] = _mail_type(d.get("mail_type", "END,FAIL"))
+        for key, section in _SECTIONS.items():
+            if key in d:
+                values[key] = section.from_dict(d[key])
+        sb = d.get("sbatch", {})
+        if not isinstance(sb, Mapping):
+            raise SpecError(f"sbatch={sb!r} must be a table of option = value")
+        values["sbatch"] = dict(check_sbatch_option(k, v, "sbatch") for k, v in sb.items())
+        return cls(**values)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "JobSpec":
+        """Read a TOML spec file."""
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"cannot read spec {str(p)!r}: {exc.strerror}") from None
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SpecError(f"{p}: not valid TOML: {exc}") from None
+        try:
+            return cls.from_dict(data)
+        except SpecError as exc:
+            raise type(exc)(f"{p}: {exc}") from None
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> "JobSpec":
+        """A new spec with dotted keys replaced, e.g. ``{"layout.tp": 4, "nodes": 2}``."""
+        data = self.to_dict()
+        for key, value in overrides.items():
+            _set_dotted(data, key, value)
+        return JobSpec.from_dict(data)
+
+    def replace(self, **changes: Any) -> "JobSpec":
+        """dataclasses.replace, re-checked through from_dict."""
+        return JobSpec.from_dict(replace(self, **changes).to_dict())
+
+    # ---- output --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (lists, no None) that :meth:`from_dict` turns back into this spec."""
+        return _plain(self)
+
+    def to_toml(self) -> str:
+        """TOML text that :meth:`load` reads back into an equal spec."""
+        from hpctrain.spec_toml import dumps
+        return dumps(self.to_dict())
+
+    @property
+    def time_seconds(self) -> int | None:
+        """The time limit in seconds; None when UNLIMITED."""
+        return slurm_time_seconds(self.time)
+
+
+def _mail_type(value: Any) -> str:
+    if not isinstance(value, str):
+        raise SpecError(f"mail_type={value!r} must be a string such as \"END,FAIL\"")
+    for part in value.split(","):
+        if part not in MAIL_TYPES:
+            raise SpecError(f"mail_type: {part!r} is not a Slurm mail type: use a comma list "
+                            f"of {', '.join(MAIL_TYPES)}" + closest(part, MAIL_TYPES))
+    return value
+
+
+def _plain(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)
+                if getattr(obj, f.name) is not None}
+    if isinstance(obj, Mapping):
+        return {k: (True if v is None else _plain(v)) for k, v in obj.items()}
+    if isinstance(obj, tuple):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        raise SpecError(f"--set {key!r}: use dotted keys like layout.tp=4 or nodes=2")
+    top_known = [f.name for f in fields(JobSpec)]
+    if parts[0] not in top_known:
+        raise SpecError(f"unknown key {key!r}{closest(parts[0], top_known)}; valid keys: "
+                        f"{', '.join(top_known)}")
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        section = _SECTIONS.get(parts[0]) if i == 0 else None
+        if i == 0 and section is None and part != "sbatch":
+            raise SpecError(f"--set {key!r}: {part!r} is a value, not a table")
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {key!r}: {'.'.join(parts[:i + 1])!r} is not a table")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
+    """Parse ``--set key=value`` items; values are TOML (4, true, ["a"]) or else plain text.
+
+    ``time=00:30:00`` stays the string "00:30:00" (TOML would read a time of day).
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SpecError(f"--set {item!r}: use key=value, e.g. --set layout.tp=4")
+        out[key] = _toml_value(raw.strip())
+    return out
+
+
+def _toml_value(raw: str) -> Any:
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+    # TOML dates and times are not spec values: keep what the user typed
+    return value if isinstance(value, (str, int, float, bool, list, dict)) else raw

@@ -1,0 +1,149 @@
+"""``hpctrain templates check``: render every partition x launcher x layout and test it.
+
+Each case is rendered (pure), syntax-checked with ``bash -n`` and, with ``slurm=True``,
+handed to ``sbatch --test-only`` on the live cluster (through hpctrain.slurm.client),
+which validates the directives against the real partitions without queueing anything.
+This is the one module of the render side that starts processes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from hpctrain.errors import HpctrainError
+from hpctrain.partitions import Partition, partitions_in
+from hpctrain.spec import LAUNCHERS, JobSpec
+from hpctrain.validate import slurm_time_seconds
+
+BASH_TIMEOUT_S = 10.0
+SBATCH_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One spec to render: a partition, a launcher and a named layout."""
+
+    label: str
+    spec: JobSpec
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    case: CheckCase
+    ok: bool
+    stage: str        # render | bash -n | sbatch --test-only | ok
+    message: str = ""
+
+
+def layouts_for(part: Partition) -> list[tuple[str, int, int, int]]:
+    """(label, nodes, tp, pp) covering DP, TP, PP and all three on this partition."""
+    g = part.gpus_per_node
+    n = min(2, part.max_nodes or 2)
+    tp2 = 2 if g % 2 == 0 else 1
+    cands = [("dp", n, 1, 1), ("tp", 1, g, 1), ("pp", n, 1, min(2, n * g)),
+             ("tp+pp+dp", n, tp2, 2 if n * g // tp2 >= 2 else 1)]
+    seen, out = set(), []
+    for label, nodes, tp, pp in cands:
+        if (nodes, tp, pp) not in seen:
+            seen.add((nodes, tp, pp))
+            out.append((label, nodes, tp, pp))
+    return out
+
+
+def check_cases(partitions: Sequence[Partition]) -> list[CheckCase]:
+    """The matrix: every partition x launcher x :func:`layouts_for` layout."""
+    cases = []
+    for part in partitions:
+        limit = slurm_time_seconds(part.max_time)
+        minutes = 10 if limit is None else max(1, min(10, limit // 60))
+        for launcher in LAUNCHERS:
+            for label, nodes, tp, pp in layouts_for(part):
+                name = f"check-{part.name}-{launcher}-{label.replace('+', '-')}"
+                spec = JobSpec.from_dict({
+                    "name": name, "partition": part.name, "nodes": nodes,
+                    "time": str(minutes), "layout": {"tp": tp, "pp": pp},
+                    "run": {"launcher": launcher, "command": ["python", "train.py", "--steps", "10"],
+                            "setup": ["true"], "env": {"OMP_NUM_THREADS": "1"}},
+                    "checkpoint": {"dir": f"/tmp/hpctrain-check/{name}", "stripe_count": 2},
+                    "requeue": {"signal_lead_s": min(30, minutes * 60 - 1)},
+                })
+                cases.append(CheckCase(f"{part.name:10} {launcher:9} {label:9} "
+                                       f"nodes={nodes} tp={tp} pp={pp}", spec))
+    return cases
+
+
+def bash_syntax_error(script: str) -> str | None:
+    """None when ``bash -n`` accepts the script, else bash's message."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return "bash not found on PATH"
+    proc = subprocess.run([bash, "-n"], input=script, capture_output=True, text=True,
+                          timeout=BASH_TIMEOUT_S)
+    return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
+
+
+def sbatch_test_only_error(script: str) -> str | None:
+    """None when ``sbatch --test-only`` accepts the script on the live cluster."""
+    from hpctrain.slurm import client
+
+    res = client.run(["sbatch", "--test-only"], input=script, check=False,
+                     timeout=SBATCH_TIMEOUT_S)
+    return None if res.returncode == 0 else (res.stderr.strip() or res.stdout.strip()
+                                             or f"exit {res.returncode}")
+
+
+def check_one(case: CheckCase, dirs: Sequence[Path], slurm: bool) -> CheckResult:
+    from hpctrain.render import render_script
+
+    try:
+        script = render_script(case.spec, dirs)
+    except HpctrainError as exc:
+        return CheckResult(case, False, "render", str(exc))
+    err = bash_syntax_error(script)
+    if err:
+        return CheckResult(case, False, "bash -n", err)
+    if slurm:
+        err = sbatch_test_only_error(script)
+        if err:
+            return CheckResult(case, False, "sbatch --test-only", err)
+    return CheckResult(case, True, "ok")
+
+
+def run_checks(dirs: Sequence[Path], slurm: bool = False) -> list[CheckResult]:
+    """Check every case on the search path ``dirs``; never raises for a failing case."""
+    try:
+        parts = partitions_in(dirs)
+    except HpctrainError as exc:
+        bad = CheckCase("partition facts", _placeholder())
+        return [CheckResult(bad, False, "partitions", str(exc))]
+    skipped = [CheckResult(CheckCase(f"{p.name:10} (no GPUs: hpctrain jobs cannot run here)",
+                                     _placeholder()), True, "skipped")
+               for p in parts if p.gpus_per_node < 1]
+    gpu_parts = [p for p in parts if p.gpus_per_node >= 1]
+    return skipped + [check_one(case, dirs, slurm) for case in check_cases(gpu_parts)]
+
+
+def _placeholder() -> JobSpec:
+    return JobSpec.from_dict({"name": "none", "partition": "none", "run": {"command": ["true"]}})
+
+
+def format_report(results: Sequence[CheckResult]) -> str:
+    """One line per case, failures with the stage and message; a summary at the end."""
+    lines = []
+    for r in results:
+        if r.stage == "skipped":
+            lines.append(f"skip  {r.case.label}")
+        elif r.ok:
+            lines.append(f"ok    {r.case.label}")
+        else:
+            detail = r.message.replace("\n", "\n        ")
+            lines.append(f"FAIL  {r.case.label}\n      {r.stage}: {detail}")
+    bad = sum(not r.ok for r in results)
+    skipped = sum(r.stage == "skipped" for r in results)
+    lines.append(f"{len(results) - bad - skipped} passed, {bad} failed"
+                 + (f", {skipped} partition(s) skipped" if skipped else ""))
+    return "\n".join(lines)

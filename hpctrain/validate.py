@@ -1,0 +1,155 @@
+"""Small pure checks shared by the job spec and the renderer.
+
+Each check either returns a normalised value or raises :class:`SpecError` with a
+message that names the value and the fix. Nothing here reads the environment or
+runs anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable
+
+from hpctrain.errors import SpecError
+
+# Job, partition, account, QoS and reservation names: what Slurm sites use in practice.
+# Kept strict because these land in #SBATCH lines and file names, where quoting is
+# not available.
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+# A value that can stand unquoted on an #SBATCH line: sbatch splits those lines on
+# whitespace and bash must see them as a plain comment (no newline, no quotes).
+# Covers node lists (n[1-4]), feature expressions (a100&ib|h100), paths, %j patterns.
+DIRECTIVE_VALUE_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]&|!*^-]+$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAIL_RE = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+$")
+
+# Signals a job may ask Slurm to deliver before its time limit (--signal=B:SIG@lead).
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "CONT")
+
+# Long sbatch options a spec may pass through its [sbatch] table (sbatch(1), 22.05).
+# Options the spec sets from its own fields are not here: they map to those fields.
+EXTRA_SBATCH_OPTIONS = frozenset({
+    "acctg-freq", "batch", "bb", "begin", "cluster-constraint", "clusters", "comment",
+    "contiguous", "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu",
+    "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution",
+    "exclusive", "export", "export-file", "extra-node-info", "get-user-env",
+    "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-socket", "gpus-per-task",
+    "hint", "hold", "ignore-pbs", "licenses", "mcs-label", "mem", "mem-bind",
+    "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nice", "no-kill", "nodefile",
+    "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-socket", "overcommit",
+    "oversubscribe", "power", "priority", "profile", "propagate", "sockets-per-node",
+    "spread-job", "switches", "thread-spec", "threads-per-core", "time-min",
+    "tmp", "uid", "use-min-nodes", "wckey", "wait-all-nodes",
+})
+# sbatch options the spec owns: passing them through [sbatch] would fight the spec.
+OWNED_SBATCH_OPTIONS = {
+    "job-name": "name", "partition": "partition", "nodes": "nodes", "time": "time",
+    "account": "account", "qos": "qos", "constraint": "constraint",
+    "exclude": "exclude", "reservation": "reservation", "mail-user": "mail",
+    "mail-type": "mail_type", "output": "output", "error": "output",
+    "chdir": "workdir", "gpus-per-node": "gpus_per_node", "gres": "gpus_per_node",
+    "ntasks": "run.launcher", "ntasks-per-node": "run.launcher",
+    "requeue": "requeue.max_requeues", "no-requeue": "requeue.max_requeues",
+    "signal": "requeue.signal", "open-mode": "(always append)",
+}
+
+_TIME_FORMS = (
+    # (regex, field names) for every form sbatch --time accepts
+    (re.compile(r"^(\d+)$"), ("m",)),
+    (re.compile(r"^(\d+):(\d+)$"), ("m", "s")),
+    (re.compile(r"^(\d+):(\d+):(\d+)$"), ("h", "m", "s")),
+    (re.compile(r"^(\d+)-(\d+)$"), ("d", "h")),
+    (re.compile(r"^(\d+)-(\d+):(\d+)$"), ("d", "h", "m")),
+    (re.compile(r"^(\d+)-(\d+):(\d+):(\d+)$"), ("d", "h", "m", "s")),
+)
+UNLIMITED = ("UNLIMITED", "INFINITE")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_LIMIT = {"h": 24, "m": 60, "s": 60}
+
+
+def closest(word: str, choices: Iterable[str], prefix: str = "") -> str:
+    """' (did you mean X?)' for the closest choice, or '' when nothing is close."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {prefix + match[0]!r}?)" if match else ""
+
+
+def slurm_time_seconds(value: str, where: str = "time") -> int | None:
+    """Seconds in a Slurm time string; None for UNLIMITED/INFINITE.
+
+    Accepts every sbatch form: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
+    """
+    if not isinstance(value, str):
+        raise SpecError(f"{where}={value!r} must be a string like \"00:30:00\" or \"1-00:00:00\"")
+    if value.upper() in UNLIMITED:
+        return None
+    for regex, units in _TIME_FORMS:
+        m = regex.match(value)
+        if m:
+            parts = dict(zip(units, (int(g) for g in m.groups())))
+            # the leading unit is unbounded ("90:00", "48:00:00"); the others are not
+            if any(parts[u] >= _LIMIT[u] for u in units[1:]):
+                break
+            seconds = sum(_UNIT_S[u] * n for u, n in parts.items())
+            if seconds <= 0:
+                raise SpecError(f"{where}={value!r} is zero: give a positive time limit")
+            return seconds
+    raise SpecError(f"{where}={value!r} is not a Slurm time: use minutes (\"30\"), "
+                    "\"HH:MM:SS\", \"D-HH\", \"D-HH:MM\" or \"D-HH:MM:SS\"")
+
+
+def check_name(value: object, where: str) -> str:
+    """A Slurm-safe name (letters, digits, . _ + -), or SpecError."""
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise SpecError(f"{where}={value!r} is not a valid name: use 1-128 letters, digits, "
+                        "'.', '_', '+' or '-', starting with a letter or digit")
+    return value
+
+
+def check_directive_value(value: object, where: str) -> str:
+    """A value that can stand unquoted on an #SBATCH line, or SpecError."""
+    if not isinstance(value, str) or not DIRECTIVE_VALUE_RE.match(value):
+        raise SpecError(f"{where}={value!r} cannot go on an #SBATCH line: use letters, "
+                        "digits and _ @ % + = : , . / [ ] & | ! * ^ - only (no spaces, "
+                        "quotes, $ or newlines)")
+    return value
+
+
+def check_text(value: object, where: str, *, newlines: bool = False) -> str:
+    """A string that bash can hold once quoted: no NUL; no newline unless allowed."""
+    if not isinstance(value, str):
+        raise SpecError(f"{where}={value!r} must be a string")
+    if "\0" in value:
+        raise SpecError(f"{where}={value!r} contains a NUL byte, which a shell script "
+                        "cannot carry: remove it")
+    if not newlines and ("\n" in value or "\r" in value):
+        raise SpecError(f"{where}={value!r} contains a line break: put it on one line")
+    return value
+
+
+def check_signal(value: object, where: str) -> str:
+    """A signal name Slurm can deliver, normalised without 'SIG' (USR1, TERM, ...)."""
+    name = value.upper().removeprefix("SIG") if isinstance(value, str) else value
+    if name not in SIGNALS:
+        raise SpecError(f"{where}={value!r} is not a signal hpctrain can trap: "
+                        f"use one of {', '.join(SIGNALS)}" + closest(str(name), SIGNALS))
+    return str(name)
+
+
+def check_sbatch_option(option: object, value: object, where: str) -> tuple[str, str | None]:
+    """An extra ``--option[=value]`` from the spec's [sbatch] table, checked."""
+    if not isinstance(option, str):
+        raise SpecError(f"{where}: option name {option!r} must be a string")
+    key = option.removeprefix("--")
+    if key in OWNED_SBATCH_OPTIONS:
+        raise SpecError(f"{where}.{key}: the spec sets --{key} itself: use the field "
+                        f"{OWNED_SBATCH_OPTIONS[key]!r} instead")
+    if key not in EXTRA_SBATCH_OPTIONS:
+        raise SpecError(f"{where}.{key}: --{key} is not an sbatch option hpctrain passes "
+                        "through" + closest(key, EXTRA_SBATCH_OPTIONS))
+    if value is True:
+        return key, None          # a flag such as --exclusive
+    if isinstance(value, bool) or value is None:
+        raise SpecError(f"{where}.{key}={value!r}: use true for a flag, or a value")
+    text = str(value) if isinstance(value, int) else value
+    return key, check_directive_value(text, f"{where}.{key}")

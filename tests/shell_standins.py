@@ -1,0 +1,117 @@
+"""Recorded-behaviour STAND-INS for srun, scontrol and lfs, to run rendered scripts in bash.
+
+Real Slurm runs in the slurm-marked tests; these exist so a rendered script can be
+*executed* in a plain unit test (is a hostile value ever run? do the traps requeue?)
+without a cluster, and so the Lustre branch (no Lustre here) can be exercised.
+Each stand-in only records its arguments and answers as the real tool did on the
+devcluster; none of them pretends to schedule anything.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+STANDINS = {
+    "srun": r'''#!/bin/bash
+# STAND-IN for srun: records its argv; then, by $STANDIN_SRUN_MODE, runs the command
+# part (after srun's own --options) as the one task "exec", or stands in for a long
+# training step "sleep" (record only, then sleep).
+printf '%s\0' "$@" > "$STANDIN_LOG/srun.argv"
+while [[ $# -gt 0 && $1 == --* ]]; do shift; done
+export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_NODEID=0 SLURM_NNODES=1
+case "${STANDIN_SRUN_MODE:-exec}" in
+  exec) exec "$@" ;;
+  sleep) exec sleep 30 ;;
+  record) exit 0 ;;
+esac
+''',
+    "scontrol": r'''#!/bin/bash
+# STAND-IN for scontrol: `show hostnames` answers what the devcluster answered for
+# n[1-2]; `show job` answers the devcluster's fields that matter here (PreemptTime is
+# a date once Slurm picked the job for preemption: $STANDIN_PREEMPT_TIME, else None);
+# every call is recorded (requeue included).
+printf '%s\n' "$*" >> "$STANDIN_LOG/scontrol.calls"
+if [[ $1 == show && $2 == hostnames ]]; then printf 'n1\nn2\n'; fi
+if [[ $1 == show && $2 == job ]]; then
+  printf 'JobId=%s JobName=x\n   JobState=RUNNING Reason=None Dependency=(null)\n' "$3"
+  printf '   PreemptEligibleTime=2026-11-21T05:15:50 PreemptTime=%s\n' "${STANDIN_PREEMPT_TIME:-None}"
+fi
+''',
+    "argv-recorder": r'''#!/bin/bash
+# STAND-IN for the training program: records its argv and environment, NUL-separated.
+printf '%s\0' "$@" > "$STANDIN_LOG/command.argv"
+env -0 > "$STANDIN_LOG/command.env"
+''',
+}
+LFS = r'''#!/bin/bash
+# STAND-IN for Lustre's lfs (no Lustre here): records the call, succeeds.
+printf '%s\n' "$*" >> "$STANDIN_LOG/lfs.calls"
+'''
+
+
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+    log: Path
+
+    def read(self, name: str) -> str:
+        p = self.log / name
+        return p.read_bytes().decode() if p.exists() else ""  # keep \r as is
+
+    def nul_list(self, name: str) -> list[str]:
+        return self.read(name).split("\0")[:-1]
+
+
+def make_standins(root: Path, lfs: bool = False) -> Path:
+    bin_dir = root / "standin-bin"
+    bin_dir.mkdir(exist_ok=True)
+    files = dict(STANDINS, **({"lfs": LFS} if lfs else {}))
+    for name, text in files.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    return bin_dir
+
+
+def script_env(root: Path, lfs: bool = False, **extra: str) -> dict[str, str]:
+    log = root / "standin-log"
+    log.mkdir(exist_ok=True)
+    return {"PATH": f"{make_standins(root, lfs)}:/usr/bin:/bin", "STANDIN_LOG": str(log),
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]", "HOME": str(root),
+            **extra}
+
+
+def run_script(script: str, root: Path, lfs: bool = False, timeout: float = 30,
+               **extra: str) -> Run:
+    """Execute a rendered script with bash, stand-ins first on PATH, cwd ``root``."""
+    path = root / "job.sbatch"
+    path.write_text(script)
+    env = script_env(root, lfs, **extra)
+    proc = subprocess.run(["/bin/bash", str(path)], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    return Run(proc.returncode, proc.stdout, proc.stderr, Path(env["STANDIN_LOG"]))
+
+
+def start_script(script: str, root: Path, **extra: str) -> tuple[subprocess.Popen, Path]:
+    """Start a rendered script in its own process group; returns (process, log dir)."""
+    path = root / "job.sbatch"
+    path.write_text(script)
+    env = script_env(root, **extra)
+    proc = subprocess.Popen(["/bin/bash", str(path)], cwd=root, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    return proc, Path(env["STANDIN_LOG"])
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Clean up what start_script started (its own session only)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)

@@ -1,0 +1,117 @@
+"""The Python API: rank environment, names, records, log helpers; submitit's requeue protocol on the cluster."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+
+import hpctrain
+from hpctrain import records
+from hpctrain.api import first_host, function_job_name, set_rank_environment
+from hpctrain.job import expand_pattern, filter_rank, log_paths
+from hpctrain.records import JobRecord
+from hpctrain.slurm import client
+from jobs_util import isolate
+from slurm_util import wait_until
+
+TESTS_ON_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
+
+
+def test_public_names_are_lazy_and_point_at_the_api() -> None:
+    assert hpctrain.submit is hpctrain.api.submit
+    assert hpctrain.Job is hpctrain.job.Job
+    assert hpctrain.Layout(tp=2).tp == 2 and hpctrain.Layout().pp == 1
+
+
+def test_rank_environment_from_slurm_variables() -> None:
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "2",
+           "SLURM_JOB_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "12345"}
+    set_rank_environment(env, {"tp": 2, "pp": 2})
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"]) == ("5", "8", "1", "2")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("gpu07", "32345")
+    # rank 5 with tp=2, dp=2, pp=2: tp fastest, then dp, then pp -> (pp 1, dp 0, tp 1)
+    assert (env["HPCTRAIN_PP_RANK"], env["HPCTRAIN_DP_RANK"], env["HPCTRAIN_TP_RANK"]) == ("1", "0", "1")
+    assert env["HPCTRAIN_DP"] == "2"
+    kept = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "MASTER_ADDR": "n9", "MASTER_PORT": "1"}
+    set_rank_environment(kept, {})
+    assert (kept["MASTER_ADDR"], kept["MASTER_PORT"]) == ("n9", "1")   # the script's values win
+
+
+@pytest.mark.parametrize("nodelist,first", [("n1", "n1"), ("n[1-2]", "n1"), ("a[3,5],b1", "a3"),
+                                            ("b1,a[3-4]", "b1")])
+def test_first_host(nodelist: str, first: str) -> None:
+    assert first_host(nodelist) == first
+
+
+def test_function_job_names_are_slurm_safe() -> None:
+    assert function_job_name(lambda: 0) == "lambda-"
+    assert function_job_name(test_first_host) == "test_first_host"
+
+    def _private() -> None: ...
+    assert function_job_name(_private) == "private"
+
+
+def test_records_append_find_and_survive_a_damaged_line(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    isolate(monkeypatch, tmp_path)
+    records.append([JobRecord("10", "a", "script", "/f"),
+                    JobRecord("11", "s", "sweep", "/f", sweep_id="11", num_tasks=3),
+                    JobRecord("12", "s", "sweep", "/f", sweep_id="11", sweep_offset=3)])
+    with open(records.record_path(), "a") as fh:
+        fh.write('{"job_id": "13", "na\n')
+    records.append([JobRecord("14", "b", "function", "/f")])
+    assert [r.job_id for r in records.load()] == ["10", "11", "12", "14"]
+    assert records.find("11_2").job_id == "11" and records.find("14").kind == "function"
+    assert [r.job_id for r in records.sweep_members("11")] == ["11", "12"]
+    assert records.find("99") is None
+
+
+def test_log_paths_and_patterns(tmp_path: Path) -> None:
+    script = "#!/bin/bash\n#SBATCH --output=logs/%x-%j.out\n#SBATCH --chdir=/w\nset -u\n"
+    assert log_paths(script, tmp_path).log == "/w/logs/%x-%j.out"
+    assert log_paths("#!/bin/bash\n", "/cwd").log == "/cwd/slurm-%j.out"
+    assert expand_pattern("/w/%x-%j.out", "42", name="t") == "/w/t-42.out"
+    assert expand_pattern("/w/%A_%a-%j-%t%%", "42_3", task=1, raw_id="45") == "/w/42_3-45-1%"
+    shared = "0: a\n1: b\n0: c\nplain\n"
+    assert filter_rank(shared, 0) == "0: a\n0: c\nplain\n"
+    assert filter_rank("no labels\n", 1) == "no labels\n"
+
+
+class Counter(submitit.helpers.Checkpointable):
+    """Counts to ``steps``; submitit pickles it (with its progress) when checkpointed."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.first_step_of_run: list[int] = []
+
+    def __call__(self, marker: str, steps: int) -> dict[str, object]:
+        self.first_step_of_run.append(self.step)
+        while self.step < steps:
+            self.step += 1
+            if self.step == 3:
+                Path(marker).write_text("3")
+            time.sleep(0.5)
+        return {"step": self.step, "runs": self.first_step_of_run,
+                "restarts": os.environ.get("SLURM_RESTART_COUNT", "0"), "rank": os.environ["RANK"]}
+
+
+@pytest.mark.slurm
+@pytest.mark.slow   # ~25 s: one requeue, and Slurm holds a requeued job ~10 s
+def test_checkpointable_callable_is_checkpointed_requeued_and_resumes(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    marker = root / "at-step-3"
+    job = hpctrain.submit_function(Counter(), str(marker), 16, partition="debug", nodes=1,
+                                   gpus_per_node=1, time="00:05:00", env=TESTS_ON_PATH)
+    wait_until(marker.exists, 60, "step 3")
+    # the time-limit signal, as Slurm sends it: USR2 to the batch shell, which passes it on
+    client.run(["scancel", "--signal=USR2", "--batch", job.job_id])
+    result = job.result(timeout_s=150)
+    assert result["step"] == 16 and result["restarts"] == "1"
+    runs = result["runs"]
+    assert runs[0] == 0 and len(runs) == 2 and 3 <= runs[1] < 16   # resumed, not restarted
+    assert job.info().requeues.get("requeued", 0) + job.info().requeues.get("preempted", 0) >= 1

@@ -1,0 +1,127 @@
+"""``hpctrain submit`` and the Python API against the real devcluster (2 nodes x 2 fake GPUs)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hpctrain
+from hpctrain import cli
+from hpctrain.errors import SlurmError
+from hpctrain.spec import JobSpec
+from jobs_util import isolate, write_spec
+
+pytestmark = pytest.mark.slurm
+# the callables below live in this test module: the job must be able to import it
+TESTS_ON_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
+
+
+def test_script_job_on_two_nodes_completes_and_the_submitted_file_is_the_render(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    spec = write_spec(root / "job.toml", name="two-nodes", nodes=2, gpus=2, command=[
+        "bash", "-c", "echo rank=$RANK/$WORLD_SIZE node=$SLURMD_NODENAME tp=$HPCTRAIN_TP_RANK"])
+    assert cli.main(["render", str(spec), "--set", "layout.tp=2"]) == 0
+    rendered = capsys.readouterr().out
+    assert cli.main(["submit", str(spec), "--set", "layout.tp=2", "--wait", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["state"] == "COMPLETED"
+    assert Path(data["paths"]["submission_file"]).read_text() == rendered
+    log = Path(data["paths"]["log"]).read_text()
+    for rank, node in ((0, "n1"), (1, "n1"), (2, "n2"), (3, "n2")):
+        assert f"rank={rank}/4 node={node}" in log
+
+
+def test_wait_exits_non_zero_when_the_job_fails(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    spec = write_spec(root / "bad.toml", name="fails", command=["bash", "-c", "exit 3"])
+    rc = cli.main(["submit", str(spec), "--wait"])
+    out = capsys.readouterr().out
+    assert rc != 0 and "ended FAILED" in out
+    assert "submitted job" in out and "hpctrain logs" in out
+
+
+def test_slurm_refusal_is_one_readable_error_with_slurms_message(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    spec = write_spec(root / "big.toml", name="too-big", extra='sbatch = { mem = "9000G" }')
+    assert cli.main(["submit", str(spec)]) == SlurmError.exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hpctrain: error: Slurm refused the job:")
+    assert "sbatch: error:" in err[0]   # Slurm's own words
+
+
+def test_submit_cli_does_not_import_torch(cluster, tmp_path: Path) -> None:
+    root = isolate(pytest.MonkeyPatch(), tmp_path, shared=True)
+    spec = write_spec(root / "j.toml", name="light")
+    code = ("import sys; from hpctrain import cli; rc = cli.main(sys.argv[1:]); "
+            "print('TORCH', 'torch' in sys.modules); sys.exit(rc)")
+    res = subprocess.run([sys.executable, "-c", code, "submit", str(spec), "--json"],
+                         capture_output=True, text=True, timeout=60, cwd=root)
+    assert res.returncode == 0, res.stderr
+    assert "TORCH False" in res.stdout
+    job_id = json.loads(res.stdout.splitlines()[0])["job_id"]
+    hpctrain.Job.attach(job_id).wait(timeout_s=60)
+
+
+def ranks_and_coords(tag: str) -> dict[str, str]:
+    """Runs on every rank: the distributed environment hpctrain set up."""
+    import os
+    print(f"{tag} from rank {os.environ['RANK']}", flush=True)
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+            "HPCTRAIN_TP_RANK", "HPCTRAIN_DP_RANK", "HPCTRAIN_PP_RANK", "SLURMD_NODENAME")
+    return {k: os.environ[k] for k in keys}
+
+
+def test_function_job_runs_on_every_rank_with_the_layout(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    isolate(monkeypatch, tmp_path, shared=True)
+    job = hpctrain.submit_function(ranks_and_coords, "hi", partition="debug", nodes=2,
+                                   gpus_per_node=2, layout=hpctrain.Layout(tp=2), time="00:05:00",
+                                   env=TESTS_ON_PATH)
+    results = job.result(timeout_s=120)
+    assert str(job.state) == "COMPLETED"
+    assert [r["RANK"] for r in results] == ["0", "1", "2", "3"]
+    assert {r["WORLD_SIZE"] for r in results} == {"4"}
+    assert {(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in results} == {("n1", results[0]["MASTER_PORT"])}
+    assert [(r["HPCTRAIN_DP_RANK"], r["HPCTRAIN_TP_RANK"]) for r in results] == \
+        [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert [r["SLURMD_NODENAME"] for r in results] == ["n1", "n1", "n2", "n2"]
+    # each rank's output: all of it in the job log, one rank alone with --rank
+    assert all(f"hi from rank {r}" in job.logs() for r in range(4))
+    assert cli.main(["logs", job.job_id, "--rank", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "hi from rank 2" in out and "hi from rank 1" not in out
+
+
+def test_function_error_comes_back_with_its_traceback(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    isolate(monkeypatch, tmp_path, shared=True)
+    job = hpctrain.submit_function(_raises, partition="debug", time="00:05:00", env=TESTS_ON_PATH)
+    with pytest.raises(hpctrain.HpctrainError, match="ValueError: bad input 42"):
+        job.result(timeout_s=120)
+    assert str(job.state) == "FAILED"
+
+
+def _raises() -> None:
+    raise ValueError("bad input 42")
+
+
+def test_python_submit_of_a_spec(cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    spec = JobSpec.load(write_spec(root / "p.toml", name="api", command=["echo", "from-api"]))
+    job = hpctrain.submit(spec.with_overrides({"nodes": 2}))
+    info = job.wait(timeout_s=120)
+    assert str(info.state) == "COMPLETED" and info.num_nodes == 2
+    assert job.logs().count("from-api") == 2
+    with pytest.raises(hpctrain.HpctrainError, match="no result"):
+        job.result()
