@@ -76,10 +76,10 @@ class RenderedExecutor(submitit.SlurmExecutor):
         tmp = base / f".submission_file_{tmp_uuid}.sh"
         tmp.write_text(self._make_submission_file_text(command, tmp_uuid), encoding="utf-8")
         try:
-            # Bounded retries for controller trouble. Known risk: an sbatch that timed
-            # out after the controller queued the job is retried, queueing it twice.
+            # Retried only when the controller was never reached: an sbatch that timed
+            # out may already have queued the job, and a retry would queue it twice.
             res = client.run(["sbatch", "--parsable", *self.sbatch_args, str(tmp)],
-                             retries=SBATCH_RETRIES)
+                             retries=SBATCH_RETRIES, idempotent=False)
         except SlurmNotFound:
             tmp.unlink(missing_ok=True)
             raise

@@ -17,14 +17,15 @@ from typing import Mapping, Sequence
 from hpctrain.errors import SlurmError, SlurmNotFound, SlurmTimeout
 
 DEFAULT_TIMEOUT_S = 30.0
-# Slurm messages that mean "the controller is busy or restarting", worth one more try.
-TRANSIENT_MARKERS = (
-    "Socket timed out",
+# Slurm messages that mean "the request never reached the controller": always safe to retry.
+UNREACHED_MARKERS = (
     "Unable to contact slurm controller",
     "Connection refused",
     "Slurm temporarily unable to accept job",
-    "Resource temporarily unavailable",
 )
+# Messages (and our own timeout) after which the controller MAY have acted: retried only
+# for idempotent calls (queries, scancel), never for sbatch, which could queue a job twice.
+TRANSIENT_MARKERS = (*UNREACHED_MARKERS, "Socket timed out", "Resource temporarily unavailable")
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,14 @@ def have(binary: str) -> bool:
 
 def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S, retries: int = 2,
         check: bool = True, input: str | None = None,
-        env: Mapping[str, str] | None = None, retry_delay_s: float = 1.0) -> Result:
+        env: Mapping[str, str] | None = None, retry_delay_s: float = 1.0,
+        idempotent: bool = True) -> Result:
     """Run one SLURM binary and return its output.
 
     Raises SlurmNotFound when the binary is missing, SlurmTimeout when it does not
     answer within ``timeout`` (after ``retries`` more tries), SlurmError when it
-    exits non-zero and ``check`` is set.
+    exits non-zero and ``check`` is set. With ``idempotent=False`` (sbatch) only failures
+    that prove the request never arrived are retried.
     """
     argv = tuple(str(a) for a in argv)
     binary = shutil.which(argv[0])
@@ -65,7 +68,7 @@ def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S, retries: int
                                   timeout=timeout, input=input, env=full_env,
                                   stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            if attempt <= retries:
+            if attempt <= retries and idempotent:
                 time.sleep(retry_delay_s)
                 continue
             raise SlurmTimeout(f"`{' '.join(argv)}` did not answer within {timeout:g}s "
@@ -74,7 +77,8 @@ def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S, retries: int
         if proc.returncode == 0 or not check:
             return result
         message = (proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}")
-        if attempt <= retries and any(m in message for m in TRANSIENT_MARKERS):
+        markers = TRANSIENT_MARKERS if idempotent else UNREACHED_MARKERS
+        if attempt <= retries and any(m in message for m in markers):
             time.sleep(retry_delay_s)
             continue
         raise SlurmError(f"{argv[0]} failed: {message}")
