@@ -1,0 +1,79 @@
+"""Listing, pruning and the ``latest`` pointer of a checkpoint root (no torch).
+
+Shared by :class:`~hpctrain.checkpoint.manager.CheckpointManager` and the
+``hpctrain ckpt`` command, which must stay fast on a login node.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpctrain.checkpoint import storage
+from hpctrain.checkpoint.hashing import check_sizes, read_manifest, verify_step
+from hpctrain.checkpoint.manifest import LATEST, step_dirname
+from hpctrain.checkpoint.retention import select_deletions
+from hpctrain.errors import CheckpointError
+
+
+@dataclass
+class StepInfo:
+    """One committed step as ``list()`` reports it."""
+
+    step: int
+    path: str
+    bytes: int
+    created: float
+    world_size: int
+    kind: str
+    valid: bool
+    problem: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def describe(root: Path, step: int, verify: bool = False) -> StepInfo:
+    """Describe one step; ``verify`` reads every byte, otherwise sizes are stat-checked."""
+    path = root / step_dirname(step)
+    try:
+        man = read_manifest(path)
+    except CheckpointError as exc:
+        return StepInfo(step, str(path), 0, 0.0, 0, "?", False, str(exc))
+    problems = verify_step(path) if verify else [p for p in [check_sizes(path, man)] if p]
+    return StepInfo(step, str(path), man.total_bytes, man.created, man.world_size,
+                    man.layout.get("kind", "?"), not problems, problems[0] if problems else None)
+
+
+def list_steps(root: str | os.PathLike[str], verify: bool = False) -> list[StepInfo]:
+    """All committed steps under ``root``, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint root {root} does not exist: pass the directory "
+                              "given to CheckpointManager(root=...)")
+    return [describe(root, s, verify) for s in storage.committed_steps(root)]
+
+
+def write_latest(root: Path, step: int) -> None:
+    """Atomically point ``root/latest`` at ``step`` (only after its commit is durable)."""
+    storage.atomic_write(root / LATEST, f"{step_dirname(step)}\n".encode())
+
+
+def prune(root: Path, keep_last: int, keep_every: int | None = None) -> list[int]:
+    """Delete old steps crash-safely; the caller holds the root lock. Returns deleted steps.
+
+    Each victim is first renamed to a trash name (atomic, fsynced): a crash leaves a
+    complete step or trash, never a half-deleted step that looks committed.
+    """
+    infos = [describe(root, s) for s in storage.committed_steps(root)]
+    victims = select_deletions([i.step for i in infos], [i.step for i in infos if i.valid],
+                               keep_last, keep_every)
+    for step in victims:
+        try:
+            gone = storage.trash(root, step_dirname(step))
+        except OSError as exc:
+            raise storage.io_error(f"prune {root / step_dirname(step)}", exc) from None
+        storage.fault("prune-after-trash")
+        storage.remove_tree(gone)
+    return victims

@@ -1,0 +1,232 @@
+"""Load one committed step into a state tree in place, resharding where layouts differ.
+
+Every destination tensor (plain or DTensor shard) is a box of a global tensor; every
+saved chunk is another box. A chunk saved with the same box is read straight into the
+destination's memory (no extra copy); otherwise each overlapping saved chunk is read
+once and the intersection copied. Reads go in file order (sequential I/O) and each
+chunk's crc32 is computed on a second thread while the next read is in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpctrain.checkpoint.fileio import read_into
+from hpctrain.checkpoint.hashing import check_sizes
+from hpctrain.checkpoint.manifest import Manifest
+from hpctrain.checkpoint.tree import Chunk, dtype_from_name, flatten, set_path
+from hpctrain.errors import CheckpointCorrupt, CheckpointError
+
+
+class CorruptCheckpoint(CheckpointCorrupt):
+    """A step failed verification (bad checksum, truncated or missing file)."""
+
+
+def _overlap(e: dict, c: Chunk) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    src, dst = [], []
+    for eo, es, co, cs in zip(e["offsets"], e["shape"], c.offsets, c.shape):
+        lo, hi = max(eo, co), min(eo + es, co + cs)
+        if lo >= hi:
+            return None
+        src.append(slice(lo - eo, hi - eo))
+        dst.append(slice(lo - co, hi - co))
+    return tuple(src), tuple(dst)
+
+
+def _direct_view(c: Chunk, e: dict) -> np.ndarray | None:
+    """The destination's own bytes when the saved chunk can be read straight into them."""
+    t = c.local
+    if (list(c.offsets) != e["offsets"] or list(c.shape) != e["shape"] or t.device.type != "cpu"
+            or not t.is_contiguous() or t.dtype != dtype_from_name(e["dtype"]) or not t.numel()):
+        return None
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+class _Verifier:
+    """crc32 of every piece on a second thread, in read order, while the next piece is read.
+
+    zlib releases the GIL, so reading (a syscall copying from the page cache) and
+    checksumming run on two cores at once; mismatches are collected and raised by
+    :meth:`finish`, before any extra is set.
+    """
+
+    def __init__(self, step_dir: Path) -> None:
+        self.step_dir = step_dir
+        self.queue: queue.Queue = queue.Queue(maxsize=8)  # bounds the lag to 64 MiB
+        self.bad: list[dict] = []
+        self.thread = threading.Thread(target=self._run, name="hpctrain-verify", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        value = 0
+        while (item := self.queue.get()) is not None:
+            e, piece, last = item
+            value = zlib.crc32(piece, value)
+            if last:
+                if value != e["crc32"]:
+                    self.bad.append(e)
+                value = 0
+
+    def add(self, e: dict, piece: np.ndarray, last: bool) -> None:
+        self.queue.put((e, piece, last))
+
+    def finish(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.bad:
+            e = self.bad[0]
+            raise CorruptCheckpoint(f"{self.step_dir / e['file']}: checksum mismatch in bytes "
+                                    f"[{e['offset']}, {e['offset'] + e['nbytes']}) (tensor "
+                                    f"{e['path']}); {len(self.bad)} damaged tensor(s)")
+
+
+class _Reader:
+    """Sequential chunk reads in 8 MiB pieces, each handed to the verifier thread."""
+
+    PIECE = 8 << 20
+
+    def __init__(self, step_dir: Path, verify: bool) -> None:
+        self.step_dir = step_dir
+        self.fds: dict[str, int] = {}
+        self.verifier = _Verifier(step_dir) if verify else None
+
+    def _fd(self, name: str) -> int:
+        if name not in self.fds:
+            fd = self.fds[name] = os.open(self.step_dir / name, os.O_RDONLY)
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger readahead
+        return self.fds[name]
+
+    def read(self, e: dict, dest: np.ndarray) -> None:
+        name, fd = e["file"], self._fd(e["file"])
+        pos, off = 0, e["offset"]
+        try:
+            while True:
+                piece = dest[pos:pos + self.PIECE]
+                read_into(fd, off + pos, piece)
+                pos += piece.nbytes
+                if self.verifier:
+                    self.verifier.add(e, piece, pos >= dest.nbytes)
+                if pos >= dest.nbytes:
+                    break
+        except (OSError, EOFError) as exc:
+            raise CorruptCheckpoint(f"{self.step_dir / name}: cannot read tensor "
+                                    f"{e['path']} ({exc})") from None
+
+    def close(self, ok: bool) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        if self.verifier:
+            verifier, self.verifier = self.verifier, None
+            if ok:
+                verifier.finish()
+            else:
+                verifier.queue.put(None)
+
+
+def _plan(manifest: Manifest, chunks: list[Chunk]) -> tuple[list, dict]:
+    by_path: dict[tuple, list[dict]] = {}
+    for e in manifest.tensors:
+        by_path.setdefault(tuple(e["path"]), []).append(e)
+    ops: list[tuple[dict, Chunk, Any]] = []
+    for c in chunks:
+        entries = by_path.get(c.path)
+        if not entries:
+            raise CheckpointError(f"step {manifest.step} has no tensor at {list(c.path)}: "
+                                  "load into a state with the same keys as the saved one")
+        if entries[0]["global_shape"] != list(c.global_shape):
+            raise CheckpointError(f"tensor at {list(c.path)} was saved with shape "
+                                  f"{entries[0]['global_shape']}, the state has "
+                                  f"{list(c.global_shape)}: build the same model before loading")
+        exact = [e for e in entries if _direct_view(c, e) is not None]
+        if exact:
+            ops.append((exact[0], c, "direct"))
+            continue
+        for e in entries:
+            region = _overlap(e, c)
+            if region is not None:
+                ops.append((e, c, region))
+    known = {c.path for c in chunks}
+    return ops, {p: es for p, es in by_path.items() if p not in known}
+
+
+def _new_chunks(missing: dict[tuple, list[dict]]) -> list[Chunk]:
+    """Whole plain tensors for saved paths the state lacks (e.g. loading into ``{}``)."""
+    out = []
+    for path, entries in missing.items():
+        shape = tuple(entries[0]["global_shape"])
+        t = torch.empty(shape, dtype=dtype_from_name(entries[0]["dtype"]))
+        out.append(Chunk(path, t, t.dtype, shape, (0,) * len(shape), shape, False))
+    return out
+
+
+def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
+              verify: bool = True) -> None:
+    """Load ``step_dir`` into ``state`` in place. CorruptCheckpoint if verification fails."""
+    if verify:
+        problem = check_sizes(step_dir, manifest)
+        if problem:
+            raise CorruptCheckpoint(problem)
+    chunks, _ = flatten(state)
+    ops, missing = _plan(manifest, chunks)
+    fresh = _new_chunks(missing)
+    for c in fresh:
+        ops += [(e, c, _overlap(e, c)) for e in missing[c.path]]
+    ops.sort(key=lambda op: (op[0]["file"], op[0]["offset"]))
+    reader, staged = _Reader(step_dir, verify), {}
+    try:
+        _run_ops(reader, ops, staged)
+    except BaseException:
+        reader.close(ok=False)
+        raise
+    reader.close(ok=True)  # raises CorruptCheckpoint on a checksum mismatch
+    extras = _read_extras(step_dir, manifest, rank, verify)
+    for c in fresh:
+        set_path(state, c.path, c.local)
+    for path, value in extras.items():
+        set_path(state, path, value)
+
+
+def _run_ops(reader: _Reader, ops: list, staged: dict) -> None:
+    for e, c, how in ops:
+        if how == "direct":
+            reader.read(e, _direct_view(c, e))
+            continue
+        key = (e["file"], e["offset"])
+        if key not in staged:  # read each saved chunk once, however many boxes it feeds
+            buf = torch.empty(e["nbytes"], dtype=torch.uint8)
+            reader.read(e, buf.numpy())
+            staged = {key: buf.view(dtype_from_name(e["dtype"])).view(e["shape"])}
+        src, dst = how
+        with torch.no_grad():
+            c.local[dst].copy_(staged[key][src])
+
+
+def _read_extras(step_dir: Path, manifest: Manifest, rank: int, verify: bool) -> dict:
+    by_rank = {e["rank"]: e["file"] for e in manifest.extras}
+    name = by_rank.get(rank, by_rank.get(0))
+    if name is None:
+        return {}
+    data = (step_dir / name).read_bytes()
+    if verify:
+        rec = manifest.file(name)
+        pos = 0
+        for off, length, crc in rec.blocks:
+            if zlib.crc32(data[off:off + length]) != crc or len(data) < off + length:
+                raise CorruptCheckpoint(f"{step_dir / name}: checksum mismatch in bytes "
+                                        f"[{off}, {off + length}) (extras of rank {rank})")
+            pos = off + length
+        if pos != len(data):
+            raise CorruptCheckpoint(f"{step_dir / name} has {len(data)} bytes, manifest "
+                                    f"says {pos}")
+    return pickle.loads(data)

@@ -1,0 +1,167 @@
+"""The commit record of one checkpoint: ``manifest.json`` (pure JSON, no torch).
+
+A step directory is a complete checkpoint exactly when it carries a manifest that
+parses and validates here; every byte of data is described by a block (offset, length,
+crc32) of some file, so ``hpctrain ckpt verify`` can check a checkpoint without torch.
+
+Schema (format_version 1)::
+
+    {"format": "hpctrain-checkpoint", "format_version": 1,
+     "step": 1200, "created": 1763700000.0, "world_size": 2,
+     "layout": {"kind": "torch"} | {"kind": "deepspeed", "tag": "ds"},
+     "versions": {"hpctrain": "0.1.0", "torch": "2.13.0", "python": "3.11.9"},
+     "files": [{"name": "rank00000.bin", "size": 4096, "blocks": [[0, 4096, 123]]}],
+     "tensors": [{"path": ["model", "w"], "dtype": "float32", "global_shape": [4, 4],
+                  "offsets": [0, 0], "shape": [4, 4], "file": "rank00000.bin",
+                  "offset": 0, "nbytes": 64, "crc32": 123}],
+     "extras": [{"rank": 0, "file": "rank00000.extra.pkl"}]}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpctrain.errors import CheckpointError
+
+FORMAT = "hpctrain-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+LATEST = "latest"
+STEP_RE = re.compile(r"^step_(\d{9,})$")
+
+
+def step_dirname(step: int) -> str:
+    """``step_000001200``: zero padded so names sort like numbers."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"step={step!r} is not a non-negative int: pass the training step")
+    return f"step_{step:09d}"
+
+
+def parse_step_dirname(name: str) -> int | None:
+    """The step of a committed directory name, or None for anything else (tmp, trash)."""
+    m = STEP_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class FileRecord:
+    """One data file of a checkpoint: its size and crc32 per block covering it."""
+
+    name: str
+    size: int
+    blocks: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size, "blocks": [list(b) for b in self.blocks]}
+
+
+@dataclass
+class Manifest:
+    """The parsed commit record; ``raw`` keeps fields this version does not model."""
+
+    step: int
+    world_size: int
+    files: list[FileRecord]
+    tensors: list[dict[str, Any]]
+    extras: list[dict[str, Any]]
+    layout: dict[str, Any]
+    versions: dict[str, str]
+    created: float
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def file(self, name: str) -> FileRecord:
+        for rec in self.files:
+            if rec.name == name:
+                return rec
+        raise CheckpointError(f"manifest of step {self.step} names no file {name!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, "step": self.step,
+                "created": self.created, "world_size": self.world_size, "layout": self.layout,
+                "versions": self.versions, "files": [f.to_json() for f in self.files],
+                "tensors": self.tensors, "extras": self.extras}
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), separators=(",", ":")).encode()
+
+
+def _need(cond: bool, what: str) -> None:
+    if not cond:
+        raise CheckpointError(f"invalid manifest: {what}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_file(rec: Any) -> FileRecord:
+    _need(isinstance(rec, dict), f"file entry {rec!r} is not an object")
+    name, size, blocks = rec.get("name"), rec.get("size"), rec.get("blocks")
+    _need(isinstance(name, str) and bool(name) and not name.startswith("/")
+          and all(part not in ("", ".", "..") for part in name.split("/")),
+          f"file name {name!r} must be a relative path inside the step directory")
+    _need(_is_int(size) and size >= 0, f"file {name}: size {size!r}")
+    _need(isinstance(blocks, list), f"file {name}: blocks {blocks!r}")
+    pos, out = 0, []
+    for b in blocks:
+        _need(isinstance(b, list) and len(b) == 3 and all(_is_int(x) for x in b),
+              f"file {name}: block {b!r} is not [offset, length, crc32]")
+        # blocks tile the file exactly: no byte escapes verification
+        _need(b[0] == pos and b[1] >= 0, f"file {name}: block {b!r} leaves a gap at {pos}")
+        pos += b[1]
+        out.append((b[0], b[1], b[2]))
+    _need(pos == size, f"file {name}: blocks cover {pos} bytes of {size}")
+    return FileRecord(name, size, out)
+
+
+def _check_tensor(t: Any, names: set[str]) -> None:
+    _need(isinstance(t, dict), f"tensor entry {t!r}")
+    for key in ("path", "global_shape", "offsets", "shape"):
+        _need(isinstance(t.get(key), list), f"tensor {t.get('path')}: {key}")
+    _need(len(t["offsets"]) == len(t["shape"]) == len(t["global_shape"]),
+          f"tensor {t['path']}: offsets/shape/global_shape ranks differ")
+    _need(t.get("file") in names, f"tensor {t['path']}: unknown file {t.get('file')!r}")
+    for key in ("offset", "nbytes", "crc32"):
+        _need(_is_int(t.get(key)), f"tensor {t['path']}: {key}")
+    _need(isinstance(t.get("dtype"), str), f"tensor {t['path']}: dtype")
+
+
+def parse(data: bytes | str, where: str = "manifest") -> Manifest:
+    """Parse and validate manifest bytes; CheckpointError names what is wrong."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{where} is not valid JSON ({exc}): the checkpoint is "
+                              "incomplete or damaged; delete it or restore it") from None
+    try:
+        _need(isinstance(raw, dict) and raw.get("format") == FORMAT,
+              f"format is {raw.get('format') if isinstance(raw, dict) else raw!r}, not {FORMAT}")
+        _need(raw.get("format_version") == FORMAT_VERSION,
+              f"format_version {raw.get('format_version')!r} (this hpctrain reads "
+              f"{FORMAT_VERSION}; upgrade hpctrain)")
+        _need(_is_int(raw.get("step")) and raw["step"] >= 0, f"step {raw.get('step')!r}")
+        _need(_is_int(raw.get("world_size")) and raw["world_size"] >= 1,
+              f"world_size {raw.get('world_size')!r}")
+        files = [_check_file(f) for f in raw.get("files", [])]
+        names = {f.name for f in files}
+        _need(len(names) == len(files), "duplicate file names")
+        tensors, extras = raw.get("tensors", []), raw.get("extras", [])
+        _need(isinstance(tensors, list) and isinstance(extras, list), "tensors/extras lists")
+        for t in tensors:
+            _check_tensor(t, names)
+        for e in extras:
+            _need(isinstance(e, dict) and e.get("file") in names and _is_int(e.get("rank")),
+                  f"extras entry {e!r}")
+        layout = raw.get("layout", {})
+        _need(isinstance(layout, dict) and isinstance(layout.get("kind"), str), "layout.kind")
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+    return Manifest(step=raw["step"], world_size=raw["world_size"], files=files,
+                    tensors=tensors, extras=extras, layout=layout,
+                    versions=dict(raw.get("versions", {})), created=float(raw.get("created", 0)))

@@ -1,0 +1,129 @@
+"""State trees: split a nested dict into tensor chunks and picklable extras, and back.
+
+Only dicts are descended into. Each tensor leaf becomes a :class:`Chunk`: for a
+DTensor its local shard with its global offsets (so a load can reshard), for a plain
+tensor the whole tensor (treated as replicated across ranks, as DCP does). Every other
+leaf (numbers, strings, lists, RNG states, data-loader positions) is an *extra*,
+pickled per rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from hpctrain.errors import CheckpointError
+
+Path_ = tuple  # a key path: str/int keys, JSON-representable
+
+
+@dataclass
+class Chunk:
+    """One tensor (or local shard of a DTensor) at ``path`` covering a box of the global tensor."""
+
+    path: Path_
+    local: torch.Tensor        # the data this process holds (any device)
+    dtype: torch.dtype
+    global_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    shape: tuple[int, ...]
+    sharded: bool
+
+    @property
+    def nbytes(self) -> int:
+        n = self.local.element_size()
+        for s in self.shape:
+            n *= s
+        return n
+
+    def key(self) -> tuple:
+        return (self.path, self.offsets)
+
+
+def _dtensor_type() -> type | None:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch built without distributed
+        return None
+    return DTensor
+
+
+def _chunk(path: Path_, value: torch.Tensor, dtensor: type | None) -> Chunk:
+    if dtensor is not None and isinstance(value, dtensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+        from torch.distributed.tensor.placement_types import Partial
+
+        if any(isinstance(p, Partial) for p in value.placements):
+            raise CheckpointError(f"tensor at {list(path)} has a Partial placement: call "
+                                  ".redistribute() to Shard/Replicate before saving")
+        shape, offsets = compute_local_shape_and_global_offset(
+            value.shape, value.device_mesh, value.placements)
+        local = value.to_local()
+        return Chunk(path, local, value.dtype, tuple(value.shape), tuple(offsets),
+                     tuple(shape), True)
+    shape = tuple(value.shape)
+    return Chunk(path, value, value.dtype, shape, (0,) * len(shape), shape, False)
+
+
+def flatten(state: dict) -> tuple[list[Chunk], dict[Path_, Any]]:
+    """Tensor chunks and extras of ``state``, in a deterministic order."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"state must be a dict (got {type(state).__name__}): pass e.g. "
+                              "{'model': model.state_dict(), 'optim': optim.state_dict()}")
+    dtensor = _dtensor_type()
+    chunks, extras = [], {}
+    for path, value in _walk(state, ()):
+        if isinstance(value, torch.Tensor):
+            chunks.append(_chunk(path, value, dtensor))
+        else:
+            extras[path] = value
+    return chunks, extras
+
+
+def _walk(node: dict, prefix: Path_) -> Iterator[tuple[Path_, Any]]:
+    for key, value in node.items():
+        if not isinstance(key, (str, int)) or isinstance(key, bool):
+            raise CheckpointError(f"state key {key!r} at {list(prefix)} is a "
+                                  f"{type(key).__name__}: use str or int keys")
+        path = prefix + (key,)
+        if isinstance(value, dict) and value:
+            yield from _walk(value, path)
+        else:
+            yield path, value
+
+
+def set_path(state: dict, path: Path_, value: Any) -> None:
+    """``state[p0][p1]... = value``, creating missing dicts on the way."""
+    node = state
+    for key in path[:-1]:
+        nxt = node.get(key)
+        if not isinstance(nxt, dict):
+            nxt = node[key] = {}
+        node = nxt
+    node[path[-1]] = value
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"unknown dtype {name!r} in manifest: upgrade torch")
+    return dtype
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 CPU view of ``t`` (copying only if it is not contiguous on CPU)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+
+
+def path_from_json(path: list) -> Path_:
+    return tuple(path)

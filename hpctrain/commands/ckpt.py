@@ -1,0 +1,96 @@
+"""``hpctrain ckpt list|verify|prune``: inspect and tidy a checkpoint root (no torch import)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from hpctrain.errors import CheckpointCorrupt, CheckpointError
+
+root_arg = click.argument("root", type=click.Path(file_okay=False, path_type=Path))
+
+
+@click.group()
+def ckpt() -> None:
+    """List, verify and prune checkpoints written by hpctrain's CheckpointManager."""
+
+
+@ckpt.command("list")
+@root_arg
+@click.option("--json", "as_json", is_flag=True, help="One JSON array on stdout.")
+@click.option("--verify", is_flag=True, help="Read every byte and check checksums (slow).")
+def list_cmd(root: Path, as_json: bool, verify: bool) -> None:
+    """Committed steps under ROOT with size, time and validity."""
+    from hpctrain.checkpoint.catalog import list_steps
+
+    infos = list_steps(root, verify=verify)
+    if as_json:
+        click.echo(json.dumps([i.to_json() for i in infos], indent=1))
+        return
+    if not infos:
+        click.echo(f"no checkpoints in {root}")
+        return
+    click.echo(f"{'step':>10}  {'size':>10}  {'world':>5}  {'kind':<9}  {'saved (UTC)':<19}  status")
+    for i in infos:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(i.created)) if i.created else "?"
+        status = "ok" if i.valid else f"BAD: {i.problem}"
+        click.echo(f"{i.step:>10}  {_size(i.bytes):>10}  {i.world_size:>5}  {i.kind:<9}  "
+                   f"{when:<19}  {status}")
+
+
+@ckpt.command()
+@root_arg
+@click.option("--step", type=int, default=None, help="Verify only this step [default: all].")
+def verify(root: Path, step: int | None) -> None:
+    """Check every byte of every (or one) step against its manifest; exit 1 on damage."""
+    from hpctrain.checkpoint.catalog import list_steps
+    from hpctrain.checkpoint.hashing import verify_step
+    from hpctrain.checkpoint.manifest import step_dirname
+
+    steps = [i.step for i in list_steps(root)]
+    if step is not None:
+        if step not in steps:
+            raise CheckpointError(f"no checkpoint for step {step} in {root}: choose one of {steps}")
+        steps = [step]
+    bad = 0
+    for s in steps:
+        problems = verify_step(root / step_dirname(s))
+        click.echo(f"step {s}: " + ("ok" if not problems else "; ".join(problems)))
+        bad += bool(problems)
+    if bad:
+        raise CheckpointCorrupt(f"{bad} of {len(steps)} checkpoint(s) in {root} failed "
+                              "verification (files named above): delete them or restore "
+                              "from a copy; load_latest skips them")
+    click.echo(f"{len(steps)} checkpoint(s) verified")
+
+
+@ckpt.command()
+@root_arg
+@click.option("--keep", type=click.IntRange(min=1), required=True,
+              help="Keep this many newest valid steps.")
+@click.option("--keep-every", type=click.IntRange(min=1), default=None,
+              help="Also keep every step divisible by this.")
+def prune(root: Path, keep: int, keep_every: int | None) -> None:
+    """Delete old steps crash-safely (refused while a job holds ROOT's lock)."""
+    from hpctrain.checkpoint import catalog, storage
+
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint root {root} does not exist: pass the job's root")
+    lock = storage.RootLock(root)
+    try:
+        storage.clean_leftovers(root)
+        deleted = catalog.prune(root, keep, keep_every)
+    finally:
+        lock.release()
+    click.echo(f"deleted {len(deleted)} step(s): {deleted}" if deleted else "nothing to delete")
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

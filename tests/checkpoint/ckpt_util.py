@@ -1,0 +1,86 @@
+"""Helpers shared by the checkpoint tests: states whose content encodes their step."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+REPO = Path(__file__).resolve().parents[2]
+HPCTRAIN = Path(sys.executable).with_name("hpctrain")
+
+
+def make_state(step: int, rows: int = 64) -> dict:
+    """A model+optimizer-like state whose every value says which step it belongs to."""
+    import torch
+
+    return {"model": {"w": torch.full((rows, 256), float(step)),
+                      "b": torch.full((256,), float(step), dtype=torch.bfloat16),
+                      "n": torch.tensor(step)},
+            "optim": {"state": {0: {"exp_avg": torch.full((rows, 256), step / 2)}},
+                      "param_groups": [{"lr": 0.1, "params": [0]}]},
+            "step": step, "data_pos": {"epoch": 1, "index": step * 10}}
+
+
+def assert_state_is(state: dict, step: int) -> None:
+    """Every tensor and extra of ``state`` is exactly the content saved at ``step``."""
+    import torch
+
+    assert state["step"] == step
+    assert state["data_pos"] == {"epoch": 1, "index": step * 10}
+    assert torch.equal(state["model"]["w"], torch.full_like(state["model"]["w"], float(step)))
+    assert torch.equal(state["model"]["b"], torch.full_like(state["model"]["b"], float(step)))
+    assert int(state["model"]["n"]) == step
+    exp_avg = state["optim"]["state"][0]["exp_avg"]
+    assert torch.equal(exp_avg, torch.full_like(exp_avg, step / 2))
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(HPCTRAIN), *args], capture_output=True, text=True, timeout=120)
+
+
+@contextlib.contextmanager
+def tmpfs(where: Path, size: str, *options: str) -> Iterator[Path | None]:
+    """A real small tmpfs mounted at ``where`` (None when this sandbox cannot mount)."""
+    where.mkdir(parents=True, exist_ok=True)
+    opts = ",".join([f"size={size}", *options])
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        yield None
+        return
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def child_env(**extra: str) -> dict:
+    env = {**os.environ, **extra}
+    env.pop("HPCTRAIN_CKPT_FAULT", None)
+    env.update(extra)
+    return env
+
+
+@contextlib.contextmanager
+def loop_ext4(where: Path, size_mb: int) -> Iterator[Path | None]:
+    """A real small ext4 on a loop device (O_DIRECT works there, unlike tmpfs)."""
+    image = where.with_name(where.name + ".img")
+    where.mkdir(parents=True, exist_ok=True)
+    with open(image, "wb") as f:
+        f.truncate(size_mb << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
+    done = made.returncode == 0 and subprocess.run(
+        ["mount", "-o", "loop", str(image), str(where)], capture_output=True).returncode == 0
+    if not done:
+        image.unlink(missing_ok=True)
+        yield None
+        return
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+        image.unlink(missing_ok=True)
