@@ -34,7 +34,7 @@ case "${1:-}" in
     install) install ;;
     demo)    install; cluster_up; exec bash examples/demo.sh ;;
     test)    install; cluster_up; shift; exec python -m pytest "$@" ;;
-    bench)   install; cluster_up; exec bash benchmarks/run_all.sh ;;
-    regen)   install; exec python -m hpctrain.sbatch_examples --write ;;
+    bench)   install; cluster_up; shift; exec bash benchmarks/run_all.sh "$@" ;;
+    regen)   install; exec python tools/regen_sbatch.py ;;
     *) echo "usage: ./dev.sh demo|test|bench|regen|install" >&2; exit 2 ;;
 esac

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Every benchmark, one after another. Figures are ratios against a baseline measured in
+# the same run (the machine is shared and noisy). Extra arguments go to ckpt_bench.py,
+# e.g. `./dev.sh bench --size 256M` for a quicker checkpoint run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for bench in benchmarks/cli_bench.py benchmarks/plan_bench.py; do
+    [ -f "$bench" ] || continue
+    echo "== $bench"
+    python "$bench"
+done
+echo "== benchmarks/ckpt_bench.py"
+python benchmarks/ckpt_bench.py "$@"

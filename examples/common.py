@@ -1,0 +1,64 @@
+"""What the example scripts share: command line, the step log, the final-state dump."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=200, help="train until this many steps are done")
+    p.add_argument("--ckpt-dir", required=True, help="checkpoint root (shared storage)")
+    p.add_argument("--save-every", type=int, default=50, help="periodic checkpoint interval")
+    p.add_argument("--seed", type=int, default=0)
+    # --log-file first: torchrun's own argparse rejects a bare --log as ambiguous
+    p.add_argument("--log-file", "--log", dest="log", default=None,
+                   help="JSON-lines step log, rank 0 appends (use --log-file under torchrun)")
+    p.add_argument("--crash-at-step", type=int, default=None,
+                   help="raise an exception before this step (the user-crash test)")
+    p.add_argument("--final-state", default=None,
+                   help="write each rank's final local parameters to FILE.rank<R>.pt")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="sleep this long per step (to make a job last long enough to preempt)")
+    args = p.parse_args(argv)
+    if args.steps < 0 or args.save_every < 1:
+        p.error(f"--steps={args.steps} must be >= 0 and --save-every={args.save_every} >= 1")
+    return args
+
+
+class StepLog:
+    """One JSON line per finished step, appended by rank 0 and flushed at once, so a
+    killed job's log still shows every step it finished. Resumes append to it."""
+
+    def __init__(self, path: str | None, enabled: bool) -> None:
+        self._fh = None
+        if path and enabled:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._fh = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as training
+
+    def write(self, **fields: object) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps({"time": round(time.time(), 3), **fields}) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())  # a preempted node may vanish right after
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+
+
+def dump_final_state(path: str | None, rank: int, model: torch.nn.Module) -> None:
+    """Each rank's own parameters (local shards for DTensors), for exact comparisons."""
+    if not path:
+        return
+    local = {}
+    for name, p in model.named_parameters():
+        t = p.detach()
+        local[name] = (t.to_local() if hasattr(t, "to_local") else t).clone().cpu()
+    torch.save(local, f"{path}.rank{rank}.pt")

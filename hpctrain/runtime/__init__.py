@@ -1,0 +1,31 @@
+"""In-job runtime: where am I, should I stop, how do I leave so the job requeues.
+
+    ctx = hpctrain.runtime.init()
+    for step in range(start, steps):
+        train_step(...)
+        if ctx.stop_requested():          # collective: every rank agrees
+            ckpt.save(step + 1, state); ckpt.wait()
+            ctx.exit_for_requeue(step + 1)
+
+Runs inside the job: imports nothing from submission code (hpctrain.slurm, .render,
+.spec, .submission, submitit); tests/test_runtime_boundary.py enforces it. Importing
+this package does not import torch; :func:`init` does.
+"""
+
+from __future__ import annotations
+
+from hpctrain.runtime.causes import (
+    CAUSES,
+    EXIT_COMPLETED,
+    EXIT_REQUEUE_PREEMPTION,
+    EXIT_REQUEUE_TIME_LIMIT,
+    REQUEUE_EXIT_CODES,
+    ExitCause,
+    cause_of_exit_code,
+)
+from hpctrain.runtime.context import Context, init
+from hpctrain.runtime.environment import Environment, rank_to_coords
+
+__all__ = ["CAUSES", "EXIT_COMPLETED", "EXIT_REQUEUE_PREEMPTION", "EXIT_REQUEUE_TIME_LIMIT",
+           "REQUEUE_EXIT_CODES", "Context", "Environment", "ExitCause", "cause_of_exit_code",
+           "init", "rank_to_coords"]

@@ -1,0 +1,74 @@
+"""Why a job stopped, and what the batch script should do about it: one small table.
+
+The exit-code protocol between the training process and the batch script:
+
+- ``0``: training finished; the job completes.
+- ``75`` (EX_TEMPFAIL): stopped on the *preemption* signal (SIGTERM by default)
+  after the emergency checkpoint; requeue me.
+- ``76``: stopped on the *time-limit* signal (SIGUSR2, sent ``signal_lead_s``
+  before the limit) after the emergency checkpoint; requeue me.
+- anything else: a user crash; do NOT requeue (the job ends FAILED).
+
+Launchers such as ``torchrun`` replace a worker's exit code with their own (``1``),
+so :meth:`hpctrain.runtime.Context.exit_for_requeue` also writes an *exit record*
+(``$HPCTRAIN_EXIT_FILE``, ``key=value`` lines) that the batch script reads; see
+docs/fault-recovery.md.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+EXIT_COMPLETED = 0
+EXIT_REQUEUE_PREEMPTION = 75
+EXIT_REQUEUE_TIME_LIMIT = 76
+REQUEUE_EXIT_CODES = (EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT)
+
+
+@dataclass(frozen=True)
+class ExitCause:
+    """One row of the policy table."""
+
+    name: str
+    code: int  # severity, all_reduce(MAX) picks the most urgent cause across ranks
+    exit_code: int | None  # what the process exits with; None: not chosen by the process
+    requeue: bool
+    resume_from: str
+
+
+CAUSES: dict[str, ExitCause] = {c.name: c for c in (
+    ExitCause("completed", 0, EXIT_COMPLETED, False, "nothing: the job is done"),
+    ExitCause("time_limit", 1, EXIT_REQUEUE_TIME_LIMIT, True, "the emergency checkpoint"),
+    ExitCause("preemption", 2, EXIT_REQUEUE_PREEMPTION, True, "the emergency checkpoint"),
+    # NODE_FAIL: Slurm requeues the job itself; no process lives to write anything.
+    ExitCause("node_fail", 3, None, True, "the last periodic checkpoint"),
+    ExitCause("user_crash", 4, None, False, "nothing: not requeued, the job ends FAILED"),
+)}
+BY_CODE = {c.code: c for c in CAUSES.values()}
+
+
+def cause_of_signal(signum: int, *, now: float | None = None, end_time: float | None = None,
+                    lead_s: float | None = None) -> ExitCause:
+    """Map a received stop signal to a cause.
+
+    Without timing facts: SIGUSR2 is the time-limit warning, anything else (SIGTERM)
+    preemption. With them (``SLURM_JOB_END_TIME`` and the template's lead) the time
+    left decides, whatever the signal: batch scripts forward USR2 to torchrun as TERM
+    (torchrun dies of USR2), and Slurm's ``send_user_signal`` delivers USR2 on
+    preemption. Near the end of the job it is the time limit, otherwise preemption.
+    """
+    if None not in (now, end_time, lead_s):
+        remaining = end_time - now  # type: ignore[operator]
+        # twice the lead plus a minute of slack: Slurm's signal timer ticks coarsely
+        near_end = remaining <= 2 * lead_s + 60  # type: ignore[operator]
+        return CAUSES["time_limit" if near_end else "preemption"]
+    return CAUSES["time_limit" if signum == signal.SIGUSR2 else "preemption"]
+
+
+def cause_of_exit_code(exit_code: int) -> ExitCause:
+    """What the batch script should conclude from a training process's exit code."""
+    for cause in CAUSES.values():
+        if cause.exit_code == exit_code:
+            return cause
+    return CAUSES["user_crash"]

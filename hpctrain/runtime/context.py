@@ -1,0 +1,156 @@
+"""``init()`` -> :class:`Context`: torch.distributed, the ("pp","dp","tp") mesh, stop signals.
+
+torch is imported inside functions: importing hpctrain.runtime stays cheap and
+torch-free (a batch script may ask it for exit codes), only ``init()`` pays.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_signal
+from hpctrain.runtime.environment import Environment
+from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
+from hpctrain.runtime.signals import DEFAULT_SIGNALS, StopFlag, parse_signals
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIMS = ("pp", "dp", "tp")
+
+
+class Context:
+    """A training process's view of the job; built by :func:`init`."""
+
+    def __init__(self, env: Environment, device: torch.device, mesh: DeviceMesh,
+                 flag: StopFlag, owns_process_group: bool) -> None:
+        self.env = env
+        self.device = device
+        self.mesh = mesh
+        self.flag = flag
+        self.stop_cause: str | None = None  # agreed cause once stop_requested() is True
+        self._owns_pg = owns_process_group
+        self.last_exit_cause: str | None = (
+            env.last_exit_cause or previous_cause(read_record(env.exit_file), env.restart_count))
+
+    # -- where am I ---------------------------------------------------------------------
+    rank = property(lambda self: self.env.rank)
+    world_size = property(lambda self: self.env.world_size)
+    local_rank = property(lambda self: self.env.local_rank)
+    node_rank = property(lambda self: self.env.node_rank)
+    restart_count = property(lambda self: self.env.restart_count)
+    job_id = property(lambda self: self.env.job_id)
+    tp_size = property(lambda self: self.env.tp)
+    dp_size = property(lambda self: self.env.dp)
+    pp_size = property(lambda self: self.env.pp)
+    pp_rank = property(lambda self: self.env.coords[0])
+    dp_rank = property(lambda self: self.env.coords[1])
+    tp_rank = property(lambda self: self.env.coords[2])
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    def group(self, dim: str) -> Any:
+        """The process group of mesh dimension ``dim`` ("pp", "dp" or "tp")."""
+        return self.mesh.get_group(dim)
+
+    # -- stopping -----------------------------------------------------------------------
+    def stop_requested(self) -> bool:
+        """Collective (call on every rank at the same step boundary): True on all ranks
+        once any rank received a stop signal. The most urgent cause wins (all_reduce MAX)
+        and is kept in :attr:`stop_cause`."""
+        import torch
+        import torch.distributed as dist
+
+        local = 0
+        if self.flag:
+            local = cause_of_signal(self.flag.signum, now=self.flag.received_at,
+                                    end_time=self.env.job_end_time,
+                                    lead_s=self.env.signal_lead_s).code
+        agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        code = int(agreed.item())
+        if code:
+            self.stop_cause = BY_CODE[code].name
+        return code != 0
+
+    def exit_for_requeue(self, step: int | None = None, cause: str | None = None) -> NoReturn:
+        """Leave so the batch script requeues the job: call on every rank AFTER the
+        emergency checkpoint. Waits for all ranks (a launcher kills the others as soon as
+        one rank exits), rank 0 writes the exit record, then exits with the cause's code."""
+        import torch.distributed as dist
+
+        name = cause or self.stop_cause
+        row = CAUSES.get(name or "")
+        if row is None or not row.requeue or row.exit_code is None:
+            raise ValueError(f"exit_for_requeue(cause={name!r}): call it after stop_requested() "
+                             "returned True, or pass cause='preemption' or 'time_limit'")
+        dist.barrier()
+        if self.is_main and self.env.exit_file:
+            write_record(self.env.exit_file, {
+                "cause": row.name, "exit_code": row.exit_code, "requeue": 1,
+                "step": "" if step is None else step, "restart_count": self.env.restart_count,
+                "job_id": self.env.job_id or ""})
+        self.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        sys.exit(row.exit_code)
+
+    def close(self) -> None:
+        """Tear down the process group (if init made it); stop signals stay routed to the
+        flag until the process ends, so a late SIGTERM cannot kill a rank mid-exit."""
+        import torch.distributed as dist
+
+        if self._owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
+        self._owns_pg = False
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
+         env: Mapping[str, str] | None = None, timeout_s: float = 600.0) -> Context:
+    """Read the environment, route stop signals to a flag, initialise torch.distributed
+    (nccl with GPUs, gloo without) and a DeviceMesh with dims ("pp", "dp", "tp").
+
+    Signals: ``signals`` or ``$HPCTRAIN_STOP_SIGNALS`` (e.g. ``USR2,TERM``), else USR2+TERM.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    environ = os.environ if env is None else env
+    parsed = Environment.from_env(environ)
+    if signals is None:
+        raw = environ.get("HPCTRAIN_STOP_SIGNALS")
+        signals = parse_signals(raw) if raw else DEFAULT_SIGNALS
+    # Install first: a signal arriving during the (slow) rendezvous is kept, not fatal.
+    flag = StopFlag().install(signals)
+
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    device = torch.device("cuda", parsed.local_rank % torch.cuda.device_count()) \
+        if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    owns = not dist.is_initialized()
+    if owns:
+        # Under torchrun MASTER_ADDR/PORT point at the agent's store: use env://.
+        # Under plain srun build the address from the nodelist instead.
+        launched = "MASTER_ADDR" in environ and "MASTER_PORT" in environ
+        method = "env://" if launched else f"tcp://{parsed.master_addr}:{parsed.master_port}"
+        dist.init_process_group(backend or ("nccl" if use_cuda else "gloo"),
+                                init_method=method, rank=parsed.rank,
+                                world_size=parsed.world_size, timeout=timedelta(seconds=timeout_s))
+    mesh = init_device_mesh(device.type, (parsed.pp, parsed.dp, parsed.tp),
+                            mesh_dim_names=MESH_DIMS)
+    return Context(parsed, device, mesh, flag, owns)

@@ -1,0 +1,181 @@
+"""Where am I? Pure parsing of the SLURM / torchrun environment into an :class:`Environment`.
+
+No torch, no I/O: :meth:`Environment.from_env` takes any mapping (``os.environ`` by
+default), so every case is unit-testable. torchrun's variables win over SLURM's
+because under ``srun torchrun`` SLURM_PROCID numbers the *launchers*, not the ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from hpctrain.errors import LayoutError, SpecError
+
+DEFAULT_PORT_BASE = 20000  # MASTER_PORT default: base + job id % 10000, as the templates do
+
+
+@dataclass(frozen=True)
+class Environment:
+    """The facts a training process needs about its place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    num_nodes: int
+    job_id: str | None  # "123" or, for an array task, "120_3" (array job id _ task id)
+    slurm_job_id: str | None  # the raw SLURM_JOB_ID (unique per array task)
+    restart_count: int  # SLURM_RESTART_COUNT: how often Slurm requeued this job
+    tp: int
+    dp: int
+    pp: int
+    master_addr: str
+    master_port: int
+    exit_file: str | None  # HPCTRAIN_EXIT_FILE: where exit_for_requeue leaves its record
+    last_exit_cause: str | None  # HPCTRAIN_LAST_EXIT_CAUSE, set by the batch script
+    job_end_time: float | None  # SLURM_JOB_END_TIME (epoch s), to tell preemption by USR2
+    signal_lead_s: float | None  # HPCTRAIN_SIGNAL_LEAD_S, the template's --signal lead
+
+    @property
+    def coords(self) -> tuple[int, int, int]:
+        """(pp_rank, dp_rank, tp_rank) of this rank."""
+        return rank_to_coords(self.rank, self.tp, self.dp, self.pp)
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.slurm_job_id is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Environment:
+        """Parse ``env`` (default ``os.environ``); raise SpecError/LayoutError on bad values."""
+        env = os.environ if env is None else env
+        rank = _int(env, "RANK", _int(env, "SLURM_PROCID", 0))
+        world = _int(env, "WORLD_SIZE", _int(env, "SLURM_NTASKS", 1))
+        local_rank = _int(env, "LOCAL_RANK", _int(env, "SLURM_LOCALID", 0))
+        num_nodes = _int(env, "SLURM_JOB_NUM_NODES", _int(env, "SLURM_NNODES", 1))
+        local_world = _int(env, "LOCAL_WORLD_SIZE", _slurm_tasks_per_node(env, world, num_nodes))
+        node_rank = _int(env, "GROUP_RANK", _int(env, "SLURM_NODEID", 0))
+        if world < 1 or not 0 <= rank < world:
+            raise SpecError(f"rank {rank} is outside world size {world}: check RANK/WORLD_SIZE "
+                            "(torchrun) or SLURM_PROCID/SLURM_NTASKS (srun)")
+        tp, dp, pp = _layout(env, world)
+        slurm_job = env.get("SLURM_JOB_ID") or None
+        return cls(
+            rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
+            node_rank=node_rank, num_nodes=num_nodes, job_id=job_id_of(env),
+            slurm_job_id=slurm_job, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
+            tp=tp, dp=dp, pp=pp,
+            master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "")),
+            master_port=_int(env, "MASTER_PORT", _default_port(slurm_job)),
+            exit_file=env.get("HPCTRAIN_EXIT_FILE") or None,
+            last_exit_cause=env.get("HPCTRAIN_LAST_EXIT_CAUSE") or None,
+            job_end_time=_float(env, "SLURM_JOB_END_TIME"),
+            signal_lead_s=_float(env, "HPCTRAIN_SIGNAL_LEAD_S"),
+        )
+
+
+def rank_to_coords(rank: int, tp: int, dp: int, pp: int) -> tuple[int, int, int]:
+    """(pp_rank, dp_rank, tp_rank): tp varies fastest, then dp, then pp (Megatron's order).
+
+    Same numbering as hpctrain.layout.rank_to_coords (a test checks), which in-job code
+    cannot import: hpctrain.layout loads hpctrain.spec.
+
+    Neighbouring ranks share a node, so the chattiest group (tp) stays on NVLink.
+    """
+    return rank // (tp * dp), (rank // tp) % dp, rank % tp
+
+
+def job_id_of(env: Mapping[str, str]) -> str | None:
+    """The job's stable id. For an array task ``<array job id>_<task id>``: SLURM_JOB_ID
+    alone is a per-task number users don't see in squeue, and SLURM_ARRAY_JOB_ID alone
+    is shared by every task (so checkpoints would collide)."""
+    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+_BRACKET = re.compile(r"^([^\[,]*)\[([^\]]*)\](.*)$")
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm hostlist (``n[3-5,9],gpu1`` -> ``n3``); 127.0.0.1 if empty.
+
+    Only the first host is needed (the rendezvous address), so no full expansion.
+    """
+    head = _split_top(nodelist.strip())
+    if not head:
+        return "127.0.0.1"
+    match = _BRACKET.match(head)
+    if not match:
+        return head
+    prefix, ranges, suffix = match.groups()
+    first = ranges.split(",")[0].split("-")[0]
+    return f"{prefix}{first}{suffix}"
+
+
+def _split_top(nodelist: str) -> str:
+    """The first comma-separated element that is not inside brackets."""
+    depth = 0
+    for i, ch in enumerate(nodelist):
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            return nodelist[:i]
+    return nodelist
+
+
+def _layout(env: Mapping[str, str], world: int) -> tuple[int, int, int]:
+    tp, pp = _int(env, "HPCTRAIN_TP", 1), _int(env, "HPCTRAIN_PP", 1)
+    if tp < 1 or pp < 1:
+        raise LayoutError(f"HPCTRAIN_TP={tp}, HPCTRAIN_PP={pp}: both must be >= 1")
+    if "HPCTRAIN_DP" in env:
+        dp = _int(env, "HPCTRAIN_DP", 1)
+    elif world % (tp * pp) == 0:
+        dp = world // (tp * pp)
+    else:
+        dp = 0  # reported below
+    if dp < 1 or tp * dp * pp != world:
+        raise LayoutError(
+            f"layout tp={tp} x dp={dp} x pp={pp} = {tp * dp * pp} ranks, but the job has "
+            f"world size {world}: set HPCTRAIN_TP/HPCTRAIN_DP/HPCTRAIN_PP so their product "
+            f"is {world} (or leave HPCTRAIN_DP unset to derive it)")
+    return tp, dp, pp
+
+
+def _slurm_tasks_per_node(env: Mapping[str, str], world: int, nodes: int) -> int:
+    # SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; may read "2(x3)"
+    raw = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
+    match = re.match(r"^(\d+)", raw)
+    return int(match.group(1)) if match else max(1, world // max(1, nodes))
+
+
+def _default_port(slurm_job: str | None) -> int:
+    digits = re.sub(r"\D", "", slurm_job or "")
+    return DEFAULT_PORT_BASE + (int(digits) % 10000 if digits else 9500)
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SpecError(f"environment variable {name}={raw!r} is not an integer: "
+                        f"unset it or give a whole number") from None
+
+
+def _float(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise SpecError(f"environment variable {name}={raw!r} is not a number: "
+                        f"unset it or give seconds as a number") from None

@@ -1,0 +1,35 @@
+"""A minimal in-job loop for the runtime tests (run under torchrun or plain python).
+
+Prints one JSON line per rank at start (where am I) and at stop (which step, why).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import hpctrain.runtime
+
+
+def main() -> None:
+    steps, sleep = int(sys.argv[1]), float(sys.argv[2])
+    ctx = hpctrain.runtime.init()
+    coord = ctx.mesh.get_coordinate()
+    print(json.dumps({"event": "start", "rank": ctx.rank, "world": ctx.world_size,
+                      "coords": [ctx.pp_rank, ctx.dp_rank, ctx.tp_rank], "mesh": coord,
+                      "sizes": [ctx.pp_size, ctx.dp_size, ctx.tp_size],
+                      "group_sizes": [ctx.group(d).size() for d in ("pp", "dp", "tp")],
+                      "restart": ctx.restart_count, "last": ctx.last_exit_cause,
+                      "job_id": ctx.job_id}), flush=True)
+    for step in range(steps):
+        time.sleep(sleep)
+        if ctx.stop_requested():
+            print(json.dumps({"event": "stop", "rank": ctx.rank, "step": step,
+                              "cause": ctx.stop_cause}), flush=True)
+            ctx.exit_for_requeue(step)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Pure parts of hpctrain.runtime: environment parsing, causes, exit records."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hpctrain.errors import LayoutError, SpecError
+from hpctrain.runtime import CAUSES, REQUEUE_EXIT_CODES, Environment, cause_of_exit_code
+from hpctrain.runtime.causes import cause_of_signal
+from hpctrain.runtime.environment import first_host, rank_to_coords
+from hpctrain.runtime.exitrecord import (
+    format_record,
+    parse_record,
+    previous_cause,
+    read_record,
+    write_record,
+)
+
+SRUN = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_JOB_NUM_NODES": "4",
+        "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "gpu[07-10]"}
+
+
+def test_srun_launch() -> None:
+    env = Environment.from_env(SRUN)
+    assert (env.rank, env.world_size, env.local_rank, env.node_rank) == (5, 8, 1, 2)
+    assert (env.num_nodes, env.local_world_size) == (4, 2)
+    assert env.job_id == env.slurm_job_id == "4242"
+    assert env.master_addr == "gpu07"
+    assert env.master_port == 20000 + 4242
+    assert (env.tp, env.dp, env.pp) == (1, 8, 1)
+    assert env.restart_count == 0 and env.last_exit_cause is None
+
+
+def test_torchrun_variables_win_over_slurm() -> None:
+    # srun launches one torchrun per node: SLURM_PROCID numbers launchers, RANK the workers
+    env = Environment.from_env({**SRUN, "SLURM_PROCID": "1", "SLURM_NTASKS": "4",
+                                "RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "0",
+                                "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "3",
+                                "MASTER_ADDR": "gpu09", "MASTER_PORT": "29500"})
+    assert (env.rank, env.world_size, env.local_rank, env.node_rank) == (6, 8, 0, 3)
+    assert (env.master_addr, env.master_port) == ("gpu09", 29500)
+
+
+def test_array_task_job_id_and_restart_count() -> None:
+    env = Environment.from_env({**SRUN, "SLURM_JOB_ID": "4250", "SLURM_ARRAY_JOB_ID": "4242",
+                                "SLURM_ARRAY_TASK_ID": "8", "SLURM_RESTART_COUNT": "3"})
+    assert env.job_id == "4242_8"  # not 4250 (invisible) nor 4242 (shared by all tasks)
+    assert env.slurm_job_id == "4250"
+    assert env.restart_count == 3
+
+
+def test_no_environment_is_a_single_process() -> None:
+    env = Environment.from_env({})
+    assert (env.rank, env.world_size, env.tp, env.dp, env.pp) == (0, 1, 1, 1, 1)
+    assert env.job_id is None and not env.in_slurm and env.master_addr == "127.0.0.1"
+
+
+def test_layout_from_env() -> None:
+    env = Environment.from_env({**SRUN, "HPCTRAIN_TP": "2", "HPCTRAIN_PP": "2"})
+    assert (env.tp, env.dp, env.pp) == (2, 2, 2)
+    assert env.coords == (1, 0, 1)  # rank 5 = pp 1, dp 0, tp 1
+    env = Environment.from_env({**SRUN, "HPCTRAIN_TP": "4", "HPCTRAIN_DP": "2"})
+    assert (env.tp, env.dp, env.pp) == (4, 2, 1)
+
+
+@pytest.mark.parametrize("layout", [{"HPCTRAIN_TP": "3"},
+                                    {"HPCTRAIN_TP": "2", "HPCTRAIN_DP": "2"},
+                                    {"HPCTRAIN_PP": "0"}])
+def test_layout_not_matching_world_names_values_and_fix(layout: dict) -> None:
+    with pytest.raises(LayoutError, match="HPCTRAIN_"):
+        Environment.from_env({**SRUN, **layout})
+
+
+@pytest.mark.parametrize(("name", "value"), [("RANK", "one"), ("SLURM_RESTART_COUNT", "x"),
+                                             ("SLURM_JOB_END_TIME", "soon")])
+def test_bad_values_name_the_variable(name: str, value: str) -> None:
+    with pytest.raises(SpecError, match=f"{name}='{value}'"):
+        Environment.from_env({**SRUN, name: value})
+
+
+def test_rank_outside_world() -> None:
+    with pytest.raises(SpecError, match="rank 9 is outside world size 8"):
+        Environment.from_env({**SRUN, "SLURM_PROCID": "9"})
+
+
+@given(st.integers(1, 8), st.integers(1, 8), st.integers(1, 8), st.data())
+def test_rank_to_coords_is_megatron_order(tp: int, dp: int, pp: int, data: st.DataObject) -> None:
+    rank = data.draw(st.integers(0, tp * dp * pp - 1))
+    p, d, t = rank_to_coords(rank, tp, dp, pp)
+    assert 0 <= t < tp and 0 <= d < dp and 0 <= p < pp
+    assert rank == (p * dp + d) * tp + t  # tp fastest, then dp, then pp
+
+
+@pytest.mark.parametrize(("nodelist", "first"), [
+    ("n1", "n1"), ("n[1-2]", "n1"), ("gpu[007-010,3]", "gpu007"), ("a,b[2-3]", "a"),
+    ("rack[1-2]-gpu", "rack1-gpu"), ("n[3,5],m1", "n3"), ("", "127.0.0.1")])
+def test_first_host(nodelist: str, first: str) -> None:
+    assert first_host(nodelist) == first
+
+
+def test_causes_table() -> None:
+    assert REQUEUE_EXIT_CODES == (75, 76)
+    assert cause_of_exit_code(75).name == "preemption"
+    assert cause_of_exit_code(76).name == "time_limit"
+    assert cause_of_exit_code(0).name == "completed"
+    for code in (1, 2, 137, -9):
+        assert cause_of_exit_code(code).name == "user_crash"
+        assert not cause_of_exit_code(code).requeue
+    assert CAUSES["node_fail"].requeue and CAUSES["node_fail"].exit_code is None
+    assert len({c.code for c in CAUSES.values()}) == len(CAUSES)  # MAX picks one cause
+
+
+def test_cause_of_signal() -> None:
+    assert cause_of_signal(signal.SIGTERM).name == "preemption"
+    assert cause_of_signal(signal.SIGUSR2).name == "time_limit"
+    # USR2 near the end of the job: the time-limit warning
+    assert cause_of_signal(signal.SIGUSR2, now=1000, end_time=1090, lead_s=90).name == "time_limit"
+    # USR2 with hours left: send_user_signal preemption
+    assert cause_of_signal(signal.SIGUSR2, now=1000, end_time=9000, lead_s=90).name == "preemption"
+    # TERM near the end: the batch script forwarded the time-limit USR2 to torchrun as TERM
+    assert cause_of_signal(signal.SIGTERM, now=1000, end_time=1090, lead_s=90).name == "time_limit"
+    assert cause_of_signal(signal.SIGTERM, now=1000, end_time=9000, lead_s=90).name == "preemption"
+
+
+def test_exit_record_round_trip(tmp_path) -> None:
+    fields = {"cause": "preemption", "exit_code": 75, "step": 120, "restart_count": 0}
+    assert parse_record(format_record(fields)) == {k: str(v) for k, v in fields.items()}
+    path = tmp_path / "sub" / "exit"
+    write_record(path, fields)
+    assert read_record(path)["step"] == "120"
+    assert [p.name for p in path.parent.iterdir()] == ["exit"]  # no temp file left
+    assert read_record(tmp_path / "missing") == {} and read_record(None) == {}
+    with pytest.raises(ValueError, match="one line"):
+        format_record({"cause": "a\nb"})
+
+
+def test_previous_cause() -> None:
+    record = {"cause": "time_limit", "restart_count": "1"}
+    assert previous_cause(record, 0) is None  # first run
+    assert previous_cause(record, 2) == "time_limit"
+    # the record is from an older run: the last one left without writing (node failure)
+    assert previous_cause(record, 3) == "node_fail"
+    assert previous_cause({}, 1) == "node_fail"
+
+
+def test_last_exit_cause_from_batch_script_env() -> None:
+    env = Environment.from_env({**SRUN, "HPCTRAIN_LAST_EXIT_CAUSE": "preemption"})
+    assert env.last_exit_cause == "preemption"
+
+
+def test_rank_order_agrees_with_the_planner() -> None:
+    """The runtime keeps its own copy (hpctrain.layout imports hpctrain.spec, which in-job
+    code may not load); both sides must number ranks the same way."""
+    from hpctrain import layout
+
+    for tp, dp, pp in [(1, 1, 1), (2, 2, 2), (4, 1, 2), (1, 8, 1), (2, 3, 4)]:
+        for rank in range(tp * dp * pp):
+            planned = tuple(layout.rank_to_coords(rank, tp, dp, pp))
+            assert rank_to_coords(rank, tp, dp, pp) == planned
