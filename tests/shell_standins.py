@@ -21,6 +21,7 @@ STANDINS = {
 # part (after srun's own --options) as the one task "exec", or stands in for a long
 # training step "sleep" (record only, then sleep).
 printf '%s\0' "$@" > "$STANDIN_LOG/srun.argv"
+echo $$ > "$STANDIN_LOG/srun.pid"
 while [[ $# -gt 0 && $1 == --* ]]; do shift; done
 export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_NODEID=0 SLURM_NNODES=1
 case "${STANDIN_SRUN_MODE:-exec}" in
@@ -39,6 +40,14 @@ if [[ $1 == show && $2 == hostnames ]]; then printf 'n1\nn2\n'; fi
 if [[ $1 == show && $2 == job ]]; then
   printf 'JobId=%s JobName=x\n   JobState=RUNNING Reason=None Dependency=(null)\n' "$3"
   printf '   PreemptEligibleTime=2026-11-21T05:15:50 PreemptTime=%s\n' "${STANDIN_PREEMPT_TIME:-None}"
+fi
+''',
+    "scancel": r'''#!/bin/bash
+# STAND-IN for scancel: records the call; `--signal=SIG JOBID` delivers SIG to the job's
+# step (here: the srun stand-in's process), as the real one delivers it to the tasks.
+printf '%s\n' "$*" >> "$STANDIN_LOG/scancel.calls"
+if [[ $1 == --signal=* && -f $STANDIN_LOG/srun.pid ]]; then
+  kill -s "${1#--signal=}" "$(cat "$STANDIN_LOG/srun.pid")"
 fi
 ''',
     "argv-recorder": r'''#!/bin/bash

@@ -3,8 +3,8 @@ x 2 fake GPUs, tp=2 x dp=2), preempted by an `urgent` job: Slurm requeues it, it
 at the step saved on the signal, finishes, and ends bitwise equal to an uninterrupted
 local run with the same seed and layout. Prints the measured figures.
 
-The job is rendered with --templates tests/site_templates (a site override of `debug`) that adds the
-exit-record check to the batch script's requeue decision; see that file's header."""
+The built-in templates are used as they are: the batch script's requeue decision reads
+the training process's exit code / exit record (hpctrain.runtime)."""
 
 from __future__ import annotations
 
@@ -33,17 +33,19 @@ from hpctrain.slurm import client
 TOTAL = 60
 
 
-def spec_text(root: Path) -> str:
-    cmd = [sys.executable, str(EXAMPLES / "train_gpt.py"), "--steps", str(TOTAL),
-           "--save-every", "20", "--seed", "11", "--step-sleep", "0.3",
+def spec_text(root: Path, total: int = TOTAL, step_sleep: float = 0.3, time: str = "00:20:00",
+              signal_lead_s: int = 60) -> str:
+    cmd = [sys.executable, str(EXAMPLES / "train_gpt.py"), "--steps", str(total),
+           "--save-every", "20", "--seed", "11", "--step-sleep", str(step_sleep),
            "--ckpt-dir", str(root / "ckpt"), "--log-file", str(root / "loss.jsonl"),
            "--final-state", str(root / "final")]
     return "\n".join([
         'name = "rt-preempt"', 'partition = "debug"', "nodes = 2", "gpus_per_node = 2",
-        'time = "00:20:00"', f'output = "{root}/job-%j.out"', f'workdir = "{root}"',
+        f'time = "{time}"', f'output = "{root}/job-%j.out"', f'workdir = "{root}"',
         "[layout]", "tp = 2", "[run]", 'launcher = "torchrun"',
         "command = " + json.dumps(cmd), 'env = { OMP_NUM_THREADS = "1" }',
-        "[requeue]", "max_requeues = 3", 'signal = "USR2"', "signal_lead_s = 60", ""])
+        "[requeue]", "max_requeues = 3", 'signal = "USR2"', f"signal_lead_s = {signal_lead_s}",
+        ""])
 
 
 def slurm_start_times(job_id: str) -> list[float]:
@@ -59,8 +61,7 @@ def test_preempted_tp_dp_job_resumes_without_losing_a_step(
     root = isolate(monkeypatch, tmp_path, shared=True)
     spec = root / "spec.toml"
     spec.write_text(spec_text(root))
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json",
-                          "--templates", str(Path(__file__).with_name("site_templates"))],
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     job = json.loads(res.stdout)["job_id"]
@@ -99,3 +100,34 @@ def test_preempted_tp_dp_job_resumes_without_losing_a_step(
     rc = run(EXAMPLES / "train_gpt.py", 4, args, env_for(tp=2), tmp_path / "ref.out")
     assert rc == 0, (tmp_path / "ref.out").read_text()[-3000:]
     assert bitwise_equal(final_state(ref, 4), final_state(root / "final", 4))
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+@pytest.mark.slow
+def test_time_limit_signal_checkpoints_requeues_and_resumes(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2-minute limit with the USR2 lead at 60 s: the script signals the torchrun step
+    through Slurm (not by killing srun), the ranks save and leave with the time-limit
+    cause, the batch script requeues, and the job finishes with every step run once."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    total = 300  # ~60 s of steps: the first run is cut by the warning, the second finishes
+    spec = root / "spec.toml"
+    spec.write_text(spec_text(root, total=total, step_sleep=0.2, time="00:02:00",
+                              signal_lead_s=60))
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    job = json.loads(res.stdout)["job_id"]
+    state = wait_done(job, 400)
+    out = (root / f"job-{job}.out").read_text()
+    assert state == "COMPLETED", out[-3000:]
+    log = root / "loss.jsonl"
+    stops, starts = events(log, "stop"), events(log, "start")
+    assert stops and {s["cause"] for s in stops} == {"time_limit"}, out[-3000:]
+    assert len(starts) == len(stops) + 1
+    assert all(s["last_exit_cause"] == "time_limit" for s in starts[1:])
+    # each run resumes at the step its emergency checkpoint saved: nothing lost or redone
+    assert [s["step"] for s in starts[1:]] == [s["step"] for s in stops]
+    assert steps(log) == list(range(total))
+    assert "REQUEUED" in sacct_states(job)

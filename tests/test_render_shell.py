@@ -259,3 +259,26 @@ def test_hostile_keys_and_numbers_are_refused(tmp_path: Path, where: str) -> Non
             setter(where)(data, payload)
         with pytest.raises(SpecError):
             JobSpec.from_dict(data)
+
+
+@pytest.mark.parametrize("step, record, requeued", [
+    ("exit 75", None, True),                                   # runtime: preemption
+    ("exit 76", None, True),                                   # runtime: time limit
+    ("exit 1", "cause=time_limit\nrequeue=1\nrestart_count=0\n", True),  # torchrun hides 76
+    ("exit 1", "cause=time_limit\nrequeue=1\nrestart_count=5\n", False),  # a stale record
+    ("exit 1", None, False),                                   # a user crash
+])
+def test_requeue_follows_the_training_process_exit_code_and_record(
+        tmp_path: Path, step: str, record: str | None, requeued: bool) -> None:
+    """The step may end before Slurm's signal reaches the batch shell: the runtime's own
+    word (exit code 75/76, or its exit record for this restart) decides."""
+    data = base(tmp_path)
+    data["run"]["command"] = ["bash", "-c", step]
+    data["checkpoint"] = {"dir": str(tmp_path / "ckpt")}
+    if record is not None:
+        (tmp_path / "ckpt").mkdir()
+        (tmp_path / "ckpt" / ".hpctrain-exit-4242").write_text(record)
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path,
+                     STANDIN_PREEMPT_TIME="2026-11-21T05:15:55")
+    assert ("requeue 4242" in run.read("scontrol.calls")) == requeued, run.stderr
+    assert ("stopped for requeue" in run.stderr) == requeued
