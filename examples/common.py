@@ -14,8 +14,12 @@ import torch
 def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=200, help="train until this many steps are done")
-    p.add_argument("--ckpt-dir", required=True, help="checkpoint root (shared storage)")
-    p.add_argument("--save-every", type=int, default=50, help="periodic checkpoint interval")
+    # defaults come from the job spec's [checkpoint] table, exported by the batch script
+    p.add_argument("--ckpt-dir", default=os.environ.get("HPCTRAIN_CKPT_DIR"),
+                   help="checkpoint root on shared storage [default: $HPCTRAIN_CKPT_DIR]")
+    p.add_argument("--save-every", type=int,
+                   default=int(os.environ.get("HPCTRAIN_CKPT_INTERVAL_STEPS", "50")),
+                   help="periodic checkpoint interval [default: $HPCTRAIN_CKPT_INTERVAL_STEPS or 50]")
     p.add_argument("--seed", type=int, default=0)
     # --log-file first: torchrun's own argparse rejects a bare --log as ambiguous
     p.add_argument("--log-file", "--log", dest="log", default=None,
@@ -27,6 +31,8 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="sleep this long per step (to make a job last long enough to preempt)")
     args = p.parse_args(argv)
+    if not args.ckpt_dir:
+        p.error("no checkpoint directory: pass --ckpt-dir or set [checkpoint] dir in the job spec")
     if args.steps < 0 or args.save_every < 1:
         p.error(f"--steps={args.steps} must be >= 0 and --save-every={args.save_every} >= 1")
     return args

@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
-# The README's demo: a 2-node job with 2 (fake) GPUs per node on the devcluster.
+# The README's demo: the tiny GPT example (examples/gpt.toml: 2 nodes x 2 GPUs, tp=2 x dp=2)
+# submitted to the devcluster with `hpctrain submit --wait`, in a fresh run directory on
+# the shared storage. Expects `hpctrain` on PATH and the devcluster up (./dev.sh demo).
 set -euo pipefail
-out=/var/lib/hpctrain/devcluster/shared/demo
-mkdir -p "$out"
-job=$(sbatch --parsable --wait --nodes=2 --ntasks-per-node=2 --gres=gpu:2 \
-      --output="$out/demo-%j.out" \
-      --wrap='srun bash -c "echo rank \$SLURM_PROCID of \$SLURM_NTASKS on \$SLURMD_NODENAME"')
-cat "$out/demo-$job.out"
-sacct -j "$job" -X -o JobID,JobName,Partition,NNodes,State,Elapsed
+cd "$(dirname "$0")/.."
+run=/var/lib/hpctrain/devcluster/shared/demo/run-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$run"
+script=$PWD/examples/train_gpt.py
+hpctrain submit examples/gpt.toml --dry-run --set workdir="$run" | head -n 12
+hpctrain submit examples/gpt.toml --wait \
+    --set workdir="$run" \
+    --set checkpoint.dir="$run/ckpt" \
+    --set "run.command=[\"python\", \"$script\", \"--steps\", \"200\", \"--log-file\", \"$run/steps.jsonl\"]"
+echo
+echo "last training steps ($run/steps.jsonl):"
+tail -n 3 "$run/steps.jsonl"
+hpctrain ckpt list "$run/ckpt"
+hpctrain status
 hpctrain devcluster status
