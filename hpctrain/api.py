@@ -38,10 +38,14 @@ Templates = Sequence[str | os.PathLike[str]]
 
 
 def prepare(spec: JobSpec, templates: Templates = ()) -> tuple[str, LayoutPlan]:
-    """Check the spec against its partition and render it: (script, layout plan). Pure."""
-    from hpctrain.render import render
+    """Check the spec against its partition and render it: (script, layout plan).
 
-    rendered = render(spec, template_dirs=tuple(templates))
+    ``templates`` are layered over $HPCTRAIN_TEMPLATES and the built-in set, as on the CLI.
+    """
+    from hpctrain.render import render
+    from hpctrain.resources import template_dirs
+
+    rendered = render(spec, template_dirs=template_dirs(templates))
     return rendered.script, rendered.plan
 
 

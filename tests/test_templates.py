@@ -87,3 +87,20 @@ def test_check_skips_partitions_without_gpus(tmp_path: Path, capsys) -> None:
 def test_show_base_by_short_name(capsys) -> None:
     assert main(["templates", "show", "base"]) == 0
     assert capsys.readouterr().out.startswith("# base.sbatch.j2 from ")
+
+
+def test_submit_dry_run_honours_hpctrain_templates(tmp_path, monkeypatch, capsys) -> None:
+    """A site directory in $HPCTRAIN_TEMPLATES reaches `submit` as it reaches `render`."""
+    from hpctrain.cli import main
+
+    site = tmp_path / "site" / "partitions"
+    site.mkdir(parents=True)
+    (site / "debug.sbatch.j2").write_text(
+        '{% extends "base.sbatch.j2" %}\n{% block header %}{{ super() }}# SITE-OVERRIDE\n'
+        '{% endblock %}\n')
+    spec = tmp_path / "job.toml"
+    spec.write_text('name = "t"\npartition = "debug"\n[run]\ncommand = ["true"]\n')
+    monkeypatch.setenv("HPCTRAIN_TEMPLATES", str(tmp_path / "site"))
+    for argv in (["render", str(spec)], ["submit", str(spec), "--dry-run"]):
+        assert main(argv) == 0
+        assert "# SITE-OVERRIDE" in capsys.readouterr().out, argv

@@ -8,32 +8,23 @@ from pathlib import Path
 
 import click
 
+from hpctrain.commands.options import load_spec, sets_option, templates_option
 from hpctrain.errors import SpecError
-
-templates_option = click.option(
-    "--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False),
-    help="Site template directory layered over $HPCTRAIN_TEMPLATES and the built-in "
-         "templates (repeatable; first wins).")
 
 
 @click.command()
 @click.argument("spec", type=click.Path(dir_okay=False))
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a spec field, e.g. --set layout.tp=4 --set nodes=2 (TOML values).")
+@sets_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the script here (atomically) instead of to stdout.")
 @templates_option
 def render(spec: str, sets: tuple[str, ...], output: str | None,
-           template_dirs: tuple[str, ...]) -> None:
+           template_dirs: list[Path]) -> None:
     """Check SPEC against its partition and print the sbatch script."""
     from hpctrain.render import render as do_render
-    from hpctrain.resources import template_dirs as search_path
-    from hpctrain.spec import JobSpec, parse_set_options
 
-    job = JobSpec.load(spec)
-    if sets:
-        job = job.with_overrides(parse_set_options(sets))
-    result = do_render(job, search_path(template_dirs))
+    job = load_spec(spec, sets)
+    result = do_render(job, template_dirs)
     if output is None:
         click.echo(result.script, nl=False)
         return

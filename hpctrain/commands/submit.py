@@ -11,32 +11,29 @@ import click
 
 from hpctrain.commands.jobview import (exit_code_for, format_elapsed, info_json, job_json,
                                       progress_line)
-from hpctrain.spec import JobSpec, parse_set_options
+from hpctrain.commands.options import load_spec, sets_option, templates_option
+from hpctrain.spec import JobSpec
 
 
 @click.command()
 @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a spec field (repeatable), e.g. --set layout.tp=4.")
-@click.option("--templates", multiple=True, type=click.Path(file_okay=False),
-              help="A site template directory layered over the built-in ones (repeatable).")
+@sets_option
+@templates_option
 @click.option("--folder", type=click.Path(file_okay=False), default=None,
               help="Root of job folders [default: $HPCTRAIN_JOBS_DIR or ~/hpctrain-jobs].")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the script; submit nothing.")
 @click.option("--wait", is_flag=True,
               help="Show progress until the job ends; exit non-zero unless it COMPLETED.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def submit(spec_file: str, sets: tuple[str, ...], templates: tuple[str, ...],
+def submit(spec_file: str, sets: tuple[str, ...], template_dirs: list[Any],
            folder: str | None, dry_run: bool, wait: bool, as_json: bool) -> int:
     """Render SPEC with the partition's templates and submit it to Slurm."""
-    spec = JobSpec.load(spec_file)
-    if sets:
-        spec = spec.with_overrides(parse_set_options(sets))
+    spec = load_spec(spec_file, sets)
     if dry_run:
-        return _dry_run(spec, templates, as_json)
+        return _dry_run(spec, template_dirs, as_json)
     from hpctrain.api import submit as api_submit  # imports submitit: only when submitting
 
-    job = api_submit(spec, folder=folder, templates=templates,
+    job = api_submit(spec, folder=folder, templates=template_dirs,
                      spec_path=os.path.abspath(spec_file))
     log = str(job.log_path())
     if as_json and not wait:
@@ -75,7 +72,7 @@ def _wait(job: Any, as_json: bool) -> int:
     return exit_code_for(info)
 
 
-def _dry_run(spec: JobSpec, templates: tuple[str, ...], as_json: bool) -> int:
+def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool) -> int:
     from hpctrain.render import render
 
     rendered = render(spec, template_dirs=templates)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import click
 
-from hpctrain.spec import JobSpec, parse_set_options
+from hpctrain.commands.options import load_spec, sets_option, templates_option
+from hpctrain.spec import JobSpec
 from hpctrain.sweep import parse_grid, point_label
 
 
@@ -17,32 +19,28 @@ from hpctrain.sweep import parse_grid, point_label
               help="A spec key and its values (repeatable; the sweep is their product).")
 @click.option("--max-parallel", type=int, default=None,
               help="At most this many grid points run at once (--array=...%K).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override a spec field for every point (repeatable).")
-@click.option("--templates", multiple=True, type=click.Path(file_okay=False),
-              help="A site template directory layered over the built-in ones.")
+@sets_option
+@templates_option
 @click.option("--folder", type=click.Path(file_okay=False), default=None,
               help="Root of job folders [default: $HPCTRAIN_JOBS_DIR or ~/hpctrain-jobs].")
 @click.option("--dry-run", is_flag=True, help="List the points and arrays; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
-          sets: tuple[str, ...], templates: tuple[str, ...], folder: str | None,
+          sets: tuple[str, ...], template_dirs: list[Any], folder: str | None,
           dry_run: bool, as_json: bool) -> int:
     """Submit the cartesian product of the --grid values as one job array.
 
     Every point gets its own overrides and its own checkpoint subdirectory
     (CHECKPOINT_DIR/point-NNN); arrays above the cluster's MaxArraySize are split.
     """
-    spec = JobSpec.load(spec_file)
-    if sets:
-        spec = spec.with_overrides(parse_set_options(sets))
+    spec = load_spec(spec_file, sets)
     grid = parse_grid(grids)
     if dry_run:
-        return _dry_run(spec, grid, max_parallel, templates, as_json)
+        return _dry_run(spec, grid, max_parallel, template_dirs, as_json)
     from hpctrain.api import submit_sweep  # imports submitit: only when submitting
 
     sw = submit_sweep(spec, grid, max_parallel=max_parallel, folder=folder,
-                      templates=templates, spec_path=os.path.abspath(spec_file))
+                      templates=template_dirs, spec_path=os.path.abspath(spec_file))
     if as_json:
         click.echo(json.dumps({"sweep_id": sw.sweep_id, "points": len(sw.points),
                                "arrays": [{"job_id": a.job_id, "array": a.extra["array"],
@@ -60,7 +58,7 @@ def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
 
 
 def _dry_run(spec: JobSpec, grid: dict[str, list[str]], max_parallel: int | None,
-             templates: tuple[str, ...], as_json: bool) -> int:
+             templates: list[Any], as_json: bool) -> int:
     from hpctrain.api import render_sweep
     from hpctrain.sweep import plan_arrays
 

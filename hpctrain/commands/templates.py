@@ -6,14 +6,13 @@ from pathlib import Path
 
 import click
 
-from hpctrain.commands.render import templates_option
+from hpctrain.commands.options import templates_option
 from hpctrain.errors import TemplateError
 
 
-def _dirs(template_dirs: tuple[str, ...]) -> list[Path]:
+def _dirs(template_dirs: list[Path]) -> list[Path]:
     from hpctrain.render import resolve_dirs
-    from hpctrain.resources import template_dirs as search_path
-    return resolve_dirs(search_path(template_dirs))
+    return resolve_dirs(template_dirs)
 
 
 def _template_files(dirs: list[Path]) -> dict[str, list[Path]]:
