@@ -7,84 +7,21 @@ Global rank order is Megatron's: **tp fastest, then dp, then pp**::
 so the ranks of one tensor-parallel group are consecutive and (because tp divides
 gpus_per_node and launchers number ranks node by node) never cross a node. Drawn
 out in docs/layouts.md. Everything here is pure arithmetic on the spec and the
-partition's facts: no environment, no subprocess.
+partition's facts: no environment, no subprocess. The rank arithmetic itself lives in
+hpctrain.mesh (re-exported here) so in-job code can share it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from hpctrain.errors import LayoutError
+from hpctrain.mesh import Coords, Layout, coords_to_rank, rank_to_coords
 from hpctrain.partitions import Partition
 from hpctrain.spec import JobSpec
 from hpctrain.validate import slurm_time_seconds
 
-
-class Coords(NamedTuple):
-    """Where one rank sits in the layout."""
-
-    pp: int
-    dp: int
-    tp: int
-
-
-def _check_degrees(tp: int, dp: int, pp: int) -> None:
-    for key, value in (("tp", tp), ("dp", dp), ("pp", pp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise LayoutError(f"{key}={value!r} must be a whole number >= 1")
-
-
-def rank_to_coords(rank: int, tp: int, dp: int, pp: int) -> Coords:
-    """(pp_rank, dp_rank, tp_rank) of global ``rank``: tp fastest, then dp, then pp."""
-    _check_degrees(tp, dp, pp)
-    world = tp * dp * pp
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
-        raise LayoutError(f"rank={rank!r} is outside world={world} (tp={tp} x dp={dp} x "
-                          f"pp={pp}): use 0..{world - 1}")
-    return Coords(pp=rank // (tp * dp), dp=(rank // tp) % dp, tp=rank % tp)
-
-
-def coords_to_rank(pp_rank: int, dp_rank: int, tp_rank: int, tp: int, dp: int, pp: int) -> int:
-    """Global rank of the given coordinates; the inverse of :func:`rank_to_coords`."""
-    _check_degrees(tp, dp, pp)
-    for key, value, size in (("pp_rank", pp_rank, pp), ("dp_rank", dp_rank, dp),
-                             ("tp_rank", tp_rank, tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-            raise LayoutError(f"{key}={value!r} is outside 0..{size - 1}")
-    return (pp_rank * dp + dp_rank) * tp + tp_rank
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A tp x dp x pp decomposition of ``world`` ranks."""
-
-    tp: int
-    dp: int
-    pp: int
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.dp * self.pp
-
-    def coords(self, rank: int) -> Coords:
-        return rank_to_coords(rank, self.tp, self.dp, self.pp)
-
-    def rank(self, coords: Coords) -> int:
-        return coords_to_rank(coords.pp, coords.dp, coords.tp, self.tp, self.dp, self.pp)
-
-    def tp_group(self, rank: int) -> list[int]:
-        """The ranks sharing ``rank``'s tensor-parallel group (consecutive ranks)."""
-        c = self.coords(rank)
-        return [self.rank(Coords(c.pp, c.dp, t)) for t in range(self.tp)]
-
-    def dp_group(self, rank: int) -> list[int]:
-        c = self.coords(rank)
-        return [self.rank(Coords(c.pp, d, c.tp)) for d in range(self.dp)]
-
-    def pp_group(self, rank: int) -> list[int]:
-        c = self.coords(rank)
-        return [self.rank(Coords(p, c.dp, c.tp)) for p in range(self.pp)]
+__all__ = ["Coords", "Layout", "LayoutPlan", "coords_to_rank", "plan_layout", "rank_to_coords"]
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import signal
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from hpctrain.errors import LayoutError, SpecError
 from hpctrain.runtime import CAUSES, REQUEUE_EXIT_CODES, Environment, cause_of_exit_code
@@ -88,14 +86,6 @@ def test_rank_outside_world() -> None:
         Environment.from_env({**SRUN, "SLURM_PROCID": "9"})
 
 
-@given(st.integers(1, 8), st.integers(1, 8), st.integers(1, 8), st.data())
-def test_rank_to_coords_is_megatron_order(tp: int, dp: int, pp: int, data: st.DataObject) -> None:
-    rank = data.draw(st.integers(0, tp * dp * pp - 1))
-    p, d, t = rank_to_coords(rank, tp, dp, pp)
-    assert 0 <= t < tp and 0 <= d < dp and 0 <= p < pp
-    assert rank == (p * dp + d) * tp + t  # tp fastest, then dp, then pp
-
-
 @pytest.mark.parametrize(("nodelist", "first"), [
     ("n1", "n1"), ("n[1-2]", "n1"), ("gpu[007-010,3]", "gpu007"), ("a,b[2-3]", "a"),
     ("rack[1-2]-gpu", "rack1-gpu"), ("n[3,5],m1", "n3"), ("", "127.0.0.1")])
@@ -153,12 +143,10 @@ def test_last_exit_cause_from_batch_script_env() -> None:
     assert env.last_exit_cause == "preemption"
 
 
-def test_rank_order_agrees_with_the_planner() -> None:
-    """The runtime keeps its own copy (hpctrain.layout imports hpctrain.spec, which in-job
-    code may not load); both sides must number ranks the same way."""
-    from hpctrain import layout
+def test_runtime_and_planner_share_one_rank_numbering() -> None:
+    """One function numbers ranks for the planner and inside the job (hpctrain.mesh,
+    which imports nothing from submission code); tests/test_layout.py checks its order."""
+    from hpctrain import layout, mesh
 
-    for tp, dp, pp in [(1, 1, 1), (2, 2, 2), (4, 1, 2), (1, 8, 1), (2, 3, 4)]:
-        for rank in range(tp * dp * pp):
-            planned = tuple(layout.rank_to_coords(rank, tp, dp, pp))
-            assert rank_to_coords(rank, tp, dp, pp) == planned
+    assert rank_to_coords is mesh.rank_to_coords is layout.rank_to_coords
+    assert Environment.from_env(SRUN).coords == (0, 5, 0)  # tp=1 dp=8 pp=1

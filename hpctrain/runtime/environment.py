@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpctrain.errors import LayoutError, SpecError
+from hpctrain.mesh import rank_to_coords  # the one rank numbering (Megatron order)
 
 DEFAULT_PORT_BASE = 20000  # MASTER_PORT default: base + job id % 10000, as the templates do
 
@@ -76,17 +77,6 @@ class Environment:
             job_end_time=_float(env, "SLURM_JOB_END_TIME"),
             signal_lead_s=_float(env, "HPCTRAIN_SIGNAL_LEAD_S"),
         )
-
-
-def rank_to_coords(rank: int, tp: int, dp: int, pp: int) -> tuple[int, int, int]:
-    """(pp_rank, dp_rank, tp_rank): tp varies fastest, then dp, then pp (Megatron's order).
-
-    Same numbering as hpctrain.layout.rank_to_coords (a test checks), which in-job code
-    cannot import: hpctrain.layout loads hpctrain.spec.
-
-    Neighbouring ranks share a node, so the chattiest group (tp) stays on NVLink.
-    """
-    return rank // (tp * dp), (rank // tp) % dp, rank % tp
 
 
 def job_id_of(env: Mapping[str, str]) -> str | None:
