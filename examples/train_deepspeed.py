@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     log.write(event="start", step=start, restart=ctx.restart_count,
               last_exit_cause=ctx.last_exit_cause, layout=[1, ctx.dp_size, 1])
     for step in range(start, args.steps):
+        ctx.step = step  # named in the exit record if this step crashes
         if step == args.crash_at_step:
             raise RuntimeError(f"--crash-at-step {step}: simulated user crash")
         x, y = batch_for(cfg, args.seed, step, ctx.dp_rank)

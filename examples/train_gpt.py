@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
               last_exit_cause=ctx.last_exit_cause, layout=[ctx.tp_size, ctx.dp_size, ctx.pp_size])
     stepper = Stepper(ctx, model, opt, cfg, args.seed)
     for step in range(start, args.steps):
+        ctx.step = step  # named in the exit record if this step crashes
         if step == args.crash_at_step:
             raise RuntimeError(f"--crash-at-step {step}: simulated user crash")
         loss = stepper(step)

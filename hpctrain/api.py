@@ -67,7 +67,9 @@ def submit(spec: JobSpec, *, folder: str | os.PathLike[str] | None = None,
     rec = JobRecord(job_id=sjob.job_id, name=spec.name, kind="script", folder=str(jfolder),
                     log=logs.log, rank_log=logs.rank_log,
                     checkpoint_dir=spec.checkpoint.dir or "", partition=spec.partition,
-                    num_tasks=plan.ntasks, spec=spec_path)
+                    num_tasks=plan.ntasks, spec=spec_path,
+                    # $SLURM_SUBMIT_DIR: where a job without a checkpoint dir leaves its exit record
+                    extra={"submit_dir": os.getcwd()})
     records.append([rec])
     return Job(rec, submitit_job=sjob)
 

@@ -122,7 +122,10 @@ def test_user_crash_is_not_a_requeue(tmp_path: Path) -> None:
              env_for(HPCTRAIN_EXIT_FILE=str(exit_file)), out)
     assert rc != 0
     assert "simulated user crash" in out.read_text()
-    assert not exit_file.exists()  # nothing tells the batch script to requeue
+    # the record names the crash and does not tell the batch script to requeue
+    record = read_record(exit_file)
+    assert record["cause"] == "user_crash" and record["requeue"] == "0", record
+    assert record["step"] == "7" and "simulated user crash" in record["error"]
     assert steps(tmp_path / "crash.jsonl") == list(range(7))
     # the periodic checkpoint before the crash is there for a manual restart
     assert (tmp_path / "crash-ckpt" / "step_000000005").is_dir()

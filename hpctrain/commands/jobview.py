@@ -23,6 +23,29 @@ def format_requeues(requeues: dict[str, int]) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(requeues.items())) or "-"
 
 
+def current_record(record: dict[str, str], restarts: int | None) -> dict[str, str]:
+    """``record`` unless it is a stale crash record: one with ``requeue=0`` from an
+    earlier run that was requeued anyway (Slurm requeued it after a node failure, and the
+    surviving ranks had died of the lost peers). ``restarts``: runs before the current
+    one (sacct's count), None when unknown."""
+    stale = (record.get("requeue") == "0" and restarts is not None
+             and record.get("restart_count", "0") != str(restarts))
+    return {} if stale else record
+
+
+def format_cause(record: dict[str, str]) -> str:
+    """The exit record in one short cell: ``user_crash@7 RuntimeError: ...`` for a crash,
+    ``last requeue: preemption@40`` when the record asked for a requeue, ``-`` without one."""
+    cause = record.get("cause")
+    if not cause:
+        return "-"
+    at = f"@{record['step']}" if record.get("step") else ""
+    if record.get("requeue") == "1":
+        return f"last requeue: {cause}{at}"
+    error = f" {record['error']}" if record.get("error") else ""
+    return f"{cause}{at}{error}"
+
+
 def info_json(info: Any) -> dict[str, Any]:
     return {"state": str(info.state), "slurm_state": info.slurm_state,
             "outcome": info.state.outcome.value, "elapsed_s": info.elapsed_s,

@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from hpctrain import records, watcher
-from hpctrain.commands.jobview import format_elapsed, format_requeues, info_json
+from hpctrain.commands.jobview import (current_record, format_cause, format_elapsed,
+                                       format_requeues, info_json)
 from hpctrain.records import JobRecord
 from hpctrain.slurm.states import ORDER
 from hpctrain.sweep import index_width, task_checkpoint_dir
@@ -28,6 +29,7 @@ class Row:
     nodes: str = "-"
     requeues: str = "-"
     ckpt: str = "-"
+    cause: str = "-"
     detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -38,7 +40,8 @@ class Row:
 @click.option("--limit", default=20, show_default=True,
               help="Without JOB_IDs: how many of the most recent submissions to show.")
 def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int) -> int:
-    """State, elapsed time, nodes, requeues by cause and last checkpoint step of jobs.
+    """State, elapsed time, nodes, requeues by cause, last checkpoint step and the
+    runtime's exit cause (a user crash with its step and error) of jobs.
 
     Without JOB_IDs: the jobs this user submitted through hpctrain (local record).
     A sweep is one row with per-state counts; give its id (or --expand) for its tasks.
@@ -85,11 +88,17 @@ def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobRecord, str]
 def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
     info = _info(job_id, rec, snap)
     step = watcher.last_checkpoint_step(rec.checkpoint_dir)
+    # the runtime's own word on why the job stopped (a crash, or the last requeue's cause)
+    record = current_record(
+        watcher.exit_record(info.raw_id or job_id, rec.checkpoint_dir,
+                            rec.extra.get("submit_dir", "")),
+        info.requeue_total if snap.source == "sacct" else None)
     return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
                info.nodes or "-", format_requeues(info.requeues),
-               "-" if step is None else str(step),
+               "-" if step is None else str(step), format_cause(record),
                {"job_id": job_id, "name": info.name or rec.name, "kind": rec.kind,
-                **info_json(info), "last_checkpoint_step": step, "folder": rec.folder})
+                **info_json(info), "last_checkpoint_step": step, "folder": rec.folder,
+                "cause": record.get("cause"), "exit_record": record})
 
 
 def _info(job_id: str, rec: JobRecord, snap: Snapshot) -> JobInfo:
@@ -133,8 +142,8 @@ def _sweep_rows(rec: JobRecord, targets: list[tuple[JobRecord, str]], snap: Snap
 
 
 def _table(rows: list[Row]) -> str:
-    head = Row("JOBID", "NAME", "STATE", "ELAPSED", "NODES", "REQUEUES", "CKPT")
-    cols = ("job_id", "name", "state", "elapsed", "nodes", "requeues", "ckpt")
+    head = Row("JOBID", "NAME", "STATE", "ELAPSED", "NODES", "REQUEUES", "CKPT", "CAUSE")
+    cols = ("job_id", "name", "state", "elapsed", "nodes", "requeues", "ckpt", "cause")
     all_rows = [head, *rows]
     widths = {c: min(48, max(len(str(getattr(r, c))) for r in all_rows)) for c in cols}
     return "\n".join("  ".join(str(getattr(r, c))[:48].ljust(widths[c]) for c in cols).rstrip()

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_signal
+from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
 from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
 from hpctrain.runtime.signals import DEFAULT_SIGNALS, StopFlag, parse_signals
@@ -34,6 +35,8 @@ class Context:
         self.mesh = mesh
         self.flag = flag
         self.stop_cause: str | None = None  # agreed cause once stop_requested() is True
+        # the step in progress; the training loop sets it so a crash record can name it
+        self.step: int | None = None
         self._owns_pg = owns_process_group
         self.last_exit_cause: str | None = (
             env.last_exit_cause or previous_cause(read_record(env.exit_file), env.restart_count))
@@ -102,6 +105,13 @@ class Context:
         sys.stderr.flush()
         sys.exit(row.exit_code)
 
+    def record_crash(self, exc_type: type[BaseException], exc: BaseException) -> bool:
+        """Leave a ``cause=user_crash`` exit record for an uncaught exception (any rank,
+        first one wins, never over this run's requeue record); never raises."""
+        return write_crash_record(self.env.exit_file, exc_type, exc, step=self.step,
+                                  restart_count=self.env.restart_count,
+                                  job_id=self.env.job_id, rank=self.env.rank)
+
     def close(self) -> None:
         """Tear down the process group (if init made it); stop signals stay routed to the
         flag until the process ends, so a late SIGTERM cannot kill a rank mid-exit."""
@@ -153,4 +163,7 @@ def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
                                 world_size=parsed.world_size, timeout=timedelta(seconds=timeout_s))
     mesh = init_device_mesh(device.type, (parsed.pp, parsed.dp, parsed.tp),
                             mesh_dim_names=MESH_DIMS)
-    return Context(parsed, device, mesh, flag, owns)
+    ctx = Context(parsed, device, mesh, flag, owns)
+    # an uncaught exception ends the job FAILED (not requeued); say why in the record
+    install_excepthook(ctx.record_crash)
+    return ctx

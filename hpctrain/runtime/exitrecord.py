@@ -66,10 +66,13 @@ def previous_cause(record: Mapping[str, str], restart_count: int) -> str | None:
 
     First run: None. Requeued and the record comes from the run just before: its cause.
     Requeued without such a record: nobody lived to write it, i.e. ``node_fail`` (or a
-    kill before the emergency save finished, which recovers the same way).
+    kill before the emergency save finished, which recovers the same way). A record that
+    did not ask for a requeue (``requeue=0``: the surviving ranks' crash record when a
+    node dies under them) yet was followed by one: Slurm requeued it, ``node_fail`` too.
     """
     if restart_count == 0:
         return None
-    if record.get("restart_count") == str(restart_count - 1) and record.get("cause"):
+    if (record.get("restart_count") == str(restart_count - 1) and record.get("cause")
+            and record.get("requeue") != "0"):
         return record["cause"]
     return "node_fail"

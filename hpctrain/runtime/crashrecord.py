@@ -1,0 +1,85 @@
+"""The user-crash exit record: an uncaught exception leaves ``cause=user_crash`` behind.
+
+Why: the batch script already refuses to requeue a crash (no 75/76, no ``requeue=1``
+record), but the user then only sees ``FAILED`` and has to dig through per-rank logs.
+A ``sys.excepthook`` installed by :func:`hpctrain.runtime.init` writes one record::
+
+    cause=user_crash
+    exit_code=1
+    requeue=0
+    step=7
+    restart_count=0
+    job_id=123
+    rank=1
+    error=RuntimeError: --crash-at-step 7: simulated user crash
+
+so ``hpctrain status`` can say why. Any rank may write it (the crash is often not on
+rank 0; the file is on shared storage); the first one wins and a requeue record of the
+same run is never overwritten. The hook never raises: a failing write must not hide the
+user's traceback, which the previous hook still prints.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from hpctrain.runtime.exitrecord import read_record, write_record
+
+ERROR_MAX_CHARS = 300  # one short line: status tables and grep stay readable
+
+ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+
+def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int | None,
+                 restart_count: int, job_id: str | None, rank: int) -> dict[str, object]:
+    """The record's fields for an uncaught exception (one line each)."""
+    text = " ".join(str(exc).split())  # newlines and runs of blanks -> one space
+    error = f"{exc_type.__name__}: {text}" if text else exc_type.__name__
+    if len(error) > ERROR_MAX_CHARS:
+        error = error[:ERROR_MAX_CHARS - 3] + "..."
+    return {"cause": "user_crash", "exit_code": 1, "requeue": 0,
+            "step": "" if step is None else step, "restart_count": restart_count,
+            "job_id": job_id or "", "rank": rank, "error": error}
+
+
+def should_write(existing: dict[str, str], restart_count: int, job_id: str | None) -> bool:
+    """False when this run (same job id and restart count) already left a record:
+    a requeue record must survive, and the first crashing rank names the cause."""
+    same_run = (existing.get("restart_count") == str(restart_count)
+                and existing.get("job_id", "") == (job_id or ""))
+    return not same_run
+
+
+def write_crash_record(path: str | None, exc_type: type[BaseException], exc: BaseException,
+                       *, step: int | None, restart_count: int, job_id: str | None,
+                       rank: int) -> bool:
+    """Write the user-crash record unless this run already has one; never raises.
+    Returns whether it wrote."""
+    if not path or issubclass(exc_type, KeyboardInterrupt):
+        return False
+    try:
+        if not should_write(read_record(path), restart_count, job_id):
+            return False
+        write_record(path, crash_fields(exc_type, exc, step=step, restart_count=restart_count,
+                                        job_id=job_id, rank=rank))
+        return True
+    except Exception:  # noqa: BLE001 - the user's traceback matters more than our record
+        return False
+
+
+def install_excepthook(record: Callable[[type[BaseException], BaseException], object]) -> None:
+    """Chain ``record`` in front of the current ``sys.excepthook`` (which still prints)."""
+    previous: ExceptHook = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException,
+             tb: TracebackType | None) -> Any:
+        try:
+            record(exc_type, exc)
+        except Exception:  # noqa: BLE001,S110 - never mask the real error
+            pass
+        return previous(exc_type, exc, tb)
+
+    sys.excepthook = hook

@@ -1,0 +1,133 @@
+"""User crash -> exit record with cause=user_crash (never over a requeue record), and
+`hpctrain status` reading it back from the job's checkpoint dir or submit dir."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain import cli, records
+from hpctrain.commands.jobview import current_record, format_cause
+from hpctrain.records import JobRecord
+from hpctrain.runtime.crashrecord import crash_fields, write_crash_record
+from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
+from hpctrain.watcher import exit_record
+from jobs_util import isolate
+
+
+def test_crash_fields_are_one_line_each_and_short() -> None:
+    exc = ValueError("bad\nshape " + "x" * 1000)
+    fields = crash_fields(ValueError, exc, step=7, restart_count=2, job_id="42", rank=3)
+    assert fields["cause"] == "user_crash" and fields["requeue"] == 0
+    assert fields["step"] == 7 and fields["rank"] == 3 and fields["restart_count"] == 2
+    error = str(fields["error"])
+    assert error.startswith("ValueError: bad shape xxx") and "\n" not in error
+    assert len(error) <= 300 and error.endswith("...")
+
+
+def test_first_crash_wins_and_a_requeue_record_of_the_same_run_survives(
+        tmp_path: Path) -> None:
+    path = tmp_path / ".hpctrain-exit-42"
+    requeue = {"cause": "preemption", "exit_code": 75, "requeue": 1, "step": 40,
+               "restart_count": 0, "job_id": "42"}
+    write_record(path, requeue)
+    assert not write_crash_record(str(path), RuntimeError, RuntimeError("late"), step=41,
+                                  restart_count=0, job_id="42", rank=0)
+    assert read_record(path)["cause"] == "preemption"
+    # the requeued run (restart 1) crashes: its record replaces the previous run's
+    assert write_crash_record(str(path), RuntimeError, RuntimeError("boom"), step=45,
+                              restart_count=1, job_id="42", rank=1)
+    assert not write_crash_record(str(path), OSError, OSError("peer gone"), step=45,
+                                  restart_count=1, job_id="42", rank=0)
+    rec = read_record(path)
+    assert (rec["cause"], rec["rank"], rec["error"]) == ("user_crash", "1", "RuntimeError: boom")
+
+
+def test_crash_record_never_raises_and_skips_ctrl_c(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    # the record's directory cannot be created (a file is in the way): no exception
+    assert not write_crash_record(str(blocker / "sub" / "exit"), RuntimeError, RuntimeError(),
+                                  step=None, restart_count=0, job_id="1", rank=0)
+    assert not write_crash_record(str(tmp_path / "exit"), KeyboardInterrupt,
+                                  KeyboardInterrupt(), step=1, restart_count=0, job_id="1",
+                                  rank=0)
+    assert not write_crash_record(None, RuntimeError, RuntimeError(), step=1,
+                                  restart_count=0, job_id="1", rank=0)
+
+
+HOOKED = """
+import sys
+from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
+install_excepthook(lambda t, e: write_crash_record(sys.argv[1], t, e, step=3,
+                   restart_count=0, job_id="9", rank=0))
+raise ZeroDivisionError("division by zero at step 3")
+"""
+
+
+def test_excepthook_writes_the_record_and_keeps_the_traceback(tmp_path: Path) -> None:
+    path = tmp_path / ".hpctrain-exit-9"
+    res = subprocess.run([sys.executable, "-c", HOOKED, str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1
+    assert "Traceback" in res.stderr and "ZeroDivisionError" in res.stderr
+    rec = read_record(path)
+    assert rec["cause"] == "user_crash" and rec["step"] == "3" and rec["requeue"] == "0"
+    assert rec["error"] == "ZeroDivisionError: division by zero at step 3"
+
+
+def test_format_cause() -> None:
+    assert format_cause({}) == "-"
+    assert format_cause({"cause": "user_crash", "step": "7", "requeue": "0",
+                         "error": "RuntimeError: x"}) == "user_crash@7 RuntimeError: x"
+    assert format_cause({"cause": "preemption", "step": "40", "requeue": "1"}) \
+        == "last requeue: preemption@40"
+
+
+def test_exit_record_prefers_the_checkpoint_dir(tmp_path: Path) -> None:
+    ckpt, submit = tmp_path / "ckpt", tmp_path / "submit"
+    write_record(submit / ".hpctrain-exit-5", {"cause": "time_limit", "requeue": 1})
+    assert exit_record("5", str(ckpt), str(submit))["cause"] == "time_limit"
+    write_record(ckpt / ".hpctrain-exit-5", {"cause": "user_crash", "requeue": 0})
+    assert exit_record("5", str(ckpt), str(submit))["cause"] == "user_crash"
+    assert exit_record("6", str(ckpt), str(submit)) == {}
+
+
+@pytest.mark.slurm
+def test_status_shows_the_crash_cause_of_a_recorded_job(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The real Slurm does not know this id (state UNKNOWN, one cheap poll); the cause comes
+    from the record next to the checkpoint dir, in the table and in --json."""
+    root = isolate(monkeypatch, tmp_path)
+    ckpt = root / "ckpt"
+    records.append([JobRecord(job_id="31337", name="crashy", kind="script",
+                              folder=str(root), checkpoint_dir=str(ckpt))])
+    write_crash_record(str(ckpt / ".hpctrain-exit-31337"), RuntimeError,
+                       RuntimeError("--crash-at-step 7: simulated user crash"), step=7,
+                       restart_count=0, job_id="31337", rank=0)
+    assert cli.main(["status", "31337", "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["jobs"][0]
+    assert job["cause"] == "user_crash" and job["exit_record"]["step"] == "7"
+    assert cli.main(["status", "31337"]) == 0
+    table = capsys.readouterr().out
+    assert "CAUSE" in table.splitlines()[0]
+    assert "user_crash@7 RuntimeError" in table
+
+
+def test_a_crash_record_followed_by_a_requeue_means_node_failure() -> None:
+    """The ranks that survive a node loss die of the lost peers and write a crash record
+    (requeue=0); Slurm requeues the job anyway: the next run reports node_fail, and status
+    no longer calls the job a user crash."""
+    crash = {"cause": "user_crash", "requeue": "0", "restart_count": "0", "step": "13"}
+    assert previous_cause(crash, 1) == "node_fail"
+    assert previous_cause({**crash, "cause": "preemption", "requeue": "1"}, 1) == "preemption"
+    assert current_record(crash, 1) == {}          # an earlier run's crash, requeued anyway
+    assert current_record(crash, 0) == crash       # this run's crash: the job's cause
+    assert current_record(crash, None) == crash    # no sacct: cannot tell, show it
+    requeue = {"cause": "preemption", "requeue": "1", "restart_count": "0"}
+    assert current_record(requeue, 1) == requeue
