@@ -143,19 +143,6 @@ def _write_spec(result: Plan, part: Partition, path: str, name: str | None, time
                      command=shlex.split(command) if command else None,
                      checkpoint_dir=checkpoint_dir)
     plan_layout(JobSpec.from_dict(spec), part)  # the checks `render` makes: refuse what it would
-    _write_atomically(Path(path), spec_toml(result, spec))
+    from hpctrain.commands.options import write_atomically
+    write_atomically(Path(path), spec_toml(result, spec))
     return path
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` in one rename, so an interrupted write never leaves half a spec."""
-    import tempfile  # only when writing: keeps the plain `plan` start-up lean
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
