@@ -24,7 +24,7 @@ def require(ok: bool, what: str) -> None:
         return
     if IN_CI:
         pytest.fail(f"CI=true and a prerequisite is missing: {what}", pytrace=False)
-    pytest.skip(f"prerequisite missing: {what}")
+    pytest.skip(f"prerequisite missing: {what} (with CI=true this fails instead)")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

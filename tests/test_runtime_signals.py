@@ -45,16 +45,19 @@ def test_parse_signals() -> None:
 
 
 def lines(out: Path, event: str) -> list[dict]:
-    found = []
-    for line in out.read_text(errors="replace").splitlines():
-        start_at = line.find('{"event"')
-        if start_at >= 0:
-            try:
-                rec = json.loads(line[start_at:])
-            except json.JSONDecodeError:
-                continue  # two ranks' lines ran into each other
-            if rec["event"] == event:
-                found.append(rec)
+    """Every JSON event record the ranks printed. Ranks print concurrently and print()
+    writes the text and its newline separately, so records can share a line: decode each
+    one where it starts instead of line by line."""
+    text, decoder, found = out.read_text(errors="replace"), json.JSONDecoder(), []
+    at = text.find('{"event"')
+    while at >= 0:
+        try:
+            rec, _ = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            rec = None  # a record cut by another rank's write: not one of ours to count
+        if rec is not None and rec.get("event") == event:
+            found.append(rec)
+        at = text.find('{"event"', at + 1)
     return sorted(found, key=lambda r: r["rank"])
 
 
