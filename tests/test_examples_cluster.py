@@ -8,14 +8,12 @@ the training process's exit code / exit record (hpctrain.runtime)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from example_jobs import example_spec, submit_example
 from jobs_util import isolate
 from slurm_util import sacct_states, sbatch, wait_done, wait_until
 from torchrun_util import (
@@ -35,17 +33,9 @@ TOTAL = 60
 
 def spec_text(root: Path, total: int = TOTAL, step_sleep: float = 0.3, time: str = "00:20:00",
               signal_lead_s: int = 60) -> str:
-    cmd = [sys.executable, str(EXAMPLES / "train_gpt.py"), "--steps", str(total),
-           "--save-every", "20", "--seed", "11", "--step-sleep", str(step_sleep),
-           "--ckpt-dir", str(root / "ckpt"), "--log-file", str(root / "loss.jsonl"),
-           "--final-state", str(root / "final")]
-    return "\n".join([
-        'name = "rt-preempt"', 'partition = "debug"', "nodes = 2", "gpus_per_node = 2",
-        f'time = "{time}"', f'output = "{root}/job-%j.out"', f'workdir = "{root}"',
-        "[layout]", "tp = 2", "[run]", 'launcher = "torchrun"',
-        "command = " + json.dumps(cmd), 'env = { OMP_NUM_THREADS = "1" }',
-        "[requeue]", "max_requeues = 3", 'signal = "USR2"', f"signal_lead_s = {signal_lead_s}",
-        ""])
+    return example_spec(root, name="rt-preempt", total=total, save_every=20,
+                        step_sleep=step_sleep, time=time, signal_lead_s=signal_lead_s,
+                        extra=("--final-state", str(root / "final")))
 
 
 def slurm_start_times(job_id: str) -> list[float]:
@@ -59,12 +49,7 @@ def slurm_start_times(job_id: str) -> list[float]:
 def test_preempted_tp_dp_job_resumes_without_losing_a_step(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)
-    spec = root / "spec.toml"
-    spec.write_text(spec_text(root))
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    job = json.loads(res.stdout)["job_id"]
+    job = submit_example(root, spec_text(root))
     log = root / "loss.jsonl"
     wait_until(lambda: len(steps(log)) >= 15, 180, "15 training steps on the cluster")
 
@@ -115,13 +100,8 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes(
     requeues, and the job finishes with every step run exactly once."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     total = 100
-    spec = root / "spec.toml"
-    spec.write_text(spec_text(root, total=total, step_sleep=0.2, time="00:03:00",
-                              signal_lead_s=60))
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    job = json.loads(res.stdout)["job_id"]
+    job = submit_example(root, spec_text(root, total=total, step_sleep=0.2, time="00:03:00",
+                                         signal_lead_s=60))
     log = root / "loss.jsonl"
     try:
         wait_until(lambda: len(steps(log)) >= 20, 180, "20 training steps on the cluster")

@@ -24,35 +24,14 @@ import pytest
 
 from jobs_util import isolate
 from slurm_util import sacct_states, squeue_state, wait_done, wait_until
-from torchrun_util import EXAMPLES, events, records, steps
+from example_jobs import example_spec, submit_example
+from torchrun_util import events, records, steps
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
 from hpctrain.watcher import last_checkpoint_step
 
 LOST_NODE = "n2"
 SETTLE_S = 5  # let slurmctld finish with the lost run before the node returns
-
-
-def fault_spec(root: Path, name: str, total: int, save_every: int, step_sleep: float,
-               extra: tuple[str, ...] = ()) -> str:
-    cmd = [sys.executable, str(EXAMPLES / "train_gpt.py"), "--steps", str(total),
-           "--save-every", str(save_every), "--seed", "11", "--step-sleep", str(step_sleep),
-           "--ckpt-dir", str(root / "ckpt"), "--log-file", str(root / "loss.jsonl"), *extra]
-    return "\n".join([
-        f'name = "{name}"', 'partition = "debug"', "nodes = 2", "gpus_per_node = 2",
-        'time = "00:10:00"', f'output = "{root}/job-%j.out"', f'workdir = "{root}"',
-        "[layout]", "tp = 2", "[run]", 'launcher = "torchrun"',
-        "command = " + json.dumps(cmd), 'env = { OMP_NUM_THREADS = "1" }',
-        "[requeue]", "max_requeues = 3", 'signal = "USR2"', "signal_lead_s = 60", ""])
-
-
-def submit(root: Path, spec: str) -> str:
-    path = root / "spec.toml"
-    path.write_text(spec)
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(path), "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["job_id"]
 
 
 def job_out(root: Path, job: str) -> str:
@@ -66,7 +45,9 @@ def job_out(root: Path, job: str) -> str:
 def test_user_crash_fails_without_requeue_and_status_names_the_cause(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)
-    job = submit(root, fault_spec(root, "rt-crash", 30, 5, 0.0, ("--crash-at-step", "7")))
+    job = submit_example(root, example_spec(root, name="rt-crash", total=30, save_every=5,
+                                            step_sleep=0.0, time="00:10:00",
+                                            extra=("--crash-at-step", "7")))
     state = wait_done(job, 120)
     assert state == "FAILED", job_out(root, job)
     assert sacct_states(job) == ["FAILED"]  # no REQUEUED: a crash is not retried
@@ -179,7 +160,8 @@ def test_node_loss_requeues_and_resumes_from_the_last_periodic_checkpoint(
     # killing n2 under somebody else's job would break their test: wait for a quiet cluster
     wait_until(lambda: not client.run(["squeue", "-h", "-o", "%i"]).stdout.strip(), 300,
                "an empty queue (other tests' jobs to finish)", interval_s=2)
-    job = submit(root, fault_spec(root, "rt-nodeloss", total, every, 0.4))
+    job = submit_example(root, example_spec(root, name="rt-nodeloss", total=total,
+                                            save_every=every, step_sleep=0.4, time="00:10:00"))
     try:
         wait_until(lambda: (last_checkpoint_step(str(ckpt)) or 0) >= every
                    and len(steps(log)) >= every + 2, 120, "a periodic checkpoint + 2 steps")
