@@ -251,7 +251,11 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         ("HPCTRAIN_TP", plan.tp), ("HPCTRAIN_PP", plan.pp), ("HPCTRAIN_DP", plan.dp),
         ("HPCTRAIN_CKPT_INTERVAL_STEPS", ck.interval_steps),
         ("HPCTRAIN_CKPT_KEEP_LAST", ck.keep_last),
-        ("HPCTRAIN_MAX_REQUEUES", rq.max_requeues), ("HPCTRAIN_REQUEUE_SIGNAL", rq.signal),
+        ("HPCTRAIN_MAX_REQUEUES", rq.max_requeues),
+        ("HPCTRAIN_MAX_PREEMPTIONS", rq.max_preemptions),
+        ("HPCTRAIN_MAX_TIME_LIMITS", rq.max_time_limits),
+        ("HPCTRAIN_MAX_NODE_FAILURES", rq.max_node_failures),
+        ("HPCTRAIN_REQUEUE_SIGNAL", rq.signal),
         ("HPCTRAIN_SIGNAL_LEAD_S", rq.signal_lead_s),
         ("HPCTRAIN_TIME_LIMIT_S", plan.time_s if plan.time_s is not None else 0),
     ]

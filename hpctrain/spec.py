@@ -165,19 +165,32 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class RequeueSpec:
-    """How the job survives preemption and time limits: signal, lead time, retry budget."""
+    """How the job survives preemption, time limits and node loss: signal, lead time, and
+    a requeue budget per cause besides the total (a crash loop or a node-killing job can
+    then not requeue forever, and the message names the limit that was hit)."""
 
-    max_requeues: int = 10
+    max_requeues: int = 10          # every cause together (SLURM_RESTART_COUNT)
     signal: str = "USR2"
     signal_lead_s: int = 120
+    max_preemptions: int = 10       # default: max_requeues
+    max_time_limits: int = 10       # default: max_requeues
+    max_node_failures: int = 3      # default: 3, at most max_requeues
 
     @classmethod
     def from_dict(cls, data: Any) -> "RequeueSpec":
         d = _table(data, "requeue", cls)
-        return cls(max_requeues=_int(d.get("max_requeues", 10), "requeue.max_requeues", 0, 10000),
+        total = _int(d.get("max_requeues", 10), "requeue.max_requeues", 0, 10000)
+
+        def per_cause(key: str, default: int) -> int:
+            return _int(d.get(key, default), f"requeue.{key}", 0, 10000)
+
+        return cls(max_requeues=total,
                    signal=check_signal(d.get("signal", "USR2"), "requeue.signal"),
                    # Slurm's --signal lead time is at most 65535 s
-                   signal_lead_s=_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s", 0, 65535))
+                   signal_lead_s=_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s", 0, 65535),
+                   max_preemptions=per_cause("max_preemptions", total),
+                   max_time_limits=per_cause("max_time_limits", total),
+                   max_node_failures=per_cause("max_node_failures", min(3, total)))
 
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,

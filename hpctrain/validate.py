@@ -37,6 +37,7 @@ EXTRA_SBATCH_OPTIONS = frozenset({
     "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-socket", "gpus-per-task",
     "hint", "hold", "ignore-pbs", "licenses", "mcs-label", "mem", "mem-bind",
     "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nice", "no-kill", "nodefile",
+    "nodelist",
     "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-socket", "overcommit",
     "oversubscribe", "power", "priority", "profile", "propagate", "sockets-per-node",
     "spread-job", "switches", "thread-spec", "threads-per-core", "time-min",

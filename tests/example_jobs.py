@@ -16,18 +16,28 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 def example_spec(root: Path, *, name: str, total: int, save_every: int, step_sleep: float,
                  time: str = "00:20:00", signal_lead_s: int = 60,
-                 extra: tuple[str, ...] = ()) -> str:
-    """The job spec (TOML text) for ``total`` steps of the example, seed 11."""
-    cmd = [sys.executable, str(EXAMPLES / "train_gpt.py"), "--steps", str(total),
+                 extra: tuple[str, ...] = (), script: str = "train_gpt.py",
+                 layout: dict[str, int] | None = None, env: dict[str, str] | None = None,
+                 requeue: dict[str, int] | None = None) -> str:
+    """The job spec (TOML text) for ``total`` steps of an example script, seed 11, on
+    2 nodes x 2 fake GPUs; ``layout`` defaults to tp=2 (x dp=2)."""
+    cmd = [sys.executable, str(EXAMPLES / script), "--steps", str(total),
            "--save-every", str(save_every), "--seed", "11", "--step-sleep", str(step_sleep),
            "--ckpt-dir", str(root / "ckpt"), "--log-file", str(root / "loss.jsonl"), *extra]
+    budget = {"max_requeues": 3, **(requeue or {})}
     return "\n".join([
         f'name = "{name}"', 'partition = "debug"', "nodes = 2", "gpus_per_node = 2",
         f'time = "{time}"', f'output = "{root}/job-%j.out"', f'workdir = "{root}"',
-        "[layout]", "tp = 2", "[run]", 'launcher = "torchrun"',
-        "command = " + json.dumps(cmd), 'env = { OMP_NUM_THREADS = "1" }',
-        "[requeue]", "max_requeues = 3", 'signal = "USR2"', f"signal_lead_s = {signal_lead_s}",
-        ""])
+        "[layout]", *(f"{k} = {v}" for k, v in (layout or {"tp": 2}).items()),
+        "[run]", 'launcher = "torchrun"',
+        "command = " + json.dumps(cmd),
+        "env = " + _inline_table({"OMP_NUM_THREADS": "1", **(env or {})}),
+        "[requeue]", *(f"{k} = {v}" for k, v in budget.items()),
+        'signal = "USR2"', f"signal_lead_s = {signal_lead_s}", ""])
+
+
+def _inline_table(values: dict[str, str]) -> str:
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in values.items()) + " }"
 
 
 def submit_example(root: Path, spec: str) -> str:

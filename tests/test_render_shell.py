@@ -174,6 +174,18 @@ def _wait_for(path: Path, timeout: float = 10) -> None:
     assert path.exists(), f"{path} never appeared"
 
 
+def _ledger(root: Path, *lines: str) -> Path:
+    """The requeue ledger a rendered script keeps for job 4242 (no checkpoint dir: cwd)."""
+    path = root / ".hpctrain-requeues-4242"
+    if lines:
+        path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def _requeues(cause: str, n: int, by: str = "script") -> list[str]:
+    return [f"requeue cause={cause} restart_count={i} by={by}" for i in range(1, n + 1)]
+
+
 @pytest.mark.parametrize("launcher, restarts, requeued, step_signal", [
     ("srun", "0", True, signal.SIGUSR2),        # the step gets the signal Slurm sent
     ("srun", "10", False, signal.SIGUSR2),      # budget used up: say so, do not requeue
@@ -184,7 +196,9 @@ def test_requeue_signal_is_forwarded_waited_for_and_requeues(tmp_path: Path, lau
                                                               step_signal: int) -> None:
     data = base(tmp_path, launcher)
     data["run"]["command"] = ["python3", "train.py"]
-    data["requeue"] = {"max_requeues": 10, "signal": "USR2", "signal_lead_s": 30}
+    data["requeue"] = {"max_requeues": 10, "signal": "USR2", "signal_lead_s": 30,
+                       "max_time_limits": 20}
+    ledger = _ledger(tmp_path, *_requeues("time_limit", int(restarts)))
     proc, log = start_script(render_script(JobSpec.from_dict(data)), tmp_path,
                              STANDIN_SRUN_MODE="sleep", SLURM_RESTART_COUNT=restarts)
     try:
@@ -197,26 +211,110 @@ def test_requeue_signal_is_forwarded_waited_for_and_requeues(tmp_path: Path, lau
     assert proc.returncode == 128 + step_signal, err
     calls = (log / "scontrol.calls").read_text()
     assert ("requeue 4242" in calls) == requeued, err
+    last = ledger.read_text().splitlines()[-1]
     if requeued:
-        assert f"restart {int(restarts) + 1} of max_requeues=10" in err
+        n = int(restarts) + 1
+        assert (f"(time_limit; restart {n} of max_requeues=10, time_limit requeue {n} of "
+                "max_time_limits=20)") in err
+        assert last == f"requeue cause=time_limit restart_count={n} by=script"
     else:
-        assert "max_requeues=10 reached (SLURM_RESTART_COUNT=10)" in err
+        assert "max_requeues=10 reached (this is restart 11)" in err
+        assert last == "stop cause=time_limit restart_count=10 limit=max_requeues=10"
 
 
-@pytest.mark.parametrize("preempt_time, requeued", [("2026-11-21T05:15:55", True), ("None", False)])
-def test_term_requeues_only_when_slurm_is_preempting(tmp_path: Path, preempt_time: str,
-                                                     requeued: bool) -> None:
-    proc, log = start_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path,
-                             STANDIN_SRUN_MODE="sleep", STANDIN_PREEMPT_TIME=preempt_time)
+@pytest.mark.parametrize("cause, signum, key", [
+    ("time_limit", signal.SIGUSR2, "max_time_limits"),
+    ("preemption", signal.SIGTERM, "max_preemptions"),
+])
+def test_each_cause_has_its_own_limit(tmp_path: Path, cause: str, signum: int,
+                                      key: str) -> None:
+    """Two requeues of this cause already (and one of another): with its limit at 2 the
+    third is refused, the ledger says which limit ended the job, and Slurm is told not to
+    requeue it either (PreemptMode=REQUEUE would)."""
+    other = "preemption" if cause == "time_limit" else "time_limit"
+    data = base(tmp_path)
+    data["requeue"] = {"max_requeues": 10, "signal_lead_s": 30, key: 2}
+    ledger = _ledger(tmp_path, f"requeue cause={cause} restart_count=1 by=script",
+                     f"requeue cause={other} restart_count=2 by=script",
+                     f"requeue cause={cause} restart_count=3 by=slurm")
+    proc, log = start_script(render_script(JobSpec.from_dict(data)), tmp_path,
+                             STANDIN_SRUN_MODE="sleep", SLURM_RESTART_COUNT="3",
+                             STANDIN_PREEMPT_TIME="2026-11-21T05:15:55"
+                             if cause == "preemption" else "None")
     try:
         _wait_for(log / "srun.argv")
         time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        kill_group(proc)
+    assert f"not requeueing job 4242 after a {cause}: {key}=2 reached (this is {cause} requeue 3)" in err
+    calls = (log / "scontrol.calls").read_text()
+    assert "requeue 4242" not in calls and "update jobid=4242 requeue=0" in calls
+    assert ledger.read_text().splitlines()[-1] == f"stop cause={cause} restart_count=3 limit={key}=2"
+
+
+def test_slurm_requeues_are_entered_in_the_ledger_and_reach_the_runtime(tmp_path: Path) -> None:
+    """Restart 3, after a script requeue (restart 1) and two requeues Slurm did on its own.
+    The newest follows a run that left a requeue record (a preemption the script did not
+    get to requeue): it takes the record's cause. The older left none: a node failure.
+    The runtime hears the newest cause."""
+    data = base(tmp_path)
+    ledger = _ledger(tmp_path, "requeue cause=time_limit restart_count=1 by=script")
+    (tmp_path / ".hpctrain-exit-4242").write_text(
+        "cause=preemption\nexit_code=75\nrequeue=1\nstep=9\nrestart_count=2\njob_id=4242\n")
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="3")
+    assert run.returncode == 0, run.stderr
+    assert ledger.read_text().splitlines() == [
+        "requeue cause=time_limit restart_count=1 by=script",
+        "requeue cause=node_fail restart_count=2 by=slurm",
+        "requeue cause=preemption restart_count=3 by=slurm"]
+    assert "HPCTRAIN_LAST_EXIT_CAUSE=preemption" in run.nul_list("command.env")
+
+
+def test_a_node_failure_past_its_limit_does_not_run_again(tmp_path: Path) -> None:
+    """Slurm requeued the job after a node failure (nothing in the ledger, no record): with
+    max_node_failures=0 the new run stops before launching anything and says why."""
+    data = base(tmp_path)
+    data["requeue"] = {"signal_lead_s": 30, "max_node_failures": 0}
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1")
+    assert run.returncode == 1
+    assert ("not running job 4242 again after a node_fail requeue: max_node_failures=0 "
+            "reached (this is node_fail requeue 1)") in run.stderr
+    assert run.read("srun.argv") == ""   # never launched
+    assert _ledger(tmp_path).read_text().splitlines() == [
+        "requeue cause=node_fail restart_count=1 by=slurm",
+        "stop cause=node_fail restart_count=1 limit=max_node_failures=0"]
+
+
+@pytest.mark.parametrize("sig, preempt_time, requeued, notice", [
+    (signal.SIGTERM, "2026-11-21T05:15:55", True, "preemption"),
+    (signal.SIGTERM, "None", False, None),            # scancel: no notice, no requeue
+    (signal.SIGUSR2, "None", True, "time_limit"),     # the --signal=B:USR2 warning
+    (signal.SIGUSR2, "2026-11-21T05:15:55", True, "preemption"),  # send_user_signal
+])
+def test_the_stop_notice_and_the_requeue_follow_slurms_preempt_time(
+        tmp_path: Path, sig: int, preempt_time: str, requeued: bool, notice: str | None) -> None:
+    """The batch shell asks Slurm whether the job is being preempted (PreemptTime), tells
+    the training step why in the stop notice, then requeues or not."""
+    proc, log = start_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path,
+                             STANDIN_SRUN_MODE="sleep", STANDIN_PREEMPT_TIME=preempt_time,
+                             SLURM_RESTART_COUNT="2")
+    try:
+        _wait_for(log / "srun.argv")
+        time.sleep(0.2)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=15)
     finally:
         kill_group(proc)
     calls = (log / "scontrol.calls").read_text()
-    assert "caught SIGTERM" in err and "show job 4242" in calls
+    name = signal.Signals(sig).name.removeprefix("SIG")
+    assert f"caught SIG{name} ({notice or 'no preemption'})" in err and "show job 4242" in calls
+    stop_file = tmp_path / ".hpctrain-stop-4242"
+    if notice:
+        assert stop_file.read_text() == f"cause={notice}\nrestart_count=2\n"
+    else:
+        assert not stop_file.exists()
     assert ("requeue 4242" in calls) == requeued
     if not requeued:
         assert "SIGTERM without preemption (scancel or shutdown)" in err
@@ -236,6 +334,27 @@ def test_a_step_killed_before_the_shell_hears_of_it_counts_as_caught(tmp_path: P
     run = run_script(render_script(JobSpec.from_dict(data)), tmp_path / "segv",
                      STANDIN_PREEMPT_TIME="2026-11-21T05:15:55")
     assert run.returncode == 139 and "requeue" not in run.read("scontrol.calls")
+
+
+@pytest.mark.parametrize("command, how", [
+    ("exit 3", "status 3"), ("kill -SEGV $$", "SIGSEGV")])
+def test_a_silent_failure_leaves_a_crash_record(tmp_path: Path, command: str, how: str) -> None:
+    """sys.exit(3), a segfault, the OOM killer: the runtime wrote nothing, so the batch
+    script leaves the user_crash record `hpctrain status` shows; a record of this run
+    that is already there (the runtime's exception record) is kept."""
+    data = base(tmp_path)
+    data["run"]["command"] = ["bash", "-c", command]
+    record = tmp_path / ".hpctrain-exit-4242"
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1")
+    assert run.returncode != 0 and "requeue" not in run.read("scontrol.calls")
+    fields = dict(line.split("=", 1) for line in record.read_text().splitlines())
+    assert fields["cause"] == "user_crash" and fields["requeue"] == "0"
+    assert fields["restart_count"] == "1" and fields["job_id"] == "4242"
+    assert f"ended with {how} and no exception on record" in fields["error"]
+    own = "cause=user_crash\nrequeue=0\nstep=7\nrestart_count=1\nerror=ValueError: x\n"
+    record.write_text(own)
+    run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1")
+    assert record.read_text() == own
 
 
 def test_a_clean_exit_is_not_requeued(tmp_path: Path) -> None:

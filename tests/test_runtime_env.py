@@ -8,7 +8,7 @@ import pytest
 
 from hpctrain.errors import LayoutError, SpecError
 from hpctrain.runtime import CAUSES, REQUEUE_EXIT_CODES, Environment, cause_of_exit_code
-from hpctrain.runtime.causes import cause_of_signal
+from hpctrain.runtime.causes import cause_of_signal, cause_of_stop
 from hpctrain.runtime.environment import first_host, rank_to_coords
 from hpctrain.runtime.exitrecord import (
     format_record,
@@ -127,6 +127,22 @@ def test_exit_record_round_trip(tmp_path) -> None:
     assert read_record(tmp_path / "missing") == {} and read_record(None) == {}
     with pytest.raises(ValueError, match="one line"):
         format_record({"cause": "a\nb"})
+
+
+def test_the_batch_scripts_stop_notice_beats_the_time_left() -> None:
+    """Far from the end, a TERM is a preemption by the clock; the notice for this run
+    (restart 1) says time limit and wins. A notice of an earlier run, or a cause the
+    notice may not give, leaves the clock to decide."""
+    far = dict(now=1000, end_time=9000, lead_s=90)
+    notice = {"cause": "time_limit", "restart_count": "1"}
+    assert cause_of_stop(signal.SIGTERM, notice, 1, **far).name == "time_limit"
+    assert cause_of_stop(signal.SIGTERM, notice, 2, **far).name == "preemption"
+    assert cause_of_stop(signal.SIGTERM, {}, 1, **far).name == "preemption"
+    bad = {"cause": "user_crash", "restart_count": "1"}
+    assert cause_of_stop(signal.SIGUSR2, bad, 1).name == "time_limit"
+    near = dict(now=1000, end_time=1090, lead_s=90)
+    assert cause_of_stop(signal.SIGUSR2, {"cause": "preemption", "restart_count": "0"}, 0,
+                         **near).name == "preemption"
 
 
 def test_previous_cause() -> None:

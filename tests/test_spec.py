@@ -74,6 +74,19 @@ def test_defaults() -> None:
     assert s.run.launcher == "torchrun" and s.run.setup == () and s.run.env == {}
     assert s.checkpoint.dir is None and s.checkpoint.keep_last == 3
     assert (s.requeue.max_requeues, s.requeue.signal, s.requeue.signal_lead_s) == (10, "USR2", 120)
+    assert (s.requeue.max_preemptions, s.requeue.max_time_limits,
+            s.requeue.max_node_failures) == (10, 10, 3)
+
+
+@pytest.mark.parametrize("given, limits", [
+    ({"max_requeues": 50}, (50, 50, 3)),          # per-cause defaults follow the total...
+    ({"max_requeues": 1}, (1, 1, 1)),             # ...node failures: 3, at most the total
+    ({"max_requeues": 5, "max_preemptions": 0, "max_time_limits": 7, "max_node_failures": 2},
+     (0, 7, 2)),
+])
+def test_each_cause_has_its_own_requeue_limit(given, limits) -> None:
+    rq = spec(requeue=given).requeue
+    assert (rq.max_preemptions, rq.max_time_limits, rq.max_node_failures) == limits
 
 
 @pytest.mark.parametrize("data, key, hint", [
@@ -90,6 +103,8 @@ def test_unknown_keys_name_the_key_and_the_closest_valid_one(data, key, hint) ->
 
 @pytest.mark.parametrize("change, needle", [
     ({"nodes": 0}, "nodes=0 is out of range"),
+    ({"requeue": {"max_node_failures": -1}}, "requeue.max_node_failures=-1 is out of range"),
+    ({"requeue": {"max_preemptions": "5"}}, "requeue.max_preemptions='5' must be a whole number"),
     ({"nodes": True}, "nodes=True must be a whole number"),
     ({"nodes": "2"}, "nodes='2' must be a whole number"),
     ({"layout": {"tp": 0}}, "layout.tp=0 is out of range"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,12 @@ def test_wait_exits_non_zero_when_the_job_fails(
     out = capsys.readouterr().out
     assert rc != 0 and "ended FAILED" in out
     assert "submitted job" in out and "hpctrain logs" in out
+    # no exception to record (the program just exited 3): the batch script's record says so
+    job_id = re.search(r"submitted job (\d+)", out).group(1)
+    assert cli.main(["status", job_id, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["jobs"][0]
+    assert row["cause"] == "user_crash", row
+    assert "ended with status 3 and no exception on record" in row["exit_record"]["error"]
 
 
 def test_slurm_refusal_is_one_readable_error_with_slurms_message(

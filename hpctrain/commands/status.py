@@ -12,6 +12,7 @@ import click
 from hpctrain import records, watcher
 from hpctrain.commands.jobview import (current_record, format_cause, format_elapsed,
                                        format_requeues, info_json)
+from hpctrain.ledger import Ledger, read_ledger
 from hpctrain.records import JobRecord
 from hpctrain.slurm.states import ORDER
 from hpctrain.sweep import index_width, task_checkpoint_dir
@@ -88,17 +89,30 @@ def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobRecord, str]
 def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
     info = _info(job_id, rec, snap)
     step = watcher.last_checkpoint_step(rec.checkpoint_dir)
+    dirs = (rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
     # the runtime's own word on why the job stopped (a crash, or the last requeue's cause)
-    record = current_record(
-        watcher.exit_record(info.raw_id or job_id, rec.checkpoint_dir,
-                            rec.extra.get("submit_dir", "")),
-        info.requeue_total if snap.source == "sacct" else None)
+    record = current_record(watcher.exit_record(info.raw_id or job_id, *dirs),
+                            info.requeue_total if snap.source == "sacct" else None)
+    requeues, limit = _requeues(info, read_ledger(info.raw_id or job_id, *dirs))
+    cause = f"requeue limit {limit} reached" if limit else format_cause(record)
     return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
-               info.nodes or "-", format_requeues(info.requeues),
-               "-" if step is None else str(step), format_cause(record),
+               info.nodes or "-", format_requeues(requeues),
+               "-" if step is None else str(step), cause,
                {"job_id": job_id, "name": info.name or rec.name, "kind": rec.kind,
-                **info_json(info), "last_checkpoint_step": step, "folder": rec.folder,
+                **info_json(info), "requeues": requeues, "requeue_limit": limit,
+                "last_checkpoint_step": step, "folder": rec.folder,
                 "cause": record.get("cause"), "exit_record": record})
+
+
+def _requeues(info: JobInfo, ledger: Ledger | None) -> tuple[dict[str, int], str | None]:
+    """Requeues by cause, and the limit that ended the job. The batch script's ledger
+    knows the causes (sacct says REQUEUED for every requeue the script made); sacct's
+    count wins while the ledger lags (Slurm's own requeues are entered by the next run)."""
+    if ledger is None:
+        return info.requeues, None
+    if ledger.total >= info.requeue_total:
+        return ledger.requeues, ledger.limit
+    return info.requeues, ledger.limit
 
 
 def _info(job_id: str, rec: JobRecord, snap: Snapshot) -> JobInfo:

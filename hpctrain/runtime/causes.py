@@ -18,6 +18,7 @@ docs/fault-recovery.md.
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 EXIT_COMPLETED = 0
@@ -64,6 +65,18 @@ def cause_of_signal(signum: int, *, now: float | None = None, end_time: float | 
         near_end = remaining <= 2 * lead_s + 60  # type: ignore[operator]
         return CAUSES["time_limit" if near_end else "preemption"]
     return CAUSES["time_limit" if signum == signal.SIGUSR2 else "preemption"]
+
+
+def cause_of_stop(signum: int, notice: Mapping[str, str], restart_count: int, *,
+                  now: float | None = None, end_time: float | None = None,
+                  lead_s: float | None = None) -> ExitCause:
+    """Why a stop signal came: the batch script's stop notice for this run when it left
+    one (it asked Slurm whether the job is being preempted before passing the signal on),
+    else :func:`cause_of_signal` (a signal Slurm sent the step directly)."""
+    if (notice.get("restart_count") == str(restart_count)
+            and notice.get("cause") in ("preemption", "time_limit")):
+        return CAUSES[notice["cause"]]
+    return cause_of_signal(signum, now=now, end_time=end_time, lead_s=lead_s)
 
 
 def cause_of_exit_code(exit_code: int) -> ExitCause:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_signal
+from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
 from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
@@ -73,9 +73,10 @@ class Context:
 
         local = 0
         if self.flag:
-            local = cause_of_signal(self.flag.signum, now=self.flag.received_at,
-                                    end_time=self.env.job_end_time,
-                                    lead_s=self.env.signal_lead_s).code
+            local = cause_of_stop(self.flag.signum, read_record(self.env.stop_file),
+                                  self.env.restart_count, now=self.flag.received_at,
+                                  end_time=self.env.job_end_time,
+                                  lead_s=self.env.signal_lead_s).code
         agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         code = int(agreed.item())

@@ -37,6 +37,7 @@ class Environment:
     master_addr: str
     master_port: int
     exit_file: str | None  # HPCTRAIN_EXIT_FILE: where exit_for_requeue leaves its record
+    stop_file: str | None  # HPCTRAIN_STOP_FILE: the batch script's word on a stop signal
     last_exit_cause: str | None  # HPCTRAIN_LAST_EXIT_CAUSE, set by the batch script
     job_end_time: float | None  # SLURM_JOB_END_TIME (epoch s), to tell preemption by USR2
     signal_lead_s: float | None  # HPCTRAIN_SIGNAL_LEAD_S, the template's --signal lead
@@ -73,6 +74,7 @@ class Environment:
             master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "")),
             master_port=_int(env, "MASTER_PORT", _default_port(slurm_job)),
             exit_file=env.get("HPCTRAIN_EXIT_FILE") or None,
+            stop_file=env.get("HPCTRAIN_STOP_FILE") or None,
             last_exit_cause=env.get("HPCTRAIN_LAST_EXIT_CAUSE") or None,
             job_end_time=_float(env, "SLURM_JOB_END_TIME"),
             signal_lead_s=_float(env, "HPCTRAIN_SIGNAL_LEAD_S"),

@@ -1,0 +1,100 @@
+"""Losing an emulated devcluster node for real, and getting it back.
+
+Killing a node = its slurmd, then (kill -9) the slurmstepds and job processes it started,
+found through /proc (the emulated nodes share this machine's process table).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from hpctrain.devcluster.cluster import DevCluster
+from hpctrain.slurm import client
+
+LOST_NODE = "n2"
+SETTLE_S = 5  # let slurmctld finish with the lost run before the node returns
+REASON = "hpctrain-test-node-lost"
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def node_job_pids(node: str, job: str) -> tuple[set[int], set[int]]:
+    """(slurmstepds, job processes) the emulated ``node`` runs for ``job``: processes whose
+    environment says SLURMD_NODENAME=node and SLURM_JOB_ID=job, and their slurmstepd
+    ancestors (a stepd's own environment is the slurmd's, so find it through its child)."""
+    want = {f"SLURMD_NODENAME={node}".encode(), f"SLURM_JOB_ID={job}".encode()}
+    procs = {int(p) for p in os.listdir("/proc") if p.isdigit()
+             and want <= set(_environ(int(p)))}
+    stepds = set()
+    for pid in procs:
+        up = _ppid(pid)
+        while up > 1:
+            if _comm(up) == "slurmstepd":
+                stepds.add(up)
+            up = _ppid(up)
+    return stepds, procs - stepds
+
+
+def lose_node(cluster: DevCluster, node: str, job: str) -> int:
+    """Kill the node's slurmd, then -9 its stepds and job processes; returns how many."""
+    stepds, procs = node_job_pids(node, job)
+    assert procs, f"no process of job {job} on {node}"
+    cluster.stop_node(node)
+    for pid in [*stepds, *procs]:  # stepds first: nobody reports the tasks' deaths
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(stepds) + len(procs)
+
+
+def node_state(node: str) -> str:
+    return client.run(["sinfo", "-h", "-n", node, "-o", "%T"], check=False).stdout.strip()
+
+
+def report_down(node: str) -> None:
+    """Tell Slurm the node is gone now (what a site's health check does), instead of
+    waiting for SlurmdTimeout; Slurm then ends the job's run NODE_FAIL at once."""
+    client.run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={REASON}"])
+
+
+def restore_node(cluster: DevCluster, node: str) -> None:
+    """Start the node's slurmd and wait until Slurm has it idle again. ReturnToService=2
+    returns a node that was DOWN for not responding once its slurmd registers; one
+    :func:`report_down` set DOWN needs `state=resume`, as from an administrator."""
+    cluster.start_node(node)
+    deadline = time.monotonic() + 60
+    resumed = False
+    while time.monotonic() < deadline:
+        state = node_state(node)
+        if state in ("idle", "mixed", "allocated"):
+            return
+        ours = REASON in client.run(["sinfo", "-h", "-n", node, "-o", "%E"], check=False).stdout
+        if not resumed and "down" in state and (ours or time.monotonic() > deadline - 40):
+            client.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+            resumed = True
+        time.sleep(1)
+    raise AssertionError(f"node {node} did not come back: sinfo says {node_state(node)!r}")

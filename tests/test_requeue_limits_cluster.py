@@ -1,0 +1,107 @@
+"""Per-cause requeue limits on the real devcluster: the batch script's ledger, Slurm's own
+requeues, and the message that names the limit (docs/fault-recovery.md, "Requeue budget").
+
+Small one-node jobs (a shell loop under srun, no torch): what is tested is the batch
+script and Slurm, which do not care what trains.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs_util import isolate, write_spec
+from node_loss import restore_node, report_down
+from slurm_util import sacct_states, sbatch, squeue_state, wait_done, wait_until
+from hpctrain.devcluster.cluster import DevCluster
+from hpctrain.slurm import client
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+NODE = "n2"
+
+
+def submit(root: Path, requeue: str) -> str:
+    """A 1-node job pinned to n2 that prints `running` and sleeps, with ``requeue`` limits."""
+    spec = write_spec(root / "job.toml", name="limits", partition="debug",
+                      command=["bash", "-c", "echo running restart=${SLURM_RESTART_COUNT:-0}; sleep 300"],
+                      extra=f'output = "{root}/job-%j.out"\n[sbatch]\nnodelist = "{NODE}"')
+    spec.write_text(spec.read_text().replace("[requeue]\n", f"[requeue]\n{requeue}\n"))
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["job_id"]
+
+
+def out(root: Path, job: str) -> str:
+    path = root / f"job-{job}.out"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def status(job: str) -> dict:
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["jobs"][0]
+
+
+def test_a_preemption_past_max_preemptions_ends_the_job_and_says_which_limit(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_preemptions=1: the first preemption requeues, the second ends the job even
+    though PreemptMode=REQUEUE would requeue it (the script clears its Requeue flag)."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    job = submit(root, "max_preemptions = 1")
+    try:
+        for restart in (0, 1):
+            wait_until(lambda: f"running restart={restart}" in out(root, job), 120,
+                       f"run {restart} of job {job}")
+            urgent = sbatch("-p", "urgent", f"--nodelist={NODE}", "--gres=gpu:2",
+                            f"--output={root}/urgent-%j.out", "--wrap", "sleep 1")
+            assert wait_done(urgent, 120) == "COMPLETED"
+        state = wait_done(job, 120)
+    finally:
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    text = out(root, job)
+    assert "preemption requeue 1 of max_preemptions=1" in text
+    assert ("not requeueing job " + job + " after a preemption: max_preemptions=1 reached "
+            "(this is preemption requeue 2)") in text
+    assert "running restart=2" not in text and state != "COMPLETED"
+    assert sacct_states(job)[0] == "REQUEUED" and len(sacct_states(job)) == 2
+    row = status(job)
+    assert row["requeues"] == {"preemption": 1}, row
+    assert row["requeue_limit"] == "max_preemptions=1", row
+
+
+def test_a_node_failure_past_max_node_failures_does_not_run_again(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node under the job is reported DOWN: Slurm ends the run NODE_FAIL and requeues
+    the job on its own. With max_node_failures=0 the next run enters that requeue in the
+    ledger, refuses to start the training, and the job ends FAILED."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    job = submit(root, "max_node_failures = 0")
+    dev = DevCluster()
+    try:
+        wait_until(lambda: "running restart=0" in out(root, job), 120, f"job {job} to run")
+        report_down(NODE)
+        wait_until(lambda: "NODE_FAIL" in sacct_states(job), 60, "Slurm to see NODE_FAIL")
+        restore_node(dev, NODE)
+        state = wait_done(job, 120)
+    finally:
+        restore_node(dev, NODE)
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    text = out(root, job)
+    assert state == "FAILED", text
+    assert sacct_states(job) == ["NODE_FAIL", "FAILED"]
+    assert ("not running job " + job + " again after a node_fail requeue: max_node_failures=0 "
+            "reached (this is node_fail requeue 1)") in text
+    assert "running restart=1" not in text
+    row = status(job)
+    assert row["requeues"] == {"node_fail": 1} and row["requeue_limit"] == "max_node_failures=0"
+    table = subprocess.run([sys.executable, "-m", "hpctrain", "status", job],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "requeue limit max_node_failures=0 reached" in table
