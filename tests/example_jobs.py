@@ -18,7 +18,7 @@ def example_spec(root: Path, *, name: str, total: int, save_every: int, step_sle
                  time: str = "00:20:00", signal_lead_s: int = 60,
                  extra: tuple[str, ...] = (), script: str = "train_gpt.py",
                  layout: dict[str, int] | None = None, env: dict[str, str] | None = None,
-                 requeue: dict[str, int] | None = None) -> str:
+                 requeue: dict[str, int] | None = None, launcher: str = "torchrun") -> str:
     """The job spec (TOML text) for ``total`` steps of an example script, seed 11, on
     2 nodes x 2 fake GPUs; ``layout`` defaults to tp=2 (x dp=2)."""
     cmd = [sys.executable, str(EXAMPLES / script), "--steps", str(total),
@@ -29,7 +29,7 @@ def example_spec(root: Path, *, name: str, total: int, save_every: int, step_sle
         f'name = "{name}"', 'partition = "debug"', "nodes = 2", "gpus_per_node = 2",
         f'time = "{time}"', f'output = "{root}/job-%j.out"', f'workdir = "{root}"',
         "[layout]", *(f"{k} = {v}" for k, v in (layout or {"tp": 2}).items()),
-        "[run]", 'launcher = "torchrun"',
+        "[run]", f'launcher = "{launcher}"',
         "command = " + json.dumps(cmd),
         "env = " + _inline_table({"OMP_NUM_THREADS": "1", **(env or {})}),
         "[requeue]", *(f"{k} = {v}" for k, v in budget.items()),

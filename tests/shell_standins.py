@@ -1,4 +1,5 @@
-"""Recorded-behaviour STAND-INS for srun, scontrol and lfs, to run rendered scripts in bash.
+"""Recorded-behaviour STAND-INS for srun, scontrol, scancel, sacct and lfs, to run rendered
+scripts in bash.
 
 Real Slurm runs in the slurm-marked tests; these exist so a rendered script can be
 *executed* in a plain unit test (is a hostile value ever run? do the traps requeue?)
@@ -49,6 +50,12 @@ printf '%s\n' "$*" >> "$STANDIN_LOG/scancel.calls"
 if [[ $1 == --signal=* && -f $STANDIN_LOG/srun.pid ]]; then
   kill -s "${1#--signal=}" "$(cat "$STANDIN_LOG/srun.pid")"
 fi
+''',
+    "sacct": r'''#!/bin/bash
+# STAND-IN for sacct: records the call; answers `-o State` with $STANDIN_SACCT_STATES
+# (one run per line, oldest first, as `sacct -n -X -D -P` printed them on the devcluster).
+printf '%s\n' "$*" >> "$STANDIN_LOG/sacct.calls"
+printf '%b' "${STANDIN_SACCT_STATES:-}"
 ''',
     "argv-recorder": r'''#!/bin/bash
 # STAND-IN for the training program: records its argv and environment, NUL-separated.

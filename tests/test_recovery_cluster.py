@@ -48,6 +48,7 @@ class Case:
     script: str
     layout: dict[str, int]
     env: dict[str, str] = field(default_factory=dict)
+    launcher: str = "torchrun"   # both launchers, both frameworks
     # wait for Slurm to notice the lost node by itself (SlurmdTimeout, ~25 s) and report
     # that figure; the other layouts report the node DOWN at once, as a health check would
     natural_detection: bool = False
@@ -57,11 +58,17 @@ class Case:
 
 
 CASES = {
-    "dp4": Case("train_gpt.py", {"dp": 4}),
+    "dp4": Case("train_gpt.py", {"dp": 4}, launcher="srun"),
     "tp2xdp2": Case("train_gpt.py", {"tp": 2}, natural_detection=True),
     "pp2xdp2": Case("train_gpt.py", {"pp": 2}),
-    "zero2": Case("train_deepspeed.py", {"dp": 4}, {"DS_ACCELERATOR": "cpu"}),
+    "zero2": Case("train_deepspeed.py", {"dp": 4}, {"DS_ACCELERATOR": "cpu"}, launcher="srun"),
 }
+
+
+def cases() -> list:
+    """CASES as parameters; ZeRO-2 needs deepspeed (conftest: fail in CI if missing)."""
+    return [pytest.param(n, marks=[pytest.mark.deepspeed] if "deepspeed" in c.script else [])
+            for n, c in CASES.items()]
 
 
 def job_out(root: Path, job: str) -> str:
@@ -130,7 +137,7 @@ def lose_a_node(dev: DevCluster, case: Case, job: str, log: Path) -> dict:
 @pytest.mark.slurm
 @pytest.mark.torch
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", cases())
 def test_preemption_time_limit_and_node_loss_resume_bitwise(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     case = CASES[name]
@@ -139,7 +146,7 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
     wait_quiet_cluster()
     job = submit_example(root, example_spec(
         root, name=f"rt-{name}", total=TOTAL, save_every=EVERY, step_sleep=0.25,
-        script=case.script, layout=case.layout, env=case.env,
+        script=case.script, layout=case.layout, env=case.env, launcher=case.launcher,
         extra=("--final-state", str(root / "final"))))
     ref = None
     try:
@@ -216,7 +223,7 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
 @pytest.mark.slurm
 @pytest.mark.torch
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", cases())
 def test_user_crash_fails_without_requeue_and_status_names_it(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     case = CASES[name]
@@ -224,6 +231,7 @@ def test_user_crash_fails_without_requeue_and_status_names_it(
     job = submit_example(root, example_spec(
         root, name=f"rt-crash-{name}", total=30, save_every=5, step_sleep=0.0,
         time="00:10:00", script=case.script, layout=case.layout, env=case.env,
+        launcher=case.launcher,
         extra=("--crash-at-step", "7")))
     state = wait_done(job, 180)
     assert state == "FAILED", job_out(root, job)

@@ -256,20 +256,33 @@ def test_each_cause_has_its_own_limit(tmp_path: Path, cause: str, signum: int,
 
 def test_slurm_requeues_are_entered_in_the_ledger_and_reach_the_runtime(tmp_path: Path) -> None:
     """Restart 3, after a script requeue (restart 1) and two requeues Slurm did on its own.
-    The newest follows a run that left a requeue record (a preemption the script did not
-    get to requeue): it takes the record's cause. The older left none: a node failure.
-    The runtime hears the newest cause."""
+    Each gap takes the previous run's own word (a requeue record, only possible for the
+    newest), else how sacct saw the run end, else it counts as a node failure. The
+    runtime hears the newest cause."""
     data = base(tmp_path)
     ledger = _ledger(tmp_path, "requeue cause=time_limit restart_count=1 by=script")
-    (tmp_path / ".hpctrain-exit-4242").write_text(
-        "cause=preemption\nexit_code=75\nrequeue=1\nstep=9\nrestart_count=2\njob_id=4242\n")
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="3")
+    states = "REQUEUED\nPREEMPTED\nNODE_FAIL\nRUNNING\n"
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="3",
+                     STANDIN_SACCT_STATES=states)
     assert run.returncode == 0, run.stderr
-    assert ledger.read_text().splitlines() == [
-        "requeue cause=time_limit restart_count=1 by=script",
-        "requeue cause=node_fail restart_count=2 by=slurm",
-        "requeue cause=preemption restart_count=3 by=slurm"]
+    assert ledger.read_text().splitlines()[1:] == [
+        "requeue cause=preemption restart_count=2 by=slurm",   # Slurm ended it PREEMPTED
+        "requeue cause=node_fail restart_count=3 by=slurm"]
+    assert "HPCTRAIN_LAST_EXIT_CAUSE=node_fail" in run.nul_list("command.env")
+    assert run.read("sacct.calls") == "-n -X -D -P -j 4242 -o State\n"   # one call
+
+    again = tmp_path / "again"
+    again.mkdir()
+    _ledger(again, "requeue cause=time_limit restart_count=1 by=script")
+    (again / ".hpctrain-exit-4242").write_text(
+        "cause=preemption\nexit_code=75\nrequeue=1\nstep=9\nrestart_count=1\njob_id=4242\n")
+    run = run_script(render_script(JobSpec.from_dict(data)), again, SLURM_RESTART_COUNT="2",
+                     STANDIN_SACCT_STATES="REQUEUED\nCANCELLED\nRUNNING\n")
+    assert _ledger(again).read_text().splitlines()[-1] == \
+        "requeue cause=preemption restart_count=2 by=slurm"   # the record's word
     assert "HPCTRAIN_LAST_EXIT_CAUSE=preemption" in run.nul_list("command.env")
+    run = run_script(render_script(JobSpec.from_dict(data)), again, SLURM_RESTART_COUNT="2")
+    assert run.read("sacct.calls").count("\n") == 1   # nothing missing: no sacct call
 
 
 def test_a_node_failure_past_its_limit_does_not_run_again(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ def test_interruptions_stay_distinct_and_are_never_failures(raw: str) -> None:
 
 def test_every_interruption_has_its_own_cause() -> None:
     causes = {from_slurm(s).cause for s in ("PREEMPTED", "REQUEUED", "TIMEOUT", "NODE_FAIL")}
-    assert causes == {"preempted", "requeued", "timeout", "node_fail"}
+    assert causes == {"preemption", "requeued", "time_limit", "node_fail"}
 
 
 @pytest.mark.parametrize("raw,name,outcome", [
@@ -69,13 +69,13 @@ def test_sacct_records_fold_into_one_info_per_job_with_requeues_by_cause() -> No
     infos = infos_from_sacct(parse_sacct_parsable2(SACCT))
     six = infos["6"]
     assert six.state.name == "RUNNING"
-    assert six.requeues == {"preempted": 1, "requeued": 1}
+    assert six.requeues == {"preemption": 1, "requeued": 1}
     assert six.elapsed_s == 62 and six.nodes == "n[1-2]" and six.num_nodes == 2
     assert six.name == "p|x"  # the last field keeps a separator in a job name
     assert infos["9"].state.failed and infos["9"].exit_code == "1:0"
     # pending again after a preemption: shown as REQUEUED (Slurm says PENDING)
     assert infos["7"].state.name == "REQUEUED" and infos["7"].slurm_state == "PENDING"
-    assert infos["7"].requeues == {"preempted": 1}
+    assert infos["7"].requeues == {"preemption": 1}
     # a pending array's range line becomes one PENDING info per task
     assert [infos[f"20_{i}"].state.name for i in (3, 4, 5)] == ["PENDING"] * 3
     assert infos["20_0"].raw_id == "21" and infos["20_0"].state.name == "COMPLETED"

@@ -32,7 +32,7 @@ def test_formatting() -> None:
     assert format_elapsed(None) == "-" and format_elapsed(3725) == "01:02:05"
     assert format_elapsed(90061) == "1-01:01:01"
     assert format_requeues({}) == "-"
-    assert format_requeues({"timeout": 1, "preempted": 2}) == "preempted:2 timeout:1"
+    assert format_requeues({"time_limit": 1, "preemption": 2}) == "preemption:2 time_limit:1"
 
 
 @pytest.mark.parametrize("state,queued,over", [

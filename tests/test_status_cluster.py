@@ -48,14 +48,14 @@ def test_preempted_job_shows_preemption_and_requeue_not_failure(
     def preempted_and_counted() -> bool:
         row = _status(capsys, job_id)["jobs"][0]
         seen.add(row["state"])
-        return row["requeues"].get("preempted", 0) >= 1
+        return row["requeues"].get("preemption", 0) >= 1
     try:
         wait_until(preempted_and_counted, 90, "the preemption to be counted")
         assert seen & {"PREEMPTED", "REQUEUED"}, seen
         assert "FAILED" not in seen
         assert cli.main(["status", job_id]) == 0
         table = capsys.readouterr().out
-        assert "preempted:1" in table and "victim" in table
+        assert "preemption:1" in table and "victim" in table
     finally:
         assert cli.main(["cancel", job_id, urgent]) == 0
 

@@ -19,7 +19,7 @@ def format_elapsed(seconds: int | None) -> str:
 
 
 def format_requeues(requeues: dict[str, int]) -> str:
-    """``{"preempted": 2, "timeout": 1}`` -> ``preempted:2 timeout:1`` (``-`` when none)."""
+    """``{"preemption": 2, "time_limit": 1}`` -> ``preemption:2 time_limit:1`` (``-`` when none)."""
     return " ".join(f"{k}:{v}" for k, v in sorted(requeues.items())) or "-"
 
 
