@@ -33,10 +33,7 @@ cluster_up() {
 case "${1:-}" in
     install) install ;;
     demo)    install; cluster_up; exec bash examples/demo.sh ;;
-    # two workers (pytest-xdist): the devcluster's tests run in order on one of them while
-    # the CPU-bound local tests use the other; HPCTRAIN_TEST_WORKERS=0 runs everything in one
-    test)    install; cluster_up; shift
-             exec python -m pytest -n "${HPCTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@" ;;
+    test)    install; cluster_up; shift; exec python -m pytest "$@" ;;
     bench)   install; cluster_up; shift; exec bash benchmarks/run_all.sh "$@" ;;
     regen)   install; exec python tools/regen_sbatch.py ;;
     *) echo "usage: ./dev.sh demo|test|bench|regen|install" >&2; exit 2 ;;

@@ -187,7 +187,8 @@ class RequeueSpec:
         return cls(max_requeues=total,
                    signal=check_signal(d.get("signal", "USR2"), "requeue.signal"),
                    # Slurm's --signal lead time is at most 65535 s
-                   signal_lead_s=_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s", 0, 65535),
+                   signal_lead_s=_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s",
+                                      0, 65535),
                    max_preemptions=per_cause("max_preemptions", total),
                    max_time_limits=per_cause("max_time_limits", total),
                    max_node_failures=per_cause("max_node_failures", min(3, total)))

@@ -33,16 +33,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             require(importlib.util.find_spec(module) is not None, f"python package {module!r}")
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every devcluster test in one xdist group: the cluster is one shared machine, and
-    the tests assume nobody else's job is on its nodes (preemption picks their job, node
-    loss kills only theirs). With ``--dist loadgroup`` one worker runs them in order
-    while the other takes the local tests."""
-    for item in items:
-        if item.get_closest_marker("slurm") or "cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("devcluster"))
-
-
 @pytest.fixture(scope="session")
 def cluster():
     """The real local SLURM cluster (``hpctrain devcluster``), brought up once per session.

@@ -32,7 +32,8 @@ def test_parse_counts_each_cause_and_keeps_the_stop_line() -> None:
 def test_read_prefers_the_checkpoint_dir_and_misses_quietly(tmp_path: Path) -> None:
     ckpt, submit = tmp_path / "ckpt", tmp_path / "submit"
     submit.mkdir()
-    (submit / ".hpctrain-requeues-5").write_text("requeue cause=time_limit restart_count=1 by=script\n")
+    (submit / ".hpctrain-requeues-5").write_text(
+        "requeue cause=time_limit restart_count=1 by=script\n")
     assert read_ledger("5", str(ckpt), str(submit)).requeues == {"time_limit": 1}
     ckpt.mkdir()
     (ckpt / ".hpctrain-requeues-5").write_text(LINES)

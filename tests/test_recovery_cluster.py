@@ -60,7 +60,7 @@ class Case:
 CASES = {
     "dp4": Case("train_gpt.py", {"dp": 4}, launcher="srun"),
     "tp2xdp2": Case("train_gpt.py", {"tp": 2}, natural_detection=True),
-    "pp2xdp2": Case("train_gpt.py", {"pp": 2}),
+    "pp2xdp2": Case("train_gpt.py", {"pp": 2}, launcher="srun"),
     "zero2": Case("train_deepspeed.py", {"dp": 4}, {"DS_ACCELERATOR": "cpu"}, launcher="srun"),
 }
 
@@ -69,6 +69,12 @@ def cases() -> list:
     """CASES as parameters; ZeRO-2 needs deepspeed (conftest: fail in CI if missing)."""
     return [pytest.param(n, marks=[pytest.mark.deepspeed] if "deepspeed" in c.script else [])
             for n, c in CASES.items()]
+
+
+def submit_case(root: Path, case: Case, **spec: object) -> str:
+    """Submit the case's example script with `hpctrain submit`; the job id."""
+    return submit_example(root, example_spec(root, script=case.script, layout=case.layout,
+                                             env=case.env, launcher=case.launcher, **spec))
 
 
 def job_out(root: Path, job: str) -> str:
@@ -144,10 +150,8 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
     root = isolate(monkeypatch, tmp_path, shared=True)
     log, ckpt, dev = root / "loss.jsonl", root / "ckpt", DevCluster()
     wait_quiet_cluster()
-    job = submit_example(root, example_spec(
-        root, name=f"rt-{name}", total=TOTAL, save_every=EVERY, step_sleep=0.25,
-        script=case.script, layout=case.layout, env=case.env, launcher=case.launcher,
-        extra=("--final-state", str(root / "final"))))
+    job = submit_case(root, case, name=f"rt-{name}", total=TOTAL, save_every=EVERY,
+                      step_sleep=0.25, extra=("--final-state", str(root / "final")))
     ref = None
     try:
         # 1. preemption
@@ -213,10 +217,11 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
     first_steps = [next(r["time"] for r in records(log) if "loss" in r and r["time"] > t)
                    for t in t_runs[1:]]
     to_first = ", ".join(f"{f - t:.1f}" for f, t in zip(first_steps, t_runs[1:]))
+    how = "SlurmdTimeout" if case.natural_detection else "node reported down"
     print(f"\nfigures[{name}]: steps lost per preemption / time-limit = {lost[0]} / {lost[1]}; "
           f"steps re-run after node loss = {len(rerun)}; seconds from node loss to NODE_FAIL "
-          f"= {loss['to_requeue']:.1f} ({'SlurmdTimeout' if case.natural_detection else 'node reported down'}); "
-          f"seconds from requeued start to first step (preempt, time limit, node loss) = {to_first}")
+          f"= {loss['to_requeue']:.1f} ({how}); seconds from requeued start to first step "
+          f"(preempt, time limit, node loss) = {to_first}")
     assert lost == [0, 0]
 
 
@@ -228,11 +233,8 @@ def test_user_crash_fails_without_requeue_and_status_names_it(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     case = CASES[name]
     root = isolate(monkeypatch, tmp_path, shared=True)
-    job = submit_example(root, example_spec(
-        root, name=f"rt-crash-{name}", total=30, save_every=5, step_sleep=0.0,
-        time="00:10:00", script=case.script, layout=case.layout, env=case.env,
-        launcher=case.launcher,
-        extra=("--crash-at-step", "7")))
+    job = submit_case(root, case, name=f"rt-crash-{name}", total=30, save_every=5,
+                      step_sleep=0.0, time="00:10:00", extra=("--crash-at-step", "7"))
     state = wait_done(job, 180)
     assert state == "FAILED", job_out(root, job)
     assert sacct_states(job) == ["FAILED"]  # no REQUEUED: a crash is not retried

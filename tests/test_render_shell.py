@@ -174,6 +174,20 @@ def _wait_for(path: Path, timeout: float = 10) -> None:
     assert path.exists(), f"{path} never appeared"
 
 
+def signal_script(script: str, root: Path, sig: int, **env: str) -> tuple[int, str, Path]:
+    """Start a rendered script (training step: the srun stand-in sleeping), send the batch
+    shell ``sig`` once it waits for the step; (exit status, stderr, stand-in log dir)."""
+    proc, log = start_script(script, root, STANDIN_SRUN_MODE="sleep", **env)
+    try:
+        _wait_for(log / "srun.argv")
+        time.sleep(0.2)   # let bash reach `wait`
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        kill_group(proc)
+    return proc.returncode, err, log
+
+
 def _ledger(root: Path, *lines: str) -> Path:
     """The requeue ledger a rendered script keeps for job 4242 (no checkpoint dir: cwd)."""
     path = root / ".hpctrain-requeues-4242"
@@ -199,16 +213,9 @@ def test_requeue_signal_is_forwarded_waited_for_and_requeues(tmp_path: Path, lau
     data["requeue"] = {"max_requeues": 10, "signal": "USR2", "signal_lead_s": 30,
                        "max_time_limits": 20}
     ledger = _ledger(tmp_path, *_requeues("time_limit", int(restarts)))
-    proc, log = start_script(render_script(JobSpec.from_dict(data)), tmp_path,
-                             STANDIN_SRUN_MODE="sleep", SLURM_RESTART_COUNT=restarts)
-    try:
-        _wait_for(log / "srun.argv")
-        time.sleep(0.2)   # let bash reach `wait`
-        proc.send_signal(signal.SIGUSR2)
-        out, err = proc.communicate(timeout=15)
-    finally:
-        kill_group(proc)
-    assert proc.returncode == 128 + step_signal, err
+    status, err, log = signal_script(render_script(JobSpec.from_dict(data)), tmp_path,
+                                     signal.SIGUSR2, SLURM_RESTART_COUNT=restarts)
+    assert status == 128 + step_signal, err
     calls = (log / "scontrol.calls").read_text()
     assert ("requeue 4242" in calls) == requeued, err
     last = ledger.read_text().splitlines()[-1]
@@ -237,21 +244,15 @@ def test_each_cause_has_its_own_limit(tmp_path: Path, cause: str, signum: int,
     ledger = _ledger(tmp_path, f"requeue cause={cause} restart_count=1 by=script",
                      f"requeue cause={other} restart_count=2 by=script",
                      f"requeue cause={cause} restart_count=3 by=slurm")
-    proc, log = start_script(render_script(JobSpec.from_dict(data)), tmp_path,
-                             STANDIN_SRUN_MODE="sleep", SLURM_RESTART_COUNT="3",
-                             STANDIN_PREEMPT_TIME="2026-11-21T05:15:55"
-                             if cause == "preemption" else "None")
-    try:
-        _wait_for(log / "srun.argv")
-        time.sleep(0.2)
-        proc.send_signal(signum)
-        _, err = proc.communicate(timeout=15)
-    finally:
-        kill_group(proc)
-    assert f"not requeueing job 4242 after a {cause}: {key}=2 reached (this is {cause} requeue 3)" in err
+    _, err, log = signal_script(render_script(JobSpec.from_dict(data)), tmp_path, signum,
+                                SLURM_RESTART_COUNT="3", STANDIN_PREEMPT_TIME=(
+                                    "2026-11-21T05:15:55" if cause == "preemption" else "None"))
+    assert (f"not requeueing job 4242 after a {cause}: {key}=2 reached "
+            f"(this is {cause} requeue 3)") in err
     calls = (log / "scontrol.calls").read_text()
     assert "requeue 4242" not in calls and "update jobid=4242 requeue=0" in calls
-    assert ledger.read_text().splitlines()[-1] == f"stop cause={cause} restart_count=3 limit={key}=2"
+    last = ledger.read_text().splitlines()[-1]
+    assert last == f"stop cause={cause} restart_count=3 limit={key}=2"
 
 
 def test_slurm_requeues_are_entered_in_the_ledger_and_reach_the_runtime(tmp_path: Path) -> None:
@@ -310,16 +311,8 @@ def test_the_stop_notice_and_the_requeue_follow_slurms_preempt_time(
         tmp_path: Path, sig: int, preempt_time: str, requeued: bool, notice: str | None) -> None:
     """The batch shell asks Slurm whether the job is being preempted (PreemptTime), tells
     the training step why in the stop notice, then requeues or not."""
-    proc, log = start_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path,
-                             STANDIN_SRUN_MODE="sleep", STANDIN_PREEMPT_TIME=preempt_time,
-                             SLURM_RESTART_COUNT="2")
-    try:
-        _wait_for(log / "srun.argv")
-        time.sleep(0.2)
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=15)
-    finally:
-        kill_group(proc)
+    _, err, log = signal_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path, sig,
+                                STANDIN_PREEMPT_TIME=preempt_time, SLURM_RESTART_COUNT="2")
     calls = (log / "scontrol.calls").read_text()
     name = signal.Signals(sig).name.removeprefix("SIG")
     assert f"caught SIG{name} ({notice or 'no preemption'})" in err and "show job 4242" in calls

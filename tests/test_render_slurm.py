@@ -185,7 +185,8 @@ def test_time_limit_signal_requeues_until_the_budget_is_spent(cluster) -> None:
     finally:
         client.run(["scancel", job_id], check=False)
     text = (work / f"tl-{job_id}.out").read_text()
-    assert text.count("caught SIGUSR2 (time_limit); sending SIGUSR2 to the training step") == 2, text
+    forwarded = "caught SIGUSR2 (time_limit); sending SIGUSR2 to the training step"
+    assert text.count(forwarded) == 2, text
     assert "requeueing job" in text and "(time_limit; restart 1 of max_requeues=1," in text
     assert "not requeueing job" in text and "max_requeues=1 reached (this is restart 2)" in text
     assert text.count("training step exited with status 140") == 2   # 128 + SIGUSR2

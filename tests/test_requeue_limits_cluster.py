@@ -26,8 +26,9 @@ NODE = "n2"
 
 def submit(root: Path, requeue: str) -> str:
     """A 1-node job pinned to n2 that prints `running` and sleeps, with ``requeue`` limits."""
+    loop = "echo running restart=${SLURM_RESTART_COUNT:-0}; sleep 300"
     spec = write_spec(root / "job.toml", name="limits", partition="debug",
-                      command=["bash", "-c", "echo running restart=${SLURM_RESTART_COUNT:-0}; sleep 300"],
+                      command=["bash", "-c", loop],
                       extra=f'output = "{root}/job-%j.out"\n[sbatch]\nnodelist = "{NODE}"')
     spec.write_text(spec.read_text().replace("[requeue]\n", f"[requeue]\n{requeue}\n"))
     res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json"],
