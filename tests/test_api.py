@@ -100,7 +100,7 @@ class Counter(submitit.helpers.Checkpointable):
 
 
 @pytest.mark.slurm
-@pytest.mark.slow   # ~25 s: one requeue, and Slurm holds a requeued job ~10 s
+@pytest.mark.slow   # ~25 s: one requeue, and Slurm holds a requeued job ~6 s
 def test_checkpointable_callable_is_checkpointed_requeued_and_resumes(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)

@@ -40,7 +40,7 @@ def test_partitions_debug_default_low_urgent_preempts_with_requeue() -> None:
 def test_fast_failure_detection_and_fast_requeue() -> None:
     text = "\n".join(conf_lines(Shape()))
     assert "SlurmdTimeout=10" in text
-    assert "cred_expire=10" in text  # requeued jobs held 10 s, not Slurm's 120 s
+    assert "cred_expire=5" in text  # requeued jobs held 6 s, not Slurm's 121 s
     assert "PreemptType=preempt/partition_prio" in text
     assert "AccountingStorageType=accounting_storage/slurmdbd" in text
 

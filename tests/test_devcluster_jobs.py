@@ -56,7 +56,7 @@ def test_debug_job_is_preempted_by_urgent_and_requeued(cluster, outdir: Path) ->
     assert wait_done(urgent) == "COMPLETED"
     seconds = wait_until(lambda: "restart=1" in log.read_text(), 60,
                          "the requeued job to start again with SLURM_RESTART_COUNT=1")
-    # Requeued jobs are released after cred_expire (10 s), not Slurm's default 2 minutes.
+    # Requeued jobs are released after cred_expire + 1 (6 s), not Slurm's default 2 minutes.
     assert seconds < 40, f"requeued job took {seconds:.0f}s to restart"
     assert "DUE TO PREEMPTION" in log.read_text()
     from hpctrain.slurm import client

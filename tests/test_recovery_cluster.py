@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -121,10 +122,13 @@ def wait_quiet_cluster() -> None:
                "an empty queue (other tests' jobs to finish)", interval_s=2)
 
 
-def lose_a_node(dev: DevCluster, case: Case, job: str, log: Path) -> dict:
-    """Kill n2 under the job; once Slurm has requeued it, bring n2 back."""
+def lose_a_node(dev: DevCluster, case: Case, job: str, log: Path,
+                meanwhile: Callable[[], object]) -> dict:
+    """Kill n2 under the job; once Slurm has requeued it, bring n2 back. ``meanwhile``
+    starts the reference run: the CPU is idle while Slurm deals with the lost node."""
     killed = lose_node(dev, LOST_NODE, job)
     t_lost = time.time()
+    meanwhile()
     if not case.natural_detection:
         report_down(LOST_NODE)
     wait_until(lambda: "NODE_FAIL" in sacct_states(job), 90, "Slurm to see NODE_FAIL")
@@ -152,14 +156,13 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
     wait_quiet_cluster()
     job = submit_case(root, case, name=f"rt-{name}", total=TOTAL, save_every=EVERY,
                       step_sleep=0.25, extra=("--final-state", str(root / "final")))
-    ref = None
+    refs: list[subprocess.Popen] = []   # the uninterrupted reference run
     try:
         # 1. preemption
         wait_until(lambda: len(steps(log)) >= 5, 240, "5 training steps on the cluster")
         urgent = sbatch("-p", "urgent", "--nodes=2", "--gres=gpu:2",
                         f"--output={root}/urgent-%j.out", "--wrap", "sleep 2")
         assert wait_done(urgent, 180) == "COMPLETED"
-        ref = reference_run(case, tmp_path)  # the CPU is idle while the job waits
         # 2. the time-limit warning, a few steps into the second run
         wait_until(lambda: runs_started(log, 2) and
                    len(steps(log)) >= events(log, "start")[1]["step"] + 4, 180,
@@ -173,13 +176,14 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
                    and max(steps(log)) >= periodic + 1, 120,
                    f"the periodic checkpoint at step {periodic} and 2 more steps")
         saved = last_checkpoint_step(str(ckpt))
-        loss = lose_a_node(dev, case, job, log)
+        loss = lose_a_node(dev, case, job, log,
+                           lambda: refs.append(reference_run(case, tmp_path)))
         state = wait_done(job, 240)
     finally:
         restore_node(dev, LOST_NODE)
         if squeue_state(job):
             client.run(["scancel", job], check=False)
-        if ref is not None:
+        for ref in refs:
             try:
                 ref.wait(timeout=300)
             except subprocess.TimeoutExpired:
@@ -204,7 +208,7 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
             losses.setdefault(r["step"], set()).add(r["loss"])
     assert all(len(v) == 1 for v in losses.values()), "a re-run step got another loss"
 
-    assert ref.returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
+    assert refs[0].returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
     assert bitwise_equal(final_state(tmp_path / "ref", 4), final_state(root / "final", 4))
 
     row = status_of(job)

@@ -154,7 +154,7 @@ def test_preempted_job_requeues_itself_and_scancel_ends_it(cluster) -> None:
         high = job("high", "urgent", 1, 1)
         wait_until(lambda: _log_has(log, "requeueing job"), 60, "the preempted job to requeue")
         assert wait_done(high, timeout_s=60) == "COMPLETED"
-        # the devcluster releases requeued jobs after ~10 s
+        # the devcluster releases requeued jobs after ~6 s
         wait_until(lambda: _log_has(log, ", restart 1\n"), 90, "the requeued job to restart")
         client.run(["scancel", low])
         wait_until(lambda: squeue_state(low) == "", 60, "the cancelled job to leave the queue")

@@ -114,8 +114,9 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 # Our own munged on our own socket; cred_expire is also how long a requeued job is
-# held before it may start again (Slurm's default 120 s would make requeue tests slow).
-AuthInfo=socket={paths.munge_socket},cred_expire=10
+# held before it may start again (Slurm's default 120 s would make requeue tests slow;
+# 5 is Slurm's minimum: a step launch must reach its slurmd within it).
+AuthInfo=socket={paths.munge_socket},cred_expire=5
 StateSaveLocation={paths.ctld_state}
 SlurmdSpoolDir={paths.spool}/%n
 SlurmctldPidFile={paths.pid_file('slurmctld')}
