@@ -220,7 +220,7 @@ def submit_function(fn: Callable[..., Any], *args: Any, partition: str = "debug"
     logs = log_paths(script, os.getcwd())
     rec = JobRecord(job_id=sjob.job_id, name=job_name, kind="function", folder=str(jfolder),
                     log=logs.log, rank_log=f"{jfolder}/%j_%t_log.out", partition=partition,
-                    num_tasks=plan.ntasks)
+                    num_tasks=plan.ntasks, extra={"submit_dir": os.getcwd()})
     records.append([rec])
     return Job(rec, submitit_job=sjob)
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hpctrain import records, watcher
 from hpctrain.errors import HpctrainError, SlurmError
+from hpctrain.ledger import read_ledger, requeues_by_cause
 from hpctrain.records import JobRecord
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sbatch_directives
@@ -76,7 +77,10 @@ class Job:
         info = snap.get(self.job_id)
         if snap.source == "squeue" and self.job_id not in snap.infos:
             info = watcher.ended_without_accounting(self.job_id, self.folder)
-        return info
+        # requeues by cause: the batch script's ledger knows them (plain file reads)
+        ledger = read_ledger(info.raw_id or self.job_id, self.record.checkpoint_dir,
+                             self.record.extra.get("submit_dir", ""))
+        return replace(info, requeues=requeues_by_cause(info.requeues, ledger))
 
     @property
     def state(self) -> State:

@@ -61,6 +61,15 @@ def parse_ledger(text: str) -> Ledger:
     return Ledger(requeues, stop)
 
 
+def requeues_by_cause(from_sacct: dict[str, int], ledger: Ledger | None) -> dict[str, int]:
+    """Requeues by cause: the ledger's, which knows the cause of every requeue the batch
+    script made (sacct says only REQUEUED), unless it lags behind sacct (Slurm's own
+    requeues are entered by the next run): then sacct's."""
+    if ledger is not None and ledger.total >= sum(from_sacct.values()):
+        return ledger.requeues
+    return from_sacct
+
+
 def read_ledger(job_id: str, *dirs: str) -> Ledger | None:
     """The ledger of ``job_id`` from the first of ``dirs`` that has one (the batch script
     writes it to the checkpoint dir, else the submit dir); None when there is none."""

@@ -114,4 +114,5 @@ def test_checkpointable_callable_is_checkpointed_requeued_and_resumes(
     assert result["step"] == 16 and result["restarts"] == "1"
     runs = result["runs"]
     assert runs[0] == 0 and len(runs) == 2 and 3 <= runs[1] < 16   # resumed, not restarted
-    assert job.info().requeues.get("requeued", 0) + job.info().requeues.get("preemption", 0) >= 1
+    # the batch script's ledger names the cause (sacct alone would say REQUEUED)
+    assert job.info().requeues == {"time_limit": 1}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain import cli, records
-from hpctrain.ledger import parse_ledger, read_ledger
+from hpctrain.ledger import parse_ledger, read_ledger, requeues_by_cause
 from hpctrain.records import JobRecord
 from jobs_util import isolate
 
@@ -27,6 +27,14 @@ def test_parse_counts_each_cause_and_keeps_the_stop_line() -> None:
     assert ledger.requeues == {"preemption": 2, "node_fail": 1} and ledger.total == 3
     assert ledger.limit == "max_preemptions=2" and ledger.stop["cause"] == "preemption"
     assert parse_ledger("").requeues == {} and parse_ledger("").limit is None
+
+
+def test_the_ledger_names_the_causes_unless_it_lags_behind_sacct() -> None:
+    ledger = parse_ledger(LINES)   # 3 requeues
+    assert requeues_by_cause({"requeued": 2, "node_fail": 1}, ledger) == ledger.requeues
+    behind = {"requeued": 2, "node_fail": 2}   # a 4th, not entered by a next run yet
+    assert requeues_by_cause(behind, ledger) == behind
+    assert requeues_by_cause(behind, None) == behind
 
 
 def test_read_prefers_the_checkpoint_dir_and_misses_quietly(tmp_path: Path) -> None:

@@ -286,6 +286,25 @@ def test_slurm_requeues_are_entered_in_the_ledger_and_reach_the_runtime(tmp_path
     assert run.read("sacct.calls").count("\n") == 1   # nothing missing: no sacct call
 
 
+@pytest.mark.parametrize("notice, cause", [
+    ("cause=time_limit\nrestart_count=0\n", "time_limit"),   # the script's own stop notice
+    ("", "requeued"),   # somebody's `scontrol requeue`: counts for max_requeues only
+])
+def test_a_requeue_by_somebody_else_takes_the_stop_notice_or_counts_as_requeued(
+        tmp_path: Path, notice: str, cause: str) -> None:
+    """submitit (or a user, or an admin) ran `scontrol requeue`, not this script: sacct
+    says REQUEUED. The stop notice of that run says why, if the shell caught a signal."""
+    if notice:
+        (tmp_path / ".hpctrain-stop-4242").write_text(notice)
+    data = base(tmp_path)
+    data["requeue"] = {"signal_lead_s": 30, "max_node_failures": 0}   # not a node failure
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1",
+                     STANDIN_SACCT_STATES="REQUEUED\nRUNNING\n")
+    assert run.returncode == 0, run.stderr
+    assert _ledger(tmp_path).read_text() == f"requeue cause={cause} restart_count=1 by=slurm\n"
+    assert f"HPCTRAIN_LAST_EXIT_CAUSE={cause}" in run.nul_list("command.env")
+
+
 def test_a_node_failure_past_its_limit_does_not_run_again(tmp_path: Path) -> None:
     """Slurm requeued the job after a node failure (nothing in the ledger, no record): with
     max_node_failures=0 the new run stops before launching anything and says why."""

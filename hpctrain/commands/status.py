@@ -12,7 +12,7 @@ import click
 from hpctrain import records, watcher
 from hpctrain.commands.jobview import (current_record, format_cause, format_elapsed,
                                        format_requeues, info_json)
-from hpctrain.ledger import Ledger, read_ledger
+from hpctrain.ledger import read_ledger, requeues_by_cause
 from hpctrain.records import JobRecord
 from hpctrain.slurm.states import ORDER
 from hpctrain.sweep import index_width, task_checkpoint_dir
@@ -93,7 +93,8 @@ def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
     # the runtime's own word on why the job stopped (a crash, or the last requeue's cause)
     record = current_record(watcher.exit_record(info.raw_id or job_id, *dirs),
                             info.requeue_total if snap.source == "sacct" else None)
-    requeues, limit = _requeues(info, read_ledger(info.raw_id or job_id, *dirs))
+    ledger = read_ledger(info.raw_id or job_id, *dirs)
+    requeues, limit = requeues_by_cause(info.requeues, ledger), ledger and ledger.limit
     cause = f"requeue limit {limit} reached" if limit else format_cause(record)
     return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
                info.nodes or "-", format_requeues(requeues),
@@ -102,17 +103,6 @@ def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
                 **info_json(info), "requeues": requeues, "requeue_limit": limit,
                 "last_checkpoint_step": step, "folder": rec.folder,
                 "cause": record.get("cause"), "exit_record": record})
-
-
-def _requeues(info: JobInfo, ledger: Ledger | None) -> tuple[dict[str, int], str | None]:
-    """Requeues by cause, and the limit that ended the job. The batch script's ledger
-    knows the causes (sacct says REQUEUED for every requeue the script made); sacct's
-    count wins while the ledger lags (Slurm's own requeues are entered by the next run)."""
-    if ledger is None:
-        return info.requeues, None
-    if ledger.total >= info.requeue_total:
-        return ledger.requeues, ledger.limit
-    return info.requeues, ledger.limit
 
 
 def _info(job_id: str, rec: JobRecord, snap: Snapshot) -> JobInfo:
