@@ -89,12 +89,13 @@ def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobRecord, str]
 def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
     info = _info(job_id, rec, snap)
     step = watcher.last_checkpoint_step(rec.checkpoint_dir)
-    dirs = (rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
+    slurm_id, dirs = info.raw_id or job_id, (rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
     # the runtime's own word on why the job stopped (a crash, or the last requeue's cause)
-    record = current_record(watcher.exit_record(info.raw_id or job_id, *dirs),
+    record = current_record(watcher.exit_record(slurm_id, *dirs),
                             info.requeue_total if snap.source == "sacct" else None)
-    ledger = read_ledger(info.raw_id or job_id, *dirs)
-    requeues, limit = requeues_by_cause(info.requeues, ledger), ledger and ledger.limit
+    ledger = read_ledger(slurm_id, *dirs)
+    requeues = requeues_by_cause(info.requeues, ledger)
+    limit = ledger.limit if ledger is not None else None
     cause = f"requeue limit {limit} reached" if limit else format_cause(record)
     return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
                info.nodes or "-", format_requeues(requeues),
