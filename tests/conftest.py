@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,27 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for module in ("torch", "deepspeed"):
         if item.get_closest_marker(module) is not None:
             require(importlib.util.find_spec(module) is not None, f"python package {module!r}")
+
+
+@pytest.fixture(autouse=True)
+def _cluster_left_usable(request: pytest.FixtureRequest):
+    """After each devcluster test, cancel the jobs it left queued and resume any node it
+    left DOWN or DRAIN: a failed test must not make the next one wait for a node forever."""
+    yield
+    if "cluster" not in request.fixturenames:
+        return
+    from hpctrain.slurm import client
+
+    dev = request.getfixturevalue("cluster")
+    left = client.run(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
+    if left:
+        client.run(["scancel", *left], check=False)
+        deadline = time.monotonic() + 60
+        while client.run(["squeue", "-h", "-o", "%A"], check=False).stdout.split():
+            if time.monotonic() > deadline:
+                pytest.fail(f"jobs {left} left by this test are still queued 60 s after scancel")
+            time.sleep(0.5)
+    dev.make_nodes_usable()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 from hpctrain.devcluster.cluster import DevCluster
@@ -82,19 +81,8 @@ def report_down(node: str) -> None:
 
 
 def restore_node(cluster: DevCluster, node: str) -> None:
-    """Start the node's slurmd and wait until Slurm has it idle again. ReturnToService=2
-    returns a node that was DOWN for not responding once its slurmd registers; one
-    :func:`report_down` set DOWN needs `state=resume`, as from an administrator."""
+    """Start the node's slurmd (when stopped) and wait until Slurm places jobs on every node
+    again, resuming a node left DOWN (:func:`report_down`) or DRAIN, as an administrator
+    would."""
     cluster.start_node(node)
-    deadline = time.monotonic() + 60
-    resumed = False
-    while time.monotonic() < deadline:
-        state = node_state(node)
-        if state in ("idle", "mixed", "allocated"):
-            return
-        ours = REASON in client.run(["sinfo", "-h", "-n", node, "-o", "%E"], check=False).stdout
-        if not resumed and "down" in state and (ours or time.monotonic() > deadline - 40):
-            client.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
-            resumed = True
-        time.sleep(1)
-    raise AssertionError(f"node {node} did not come back: sinfo says {node_state(node)!r}")
+    cluster.make_nodes_usable()

@@ -87,3 +87,15 @@ def test_missing_packages_error_says_what_to_install(monkeypatch: pytest.MonkeyP
     assert "slurmdbd" in packages.missing_packages()
     with pytest.raises(DevclusterError, match="apt-get install -y .*slurmdbd"):
         packages.ensure_packages(install=False)
+
+
+@pytest.mark.parametrize("state, usable, held", [
+    ("IDLE", True, False), ("MIXED", True, False), ("ALLOCATED+COMPLETING", True, False),
+    ("IDLE+DRAIN", False, True),            # Slurm's "Duplicate jobid" drain looks like this
+    ("MIXED+DRAIN", False, True), ("DOWN+NOT_RESPONDING", False, True),
+    ("DOWN", False, True), ("IDLE+NOT_RESPONDING", False, False), ("IDLE+FAIL", False, True),
+])
+def test_node_states_slurm_places_jobs_on(state: str, usable: bool, held: bool) -> None:
+    from hpctrain.devcluster.cluster import node_held, node_usable
+
+    assert (node_usable(state), node_held(state)) == (usable, held)

@@ -17,6 +17,7 @@ import pytest
 from hpctrain.devcluster import daemons
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.devcluster.config import Shape
+from hpctrain.slurm import client
 from slurm_util import sbatch, wait_done
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -47,6 +48,17 @@ def test_up_twice_is_a_no_op(cluster: DevCluster) -> None:
     assert result.returncode == 0, result.stderr
     assert "already up" in result.stdout
     assert {d["name"]: d["pid"] for d in cluster.status()["daemons"]} == before
+
+
+def test_up_resumes_a_node_an_earlier_run_left_drained(cluster: DevCluster) -> None:
+    client.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=left by a test"])
+    try:
+        result = hpctrain("devcluster", "up")
+        assert result.returncode == 0, result.stderr
+        assert "resumed node n2 (was IDLE+DRAIN: left by a test)" in result.stdout
+        assert {n["name"]: n["state"] for n in cluster.status()["nodes"]}["n2"] == "IDLE"
+    finally:
+        cluster.make_nodes_usable()
 
 
 def test_status_json_shows_idle_nodes_gres_partitions_and_daemons(cluster: DevCluster) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from jobs_util import isolate, write_spec
-from node_loss import restore_node, report_down
+from node_loss import SETTLE_S, lose_node, report_down, restore_node
 from slurm_util import sacct_states, sbatch, squeue_state, wait_done, wait_until
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
@@ -79,16 +80,24 @@ def test_a_preemption_past_max_preemptions_ends_the_job_and_says_which_limit(
 
 def test_a_node_failure_past_max_node_failures_does_not_run_again(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The node under the job is reported DOWN: Slurm ends the run NODE_FAIL and requeues
-    the job on its own. With max_node_failures=0 the next run enters that requeue in the
-    ledger, refuses to start the training, and the job ends FAILED."""
+    """The node under the job is lost (slurmd, slurmstepds and the job's processes killed)
+    and reported DOWN: Slurm ends the run NODE_FAIL and requeues the job on its own. With
+    max_node_failures=0 the next run enters that requeue in the ledger, refuses to start
+    the training, and the job ends FAILED.
+
+    The node really goes: reported DOWN with its slurmstepd alive, Slurm may start the
+    requeued run there before the old batch step has ended, refuse it ("Duplicate jobid")
+    and drain the node."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     job = submit(root, "max_node_failures = 0")
     dev = DevCluster()
     try:
         wait_until(lambda: "running restart=0" in out(root, job), 120, f"job {job} to run")
+        lose_node(dev, NODE, job)
         report_down(NODE)
         wait_until(lambda: "NODE_FAIL" in sacct_states(job), 60, "Slurm to see NODE_FAIL")
+        wait_until(lambda: squeue_state(job) == "PENDING", 60, f"job {job} back in the queue")
+        time.sleep(SETTLE_S)
         restore_node(dev, NODE)
         state = wait_done(job, 120)
     finally:

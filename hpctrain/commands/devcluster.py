@@ -28,11 +28,14 @@ def devcluster() -> None:
               help="CPUs each node declares (may exceed this machine's).")
 @state_dir_option
 def up(nodes: int, gpus_per_node: int, cpus_per_node: int, state_dir: str | None) -> None:
-    """Install (as root), configure and start the cluster; a no-op when already up."""
+    """Install (as root), configure and start the cluster; when already up, only resume
+    nodes an earlier run left DOWN or DRAIN."""
     dev = DevCluster(state_dir)
-    outcome = dev.up(Shape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node))
-    click.echo(f"devcluster {outcome}: {nodes} nodes x {gpus_per_node} GPUs, "
+    result = dev.up(Shape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node))
+    click.echo(f"devcluster {result.outcome}: {nodes} nodes x {gpus_per_node} GPUs, "
                f"partitions debug (default) and urgent")
+    for note in result.resumed:
+        click.echo(f"  resumed node {note}")
     click.echo(f"  Slurm config:   {dev.paths.slurm_conf}  (export SLURM_CONF={dev.paths.slurm_conf}"
                " if /etc/slurm/slurm.conf is not ours)")
     click.echo(f"  shared storage: {dev.shared_dir}")

@@ -15,6 +15,7 @@ import secrets
 import socket
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +31,30 @@ STATE_DIR_ENV = "HPCTRAIN_DEVCLUSTER_DIR"
 SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 HOSTS_FILE = Path("/etc/hosts")
 READY_TIMEOUT_S = 60.0
+# Node state flags (scontrol's State=BASE+FLAG+...) under which Slurm places no new job.
+_UNUSABLE_FLAGS = ("DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "MAINT", "REBOOT", "INVALID")
+
+
+def node_usable(state: str) -> bool:
+    """Whether Slurm would start a job on a node in ``state``: IDLE+DRAIN is not usable."""
+    base, *flags = state.split("+")
+    return (base in ("IDLE", "MIXED", "ALLOCATED")
+            and not any(flag.startswith(_UNUSABLE_FLAGS) for flag in flags))
+
+
+def node_held(state: str) -> bool:
+    """Whether a node in ``state`` stays out until somebody resumes it (DOWN, DRAIN, FAIL)."""
+    base, *flags = state.split("+")
+    return base == "DOWN" or any(flag in ("DRAIN", "FAIL") for flag in flags)
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """What :meth:`DevCluster.up` did: "started", "reshaped" or "already up", and the nodes
+    it had to resume (see :meth:`DevCluster.make_nodes_usable`)."""
+
+    outcome: str
+    resumed: tuple[str, ...] = ()
 
 
 class DevCluster:
@@ -91,8 +116,8 @@ class DevCluster:
                 **self.client_env()}
 
     # ---- up ------------------------------------------------------------------------------
-    def up(self, shape: Shape = Shape()) -> str:
-        """Bring the cluster up in ``shape``; returns "started", "reshaped" or "already up"."""
+    def up(self, shape: Shape = Shape()) -> UpResult:
+        """Bring the cluster up in ``shape`` with every node usable (see :class:`UpResult`)."""
         if os.geteuid() != 0:
             raise DevclusterError("`hpctrain devcluster up` must run as root: it installs Debian "
                                   "packages and starts munged, MariaDB, slurmdbd, slurmctld and "
@@ -103,7 +128,7 @@ class DevCluster:
             wanted = self._daemons(shape)
             fresh = previous == shape and not self._configs_changed(shape)
             if fresh and all(daemons.running_pid(d) for d in wanted):
-                return "already up"
+                return UpResult("already up", self.make_nodes_usable(shape))
             self._prepare_dirs(shape)
             # A new shape (or settings from a newer hpctrain) needs slurmctld and the
             # slurmds restarted; munge, MariaDB and slurmdbd keep running.
@@ -121,10 +146,10 @@ class DevCluster:
             daemons.start(ctld, env)
             for d in slurmds:
                 daemons.start(d, env)
-            self._wait_nodes_ready(shape)
+            resumed = self.make_nodes_usable(shape)
             self.paths.shape_file.write_text(shape.to_json())
             self._link_system_conf()
-            return "reshaped" if reshaped else "started"
+            return UpResult("reshaped" if reshaped else "started", resumed)
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
@@ -221,19 +246,29 @@ class DevCluster:
             client.run(["sacctmgr", "-i", "add", "user", user, f"account={config.ACCOUNT}",
                         f"cluster={config.CLUSTER_NAME}"], env=env)
 
-    def _wait_nodes_ready(self, shape: Shape) -> None:
+    def make_nodes_usable(self, shape: Shape | None = None) -> tuple[str, ...]:
+        """Wait until Slurm would place jobs on every node. A node an earlier run left DOWN
+        or DRAIN (a node-loss test, Slurm's "Duplicate jobid" drain) is resumed, once:
+        on this cluster nobody else has a reason to keep a node out. Returns one note per
+        node resumed, e.g. "n2 (was IDLE+DRAIN: Duplicate jobid)"."""
+        shape = shape or self.shape()
+        if shape is None:
+            raise DevclusterError("the devcluster was never brought up: "
+                                  "run `hpctrain devcluster up`")
         deadline = time.monotonic() + READY_TIMEOUT_S
+        resumed: dict[str, str] = {}
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
-            states = {n["NodeName"]: n.get("State", "") for n in self.nodes()}
-            ready = [n for n in shape.node_names
-                     if states.get(n, "").split("+")[0] in ("IDLE", "MIXED", "ALLOCATED")]
-            if len(ready) == shape.nodes:
-                return
-            for name, state in states.items():  # a node left DOWN by an earlier run
-                if name in shape.node_names and state.startswith(("DOWN", "DRAIN")):
+            records = {n.get("NodeName", ""): n for n in self.nodes()}
+            states = {name: records.get(name, {}).get("State", "") for name in shape.node_names}
+            if all(node_usable(state) for state in states.values()):
+                return tuple(resumed.values())
+            for name, state in states.items():
+                if name not in resumed and node_held(state):
                     client.run(["scontrol", "update", f"nodename={name}", "state=resume"],
                                env=self.client_env(), check=False)
+                    reason = records[name].get("Reason", "").split(" [")[0]
+                    resumed[name] = f"{name} (was {state}{': ' + reason if reason else ''})"
             time.sleep(0.5)
         raise DevclusterError(f"nodes not ready within {READY_TIMEOUT_S:g}s: {states}; see "
                               f"{self.paths.log}/slurmd-*.log and slurmctld.log")
