@@ -1,5 +1,5 @@
-"""examples/train_gpt.py under torchrun (no scheduler): TP and 3D runs that are stopped
-by a signal to ONE rank, save on it, exit for requeue, and resume to the very same final
+"""examples/train_gpt.py under torchrun (no scheduler): a 3D run whose ranks are stopped
+by a signal to ONE of them, save, exit for requeue, and resume to the very same final
 parameters as an uninterrupted run, with every step in the log exactly once. (DP, TP, PP
 and ZeRO-2 survive Slurm's preemption, time limit and node loss in
 tests/test_recovery_cluster.py.)
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT
+from hpctrain.runtime import EXIT_REQUEUE_TIME_LIMIT
 from hpctrain.runtime.exitrecord import read_record
 from torchrun_util import (
     EXAMPLES,
@@ -91,25 +91,11 @@ def check_resume(r: dict, nproc: int, total: int, cause: str, code: int) -> None
 
 @pytest.mark.torch
 @pytest.mark.slow
-# One rank gets the signal and every rank stops at the same step (the agreement). Each
-# layout's resume after Slurm's own signals is in tests/test_recovery_cluster.py.
-@pytest.mark.parametrize(("name", "tp", "pp", "nproc", "sig"), [
-    ("tp2", 2, 1, 2, signal.SIGTERM),
-])
-def test_signal_to_one_rank_stops_all_and_resume_is_bitwise(
-        tmp_path: Path, name: str, tp: int, pp: int, nproc: int, sig: int) -> None:
-    total = 30
-    r = interrupted_then_resumed(tmp_path, tp, pp, nproc, total, signal_at=8, sig=sig,
-                                 rank=nproc - 1)
-    if sig == signal.SIGTERM:
-        check_resume(r, nproc, total, "preemption", EXIT_REQUEUE_PREEMPTION)
-    else:
-        check_resume(r, nproc, total, "time_limit", EXIT_REQUEUE_TIME_LIMIT)
-
-
-@pytest.mark.torch
-@pytest.mark.slow
 def test_3d_tp2_dp2_pp2_resume_is_bitwise(tmp_path: Path) -> None:
+    """One rank of eight gets the time-limit signal; every rank stops at the same step (the
+    agreement), and the requeued run ends bitwise where an uninterrupted one does. (TERM
+    to one rank is tests/test_runtime_signals.py; each layout's resume after Slurm's own
+    signals is tests/test_recovery_cluster.py.)"""
     total = 16
     r = interrupted_then_resumed(tmp_path, 2, 2, 8, total, signal_at=5, sig=signal.SIGUSR2,
                                  rank=5)

@@ -78,6 +78,32 @@ def test_a_preemption_past_max_preemptions_ends_the_job_and_says_which_limit(
     assert row["requeue_limit"] == "max_preemptions=1", row
 
 
+def test_a_time_limit_warning_past_max_time_limits_ends_the_job(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_time_limits=1: the first time-limit warning (the requeue signal, as Slurm sends
+    it --signal=B:USR2@... before the limit) requeues, the second ends the job."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    job = submit(root, "max_time_limits = 1")
+    try:
+        for restart in (0, 1):
+            wait_until(lambda: f"running restart={restart}" in out(root, job), 120,
+                       f"run {restart} of job {job}")
+            client.run(["scancel", "--signal=USR2", "--batch", job])
+        state = wait_done(job, 120)
+    finally:
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    text = out(root, job)
+    assert "time_limit requeue 1 of max_time_limits=1" in text
+    assert ("not requeueing job " + job + " after a time_limit: max_time_limits=1 reached "
+            "(this is time_limit requeue 2)") in text
+    assert "running restart=2" not in text and state == "FAILED"
+    assert sacct_states(job) == ["REQUEUED", "FAILED"]
+    row = status(job)
+    assert row["requeues"] == {"time_limit": 1}, row
+    assert row["requeue_limit"] == "max_time_limits=1", row
+
+
 def test_a_node_failure_past_max_node_failures_does_not_run_again(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The node under the job is lost (slurmd, slurmstepds and the job's processes killed)
