@@ -1,6 +1,8 @@
 """A minimal in-job loop for the runtime tests (run under torchrun or plain python).
 
 Prints one JSON line per rank at start (where am I) and at stop (which step, why).
+Arguments: steps, seconds per step, and optionally a checkpoint dir: then the stop saves
+asynchronously (~40 MB, still in flight) just before exit_for_requeue.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hpctrain.runtime
 
 def main() -> None:
     steps, sleep = int(sys.argv[1]), float(sys.argv[2])
+    ckpt = sys.argv[3] if len(sys.argv) > 3 else None
     ctx = hpctrain.runtime.init()
     coord = ctx.mesh.get_coordinate()
     print(json.dumps({"event": "start", "rank": ctx.rank, "world": ctx.world_size,
@@ -27,6 +30,12 @@ def main() -> None:
         if ctx.stop_requested():
             print(json.dumps({"event": "stop", "rank": ctx.rank, "step": step,
                               "cause": ctx.stop_cause}), flush=True)
+            if ckpt:
+                import torch
+
+                from hpctrain.checkpoint import CheckpointManager
+                CheckpointManager(ckpt, async_save=True).save(
+                    step, {"w": torch.full((10_000_000,), float(step))})
             ctx.exit_for_requeue(step)
     ctx.close()
 

@@ -63,17 +63,28 @@ def lines(out: Path, event: str) -> list[dict]:
 
 @pytest.mark.torch
 def test_single_process_exits_with_the_requeue_code(tmp_path: Path) -> None:
-    """Launched by srun without torchrun the exit code itself carries the protocol."""
+    """Launched by srun without torchrun the exit code itself carries the protocol: it is
+    the cause's code, and an async save still in flight is durable before the exit."""
+    import torch
+
+    from hpctrain.checkpoint import CheckpointManager
+
     env = env_for(SLURM_JOB_ID="77", SLURM_PROCID="0", SLURM_NTASKS="1",
                   SLURM_JOB_NODELIST="localhost", HPCTRAIN_EXIT_FILE=str(tmp_path / "exit"))
-    proc = subprocess.Popen([sys.executable, str(JOB), "600", "0.05"], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    (tmp_path / "ckpt").mkdir()
+    proc = subprocess.Popen([sys.executable, str(JOB), "600", "0.05", str(tmp_path / "ckpt")],
+                            env=env, stdout=subprocess.PIPE, text=True)
     assert '"event": "start"' in proc.stdout.readline()
     proc.send_signal(signal.SIGUSR2)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_REQUEUE_TIME_LIMIT
-    assert json.loads(out.splitlines()[-1])["cause"] == "time_limit"
+    stop = json.loads(out.splitlines()[-1])
+    assert stop["cause"] == "time_limit"
     assert read_record(tmp_path / "exit")["job_id"] == "77"
+    state = {"w": torch.zeros(10_000_000)}
+    with CheckpointManager(tmp_path / "ckpt") as mgr:
+        assert mgr.load_latest(state) == stop["step"]
+    assert torch.equal(state["w"], torch.full_like(state["w"], float(stop["step"])))
 
 
 @pytest.mark.torch

@@ -6,8 +6,10 @@ torch-free (a batch script may ask it for exit codes), only ``init()`` pays.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -87,7 +89,8 @@ class Context:
     def exit_for_requeue(self, step: int | None = None, cause: str | None = None) -> NoReturn:
         """Leave so the batch script requeues the job: call on every rank AFTER the
         emergency checkpoint. Waits for all ranks (a launcher kills the others as soon as
-        one rank exits), rank 0 writes the exit record, then exits with the cause's code."""
+        one rank exits), rank 0 writes the exit record, then exits with the cause's code
+        (see :func:`_exit_with`: always that code, never an abort at interpreter exit)."""
         import torch.distributed as dist
 
         name = cause or self.stop_cause
@@ -102,9 +105,7 @@ class Context:
                 "step": "" if step is None else step, "restart_count": self.env.restart_count,
                 "job_id": self.env.job_id or ""})
         self.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        sys.exit(row.exit_code)
+        _exit_with(row.exit_code)
 
     def record_crash(self, exc_type: type[BaseException], exc: BaseException) -> bool:
         """Leave a ``cause=user_crash`` exit record for an uncaught exception (any rank,
@@ -127,6 +128,22 @@ class Context:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _exit_with(code: int) -> NoReturn:
+    """Exit with ``code`` for certain. Do what a normal exit does for Python (join
+    non-daemon threads, run atexit handlers such as the checkpoint manager's flush of an
+    async save, flush stdio), then leave without C++ static destructors: there, a torch
+    gloo/TCPStore thread can still abort the process ("terminate called without an active
+    exception", seen once in CI as SIGABRT), and the batch script would read 134, not 76."""
+    me = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not me and thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
