@@ -34,23 +34,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             require(importlib.util.find_spec(module) is not None, f"python package {module!r}")
 
 
+def _queued() -> set[str]:
+    from hpctrain.slurm import client
+
+    return set(client.run(["squeue", "-h", "-o", "%A"], check=False).stdout.split())
+
+
 @pytest.fixture(autouse=True)
 def _cluster_left_usable(request: pytest.FixtureRequest):
     """After each devcluster test, cancel the jobs it left queued and resume any node it
-    left DOWN or DRAIN: a failed test must not make the next one wait for a node forever."""
-    yield
+    left DOWN or DRAIN: a failed test must not make the next one wait for a node forever.
+    Jobs queued before the test (somebody's demo) are left alone."""
     if "cluster" not in request.fixturenames:
+        yield
         return
+    dev = request.getfixturevalue("cluster")
+    before = _queued()
+    yield
     from hpctrain.slurm import client
 
-    dev = request.getfixturevalue("cluster")
-    left = client.run(["squeue", "-h", "-o", "%A"], check=False).stdout.split()
+    left = sorted(_queued() - before)
     if left:
         client.run(["scancel", *left], check=False)
         deadline = time.monotonic() + 60
-        while client.run(["squeue", "-h", "-o", "%A"], check=False).stdout.split():
+        while still := _queued() & set(left):
             if time.monotonic() > deadline:
-                pytest.fail(f"jobs {left} left by this test are still queued 60 s after scancel")
+                pytest.fail(f"jobs {sorted(still)} left by this test are still queued 60 s "
+                            "after scancel")
             time.sleep(0.5)
     dev.make_nodes_usable()
 

@@ -80,7 +80,8 @@ def test_reshape_to_three_nodes_and_back(cluster: DevCluster) -> None:
         assert "reshaped" in result.stdout
         nodes = {n["name"]: n for n in cluster.status()["nodes"]}
         assert set(nodes) == {"n1", "n2", "n3"} and nodes["n3"]["gres"] == "gpu:1"
-        job = sbatch("--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1", "--wrap=srun true")
+        job = sbatch("--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1", "--output=/dev/null",
+                     "--wrap=srun true")
         assert wait_done(job) == "COMPLETED"
     finally:
         cluster.up(Shape())
@@ -101,7 +102,8 @@ def test_down_stops_only_its_own_daemons_and_up_works_again(cluster: DevCluster)
         result = hpctrain("devcluster", "up")
         assert result.returncode == 0, result.stderr
         assert "started" in result.stdout
-        job = sbatch("--nodes=2", "--ntasks-per-node=1", "--wrap=srun hostname")
+        job = sbatch("--nodes=2", "--ntasks-per-node=1", "--output=/dev/null",
+                     "--wrap=srun hostname")
         assert wait_done(job) == "COMPLETED"
     finally:
         bystander.kill()

@@ -129,12 +129,14 @@ def _log_has(path: Path, text: str) -> bool:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_preempted_job_requeues_itself_and_scancel_ends_it(cluster) -> None:
+def test_preempted_job_requeues_itself_and_scancel_ends_it(
+        cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """The signals block on the real scheduler: urgent preempts a debug job, whose script
     requeues it (restart 1 follows); a plain scancel then ends it for good."""
     from slurm_util import squeue_state, wait_until
 
     work = Path(tempfile.mkdtemp(prefix="render-preempt-", dir=cluster.shared_dir))
+    monkeypatch.chdir(work)  # the submit dir gets the script's requeue ledger
 
     def job(name: str, partition: str, nodes: int, seconds: int) -> str:
         spec = JobSpec.from_dict({
@@ -168,10 +170,12 @@ def test_preempted_job_requeues_itself_and_scancel_ends_it(cluster) -> None:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_time_limit_signal_requeues_until_the_budget_is_spent(cluster) -> None:
+def test_time_limit_signal_requeues_until_the_budget_is_spent(
+        cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """--signal=B:USR2@45 on a 1-minute job: the script forwards USR2 to the step (srun
     passes it to the tasks), requeues once (max_requeues=1), then says the limit was hit."""
     work = Path(tempfile.mkdtemp(prefix="render-timelimit-", dir=cluster.shared_dir))
+    monkeypatch.chdir(work)  # the submit dir gets the script's requeue ledger
     spec = JobSpec.from_dict({
         "name": "timelimit", "partition": "urgent", "nodes": 1, "time": "1",
         "output": f"{work}/tl-%j.out",
