@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -50,23 +51,28 @@ def status(job: str) -> dict:
     return json.loads(res.stdout)["jobs"][0]
 
 
+def interrupt_two_runs(root: Path, job: str, interrupt: Callable[[], object]) -> str:
+    """Call ``interrupt`` once run 0 of ``job`` runs and again once run 1 does; return the
+    job's final state (conftest cancels the job if this fails half-way)."""
+    for restart in (0, 1):
+        wait_until(lambda: f"running restart={restart}" in out(root, job), 120,
+                   f"run {restart} of job {job}")
+        interrupt()
+    return wait_done(job, 120)
+
+
 def test_a_preemption_past_max_preemptions_ends_the_job_and_says_which_limit(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """max_preemptions=1: the first preemption requeues, the second ends the job even
     though PreemptMode=REQUEUE would requeue it (the script clears its Requeue flag)."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     job = submit(root, "max_preemptions = 1")
-    try:
-        for restart in (0, 1):
-            wait_until(lambda: f"running restart={restart}" in out(root, job), 120,
-                       f"run {restart} of job {job}")
-            urgent = sbatch("-p", "urgent", f"--nodelist={NODE}", "--gres=gpu:2",
-                            f"--output={root}/urgent-%j.out", "--wrap", "sleep 1")
-            assert wait_done(urgent, 120) == "COMPLETED"
-        state = wait_done(job, 120)
-    finally:
-        if squeue_state(job):
-            client.run(["scancel", job], check=False)
+
+    def preempt() -> None:
+        urgent = sbatch("-p", "urgent", f"--nodelist={NODE}", "--gres=gpu:2",
+                        f"--output={root}/urgent-%j.out", "--wrap", "sleep 1")
+        assert wait_done(urgent, 120) == "COMPLETED"
+    state = interrupt_two_runs(root, job, preempt)
     text = out(root, job)
     assert "preemption requeue 1 of max_preemptions=1" in text
     assert ("not requeueing job " + job + " after a preemption: max_preemptions=1 reached "
@@ -84,15 +90,8 @@ def test_a_time_limit_warning_past_max_time_limits_ends_the_job(
     it --signal=B:USR2@... before the limit) requeues, the second ends the job."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     job = submit(root, "max_time_limits = 1")
-    try:
-        for restart in (0, 1):
-            wait_until(lambda: f"running restart={restart}" in out(root, job), 120,
-                       f"run {restart} of job {job}")
-            client.run(["scancel", "--signal=USR2", "--batch", job])
-        state = wait_done(job, 120)
-    finally:
-        if squeue_state(job):
-            client.run(["scancel", job], check=False)
+    state = interrupt_two_runs(
+        root, job, lambda: client.run(["scancel", "--signal=USR2", "--batch", job]))
     text = out(root, job)
     assert "time_limit requeue 1 of max_time_limits=1" in text
     assert ("not requeueing job " + job + " after a time_limit: max_time_limits=1 reached "
