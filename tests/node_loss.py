@@ -1,4 +1,4 @@
-"""Losing an emulated devcluster node for real, and getting it back.
+"""Losing an emulated devcluster node for real (DevCluster.make_nodes_usable gets it back).
 
 Killing a node = its slurmd, then (kill -9) the slurmstepds and job processes it started,
 found through /proc (the emulated nodes share this machine's process table).
@@ -78,11 +78,3 @@ def report_down(node: str) -> None:
     """Tell Slurm the node is gone now (what a site's health check does), instead of
     waiting for SlurmdTimeout; Slurm then ends the job's run NODE_FAIL at once."""
     client.run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={REASON}"])
-
-
-def restore_node(cluster: DevCluster, node: str) -> None:
-    """Start the node's slurmd (when stopped) and wait until Slurm places jobs on every node
-    again, resuming a node left DOWN (:func:`report_down`) or DRAIN, as an administrator
-    would."""
-    cluster.start_node(node)
-    cluster.make_nodes_usable()

@@ -33,7 +33,7 @@ import pytest
 
 from example_jobs import example_spec, submit_example
 from jobs_util import isolate
-from node_loss import LOST_NODE, SETTLE_S, lose_node, node_state, report_down, restore_node
+from node_loss import LOST_NODE, SETTLE_S, lose_node, node_state, report_down
 from slurm_util import sacct_states, sbatch, squeue_state, wait_done, wait_until
 from torchrun_util import EXAMPLES, bitwise_equal, env_for, events, final_state, records, \
     start, steps
@@ -139,7 +139,7 @@ def lose_a_node(dev: DevCluster, case: Case, job: str, log: Path,
     wait_until(lambda: squeue_state(job) == "PENDING", 60, f"job {job} back in the queue")
     wait_until(lambda: "completing" not in node_state("n1"), 30, "n1 done completing")
     time.sleep(SETTLE_S)
-    restore_node(dev, LOST_NODE)
+    dev.make_nodes_usable()  # slurmd started, node resumed
     return {"killed": killed, "t_lost": t_lost, "to_requeue": to_requeue,
             "last_step": max(steps(log))}
 
@@ -180,7 +180,7 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
                            lambda: refs.append(reference_run(case, tmp_path)))
         state = wait_done(job, 240)
     finally:
-        restore_node(dev, LOST_NODE)
+        dev.make_nodes_usable()  # slurmd started, node resumed
         if squeue_state(job):
             client.run(["scancel", job], check=False)
         for ref in refs:

@@ -247,14 +247,16 @@ class DevCluster:
                         f"cluster={config.CLUSTER_NAME}"], env=env)
 
     def make_nodes_usable(self, shape: Shape | None = None) -> tuple[str, ...]:
-        """Wait until Slurm would place jobs on every node. A node an earlier run left DOWN
-        or DRAIN (a node-loss test, Slurm's "Duplicate jobid" drain) is resumed, once:
-        on this cluster nobody else has a reason to keep a node out. Returns one note per
-        node resumed, e.g. "n2 (was IDLE+DRAIN: Duplicate jobid)"."""
+        """Wait until Slurm would place jobs on every node. A stopped slurmd is started; a
+        node an earlier run left DOWN or DRAIN (a node-loss test, Slurm's "Duplicate jobid"
+        drain) is resumed, once: on this cluster nobody else has a reason to keep a node
+        out. Returns one note per node resumed, e.g. "n2 (was IDLE+DRAIN: Duplicate jobid)"."""
         shape = shape or self.shape()
         if shape is None:
             raise DevclusterError("the devcluster was never brought up: "
                                   "run `hpctrain devcluster up`")
+        for slurmd in self._daemons(shape)[4:]:  # after munge, MariaDB, slurmdbd, slurmctld
+            daemons.start(slurmd, self._daemon_env())
         deadline = time.monotonic() + READY_TIMEOUT_S
         resumed: dict[str, str] = {}
         states: dict[str, str] = {}
