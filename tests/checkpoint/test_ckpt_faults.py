@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -78,7 +79,7 @@ def test_kill_at_each_commit_point(tmp_path: Path, point: str) -> None:
     assert _check_recovers(tmp_path, 64) == POINTS[point]
 
 
-def _kill_run(root: Path, rows: int, async_save: bool, when) -> bool:
+def _kill_run(root: Path, rows: int, async_save: bool, when: Callable[[], object]) -> bool:
     """Start a long saving run, SIGKILL it once ``when()`` says so (after its first commit);
     return whether the kill landed inside a save (its temporary directory was left behind)."""
     proc = _saver(root, rows=rows, steps=1000, async_save=async_save)
