@@ -255,8 +255,9 @@ class DevCluster:
         if shape is None:
             raise DevclusterError("the devcluster was never brought up: "
                                   "run `hpctrain devcluster up`")
-        for slurmd in self._daemons(shape)[4:]:  # after munge, MariaDB, slurmdbd, slurmctld
-            daemons.start(slurmd, self._daemon_env())
+        for daemon in self._daemons(shape):
+            if daemon.name.startswith("slurmd-"):  # a node's; the control daemons are up
+                daemons.start(daemon, self._daemon_env())
         deadline = time.monotonic() + READY_TIMEOUT_S
         resumed: dict[str, str] = {}
         states: dict[str, str] = {}
