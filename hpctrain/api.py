@@ -37,15 +37,18 @@ Layout = LayoutSpec
 Templates = Sequence[str | os.PathLike[str]]
 
 
-def prepare(spec: JobSpec, templates: Templates = ()) -> tuple[str, LayoutPlan]:
+def prepare(spec: JobSpec, templates: Templates = (),
+            python: str | None = None) -> tuple[str, LayoutPlan]:
     """Check the spec against its partition and render it: (script, layout plan).
 
-    ``templates`` are layered over $HPCTRAIN_TEMPLATES and the built-in set, as on the CLI.
+    ``templates`` are layered over $HPCTRAIN_TEMPLATES and the built-in set, as on the CLI;
+    ``python`` runs the job's supervisor (default: this interpreter, as submitit does).
     """
     from hpctrain.render import render
     from hpctrain.resources import template_dirs
 
-    rendered = render(spec, template_dirs=template_dirs(templates))
+    rendered = render(spec, template_dirs=template_dirs(templates),
+                      python=python or sys.executable)
     return rendered.script, rendered.plan
 
 
@@ -204,6 +207,8 @@ def submit_function(fn: Callable[..., Any], *args: Any, partition: str = "debug"
     data: dict[str, Any] = {
         "name": job_name, "partition": partition, "nodes": nodes, "time": time,
         "output": f"{jfolder}/%j_log.out", "layout": lay,
+        # submitit's own budget for time-limit requeues, kept by the supervisor too
+        "requeue": {"max_time_limits": max_num_timeout},
         "run": {"launcher": "srun", "command": submitit_command(python, jfolder),
                 "setup": list(setup), "env": {"SUBMITIT_EXECUTOR": "slurm", **(env or {})}},
     }
@@ -212,7 +217,7 @@ def submit_function(fn: Callable[..., Any], *args: Any, partition: str = "debug"
     if account:
         data["account"] = account
     spec = JobSpec.from_dict(data)
-    script, plan = prepare(spec, templates)
+    script, plan = prepare(spec, templates, python)
     executor = RenderedExecutor(jfolder, script, plan.ntasks, time_min=_minutes(spec),
                                 max_num_timeout=max_num_timeout, python=python)
     call_cls = CheckpointableRankCall if hasattr(fn, "checkpoint") else RankCall

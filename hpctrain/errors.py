@@ -71,3 +71,10 @@ class PlanError(HpctrainError):
     """The planner got nonsense input or found no layout that fits."""
 
     exit_code = 2
+
+
+class SupervisorError(HpctrainError):
+    """The job supervisor cannot run: it is not inside a Slurm batch job, or the rendered
+    script handed it a malformed setting."""
+
+    exit_code = 2

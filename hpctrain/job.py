@@ -77,8 +77,8 @@ class Job:
         info = snap.get(self.job_id)
         if snap.source == "squeue" and self.job_id not in snap.infos:
             info = watcher.ended_without_accounting(self.job_id, self.folder)
-        # requeues by cause: the batch script's ledger knows them (plain file reads)
-        ledger = read_ledger(info.raw_id or self.job_id, self.record.checkpoint_dir,
+        # requeues by cause: the supervisor's ledger knows them (plain file reads)
+        ledger = read_ledger(self.job_id, self.record.checkpoint_dir,
                              self.record.extra.get("submit_dir", ""))
         return replace(info, requeues=requeues_by_cause(info.requeues, ledger))
 

@@ -1,32 +1,33 @@
-"""The requeue ledger: what the batch script counts each cause's requeues with.
+"""The requeue ledger: how often a job was requeued, by cause.
 
-The templates' batch script keeps one file per job on shared storage, beside the
-runtime's exit record: ``<checkpoint dir, else submit dir>/.hpctrain-requeues-<job id>``
-(``$HPCTRAIN_REQUEUE_FILE``). One line per requeue, and one when a limit ended the job::
+The job supervisor keeps it in the job's state directory (``ledger``, see
+:mod:`hpctrain.protocol`). One line per requeue, and one when a limit ended the job::
 
-    requeue cause=preemption restart_count=1 by=script
+    requeue cause=preemption restart_count=1 by=supervisor
     requeue cause=node_fail restart_count=2 by=slurm
     stop cause=preemption restart_count=2 limit=max_preemptions=1
 
-``by=script``: the script requeued the job itself (preemption, time limit). ``by=slurm``:
-Slurm did (node failure, or a preemption the script did not get to requeue); the next
-run enters those when it starts. Reading it is plain file reads: no Slurm call, no torch.
+``by=supervisor``: the supervisor requeued the job (``scontrol requeue``). ``by=slurm``:
+Slurm did, or somebody else (a preemption at the end of GraceTime, a node failure,
+submitit's own requeue, an admin): the run that saw it, or the next one, writes the line.
+Reading it is plain file reads: no Slurm call, no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
-FILE_PREFIX = ".hpctrain-requeues-"
+from hpctrain import protocol
 
 
 @dataclass(frozen=True)
 class Ledger:
-    """A parsed ledger: requeues by cause, and the limit that ended the job, if one did."""
+    """A parsed ledger: requeues by cause, the newest one, and the limit that ended the job."""
 
     requeues: dict[str, int] = field(default_factory=dict)
     stop: dict[str, str] = field(default_factory=dict)   # the "stop" line's fields
+    last_restart: int = 0                                 # restart_count of the newest requeue
+    last_cause: str | None = None                         # its cause
 
     @property
     def total(self) -> int:
@@ -51,33 +52,43 @@ def parse_ledger(text: str) -> Ledger:
     """The ledger in ``text``; unknown and damaged lines are ignored."""
     requeues: dict[str, int] = {}
     stop: dict[str, str] = {}
+    last_restart, last_cause = 0, None
     for line in text.splitlines():
         kind, *words = line.split() or [""]
         fields = _fields(words)
         if kind == "requeue" and fields.get("cause"):
             requeues[fields["cause"]] = requeues.get(fields["cause"], 0) + 1
+            restart = fields.get("restart_count", "")
+            if restart.isdigit() and int(restart) >= last_restart:
+                last_restart, last_cause = int(restart), fields["cause"]
         elif kind == "stop" and fields.get("limit"):
             stop = fields
-    return Ledger(requeues, stop)
+    return Ledger(requeues, stop, last_restart, last_cause)
+
+
+def line(kind: str, **fields: object) -> str:
+    """One ledger line: ``requeue cause=preemption restart_count=1 by=supervisor``."""
+    return " ".join([kind, *(f"{k}={v}" for k, v in fields.items())])
 
 
 def requeues_by_cause(from_sacct: dict[str, int], ledger: Ledger | None) -> dict[str, int]:
-    """Requeues by cause: the ledger's, which knows the cause of every requeue the batch
-    script made (sacct says only REQUEUED), unless it lags behind sacct (Slurm's own
-    requeues are entered by the next run): then sacct's."""
+    """Requeues by cause: the ledger's, which knows the cause of every requeue the
+    supervisor made (sacct says only REQUEUED), unless it lags behind sacct (a requeue
+    nobody lived to enter yet): then sacct's."""
     if ledger is not None and ledger.total >= sum(from_sacct.values()):
         return ledger.requeues
     return from_sacct
 
 
-def read_ledger(job_id: str, *dirs: str) -> Ledger | None:
-    """The ledger of ``job_id`` from the first of ``dirs`` that has one (the batch script
-    writes it to the checkpoint dir, else the submit dir); None when there is none."""
-    for d in dirs:
-        if not d:
+def read_ledger(key: str, *bases: str) -> Ledger | None:
+    """The ledger of job ``key`` from the first of ``bases`` (checkpoint dir, submit dir)
+    whose state directory has one; None when there is none."""
+    for base in bases:
+        if not base:
             continue
         try:
-            return parse_ledger((Path(d) / f"{FILE_PREFIX}{job_id}").read_text(errors="replace"))
+            text = (protocol.state_dir(base, key) / protocol.LEDGER).read_text(errors="replace")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
             continue
+        return parse_ledger(text)
     return None

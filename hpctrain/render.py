@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 import jinja2
 from jinja2.runtime import BlockReference, Context
 
-from hpctrain import __version__
+from hpctrain import __version__, protocol
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
 from hpctrain.layout import LayoutPlan, plan_layout
 from hpctrain.partitions import Partition, find_partition
@@ -37,9 +37,10 @@ from hpctrain.validate import DIRECTIVE_VALUE_RE, ENV_KEY_RE
 
 BASE_TEMPLATE = "base.sbatch.j2"
 DEFAULT_OUTPUT = "hpctrain-%x-%j.out"
-# torchrun's agent forwards only TERM/INT/HUP/QUIT to its workers; other signals would
-# kill the agent and orphan the workers, so the step gets TERM under torchrun.
-FORWARD_AS = {"torchrun": "TERM", "srun": "", "deepspeed": ""}
+# The interpreter that runs the job supervisor on the batch node when the caller names
+# none; `hpctrain render`/`submit` name their own (sys.executable), as submitit does.
+DEFAULT_PYTHON = "python3"
+SUPERVISOR_MODULE = "hpctrain.supervisor"
 _PYTHON = re.compile(r"(^|/)python[0-9.]*$")
 
 
@@ -146,12 +147,16 @@ def resolve_dirs(template_dirs: Iterable[str | Path] = ()) -> list[Path]:
     return [d for d in dirs if unique.pop(d.resolve(), None) is not None]
 
 
-def render(spec: JobSpec, template_dirs: Iterable[str | Path] = ()) -> Rendered:
-    """Plan ``spec`` on its partition and render it; raises SpecError/LayoutError/TemplateError."""
+def render(spec: JobSpec, template_dirs: Iterable[str | Path] = (), *,
+           python: str = DEFAULT_PYTHON) -> Rendered:
+    """Plan ``spec`` on its partition and render it; raises SpecError/LayoutError/TemplateError.
+
+    ``python`` runs the job supervisor in the job: an interpreter that can import hpctrain
+    on the compute nodes (the submitting one, on a cluster with shared home or software)."""
     dirs = resolve_dirs(template_dirs)
     partition = find_partition(spec.partition, dirs)
     plan = plan_layout(spec, partition)
-    context = render_context(spec, plan, partition)
+    context = render_context(spec, plan, partition, python)
     env = environment(dirs)
     name = f"partitions/{partition.name}.sbatch.j2"
     if not any((d / name).is_file() for d in dirs):
@@ -165,9 +170,10 @@ def render(spec: JobSpec, template_dirs: Iterable[str | Path] = ()) -> Rendered:
                     template=name, template_path=str(template.filename))
 
 
-def render_script(spec: JobSpec, template_dirs: Iterable[str | Path] = ()) -> str:
+def render_script(spec: JobSpec, template_dirs: Iterable[str | Path] = (), *,
+                  python: str = DEFAULT_PYTHON) -> str:
     """The sbatch script for ``spec``: pure apart from reading templates and partition facts."""
-    return render(spec, template_dirs).script
+    return render(spec, template_dirs, python=python).script
 
 
 def _where(exc: BaseException, template: jinja2.Template) -> str:
@@ -194,7 +200,8 @@ def _get(env: jinja2.Environment, name: str) -> jinja2.Template:
 
 
 # ---- what the templates see ------------------------------------------------------------
-def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition) -> dict[str, Any]:
+def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
+                   python: str = DEFAULT_PYTHON) -> dict[str, Any]:
     """The variables every template gets (documented in docs/templates.md)."""
     return {
         "version": __version__,
@@ -204,7 +211,9 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition) -> dic
         "directives": sbatch_directives(spec, plan, partition),
         "exports": job_exports(spec, plan),
         "launcher_template": f"launchers/{plan.launcher}.j2",
-        "forward_as": FORWARD_AS[plan.launcher],
+        "supervisor": [python, "-m", SUPERVISOR_MODULE],
+        # the batch step's stop signals: the time-limit warning (--signal=B:...) and TERM
+        "stop_signals": list(dict.fromkeys((spec.requeue.signal, "TERM"))),
         "torchrun": torchrun_argv(spec.run.command) if plan.launcher == "torchrun" else None,
     }
 
@@ -246,21 +255,23 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
     ck, rq = spec.checkpoint, spec.requeue
     pairs = [
         ("HPCTRAIN_JOB_NAME", spec.name), ("HPCTRAIN_PARTITION", spec.partition),
-        ("HPCTRAIN_LAUNCHER", plan.launcher), ("HPCTRAIN_NODES", plan.nodes),
+        (protocol.LAUNCHER, plan.launcher), ("HPCTRAIN_NODES", plan.nodes),
         ("HPCTRAIN_GPUS_PER_NODE", plan.gpus_per_node), ("HPCTRAIN_WORLD_SIZE", plan.world),
         ("HPCTRAIN_TP", plan.tp), ("HPCTRAIN_PP", plan.pp), ("HPCTRAIN_DP", plan.dp),
         ("HPCTRAIN_CKPT_INTERVAL_STEPS", ck.interval_steps),
         ("HPCTRAIN_CKPT_KEEP_LAST", ck.keep_last),
-        ("HPCTRAIN_MAX_REQUEUES", rq.max_requeues),
-        ("HPCTRAIN_MAX_PREEMPTIONS", rq.max_preemptions),
-        ("HPCTRAIN_MAX_TIME_LIMITS", rq.max_time_limits),
-        ("HPCTRAIN_MAX_NODE_FAILURES", rq.max_node_failures),
-        ("HPCTRAIN_REQUEUE_SIGNAL", rq.signal),
-        ("HPCTRAIN_SIGNAL_LEAD_S", rq.signal_lead_s),
+        # the supervisor's settings (hpctrain.supervisor.config reads them)
+        (protocol.MAX_REQUEUES, rq.max_requeues),
+        (protocol.MAX_PREEMPTIONS, rq.max_preemptions),
+        (protocol.MAX_TIME_LIMITS, rq.max_time_limits),
+        (protocol.MAX_NODE_FAILURES, rq.max_node_failures),
+        (protocol.MAX_CRASH_RESTARTS, rq.max_crash_restarts),
+        (protocol.REQUEUE_SIGNAL, rq.signal),
+        (protocol.SIGNAL_LEAD_S, rq.signal_lead_s),
         ("HPCTRAIN_TIME_LIMIT_S", plan.time_s if plan.time_s is not None else 0),
     ]
     if ck.dir is not None:
-        pairs.append(("HPCTRAIN_CKPT_DIR", ck.dir))
+        pairs.append((protocol.CKPT_DIR, ck.dir))
     return [(k, str(v)) for k, v in pairs]
 
 

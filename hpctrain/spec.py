@@ -166,8 +166,9 @@ class CheckpointSpec:
 @dataclass(frozen=True)
 class RequeueSpec:
     """How the job survives preemption, time limits and node loss: signal, lead time, and
-    a requeue budget per cause besides the total (a crash loop or a node-killing job can
-    then not requeue forever, and the message names the limit that was hit)."""
+    a requeue budget per cause besides the total (a node-killing job then cannot requeue
+    forever, and the message names the limit that was hit). A crash is retried only when
+    ``max_crash_restarts`` allows it (default 0: a bug is not run again)."""
 
     max_requeues: int = 10          # every cause together (SLURM_RESTART_COUNT)
     signal: str = "USR2"
@@ -175,6 +176,7 @@ class RequeueSpec:
     max_preemptions: int = 10       # default: max_requeues
     max_time_limits: int = 10       # default: max_requeues
     max_node_failures: int = 3      # default: 3, at most max_requeues
+    max_crash_restarts: int = 0     # a crash (the step failed on its own) is not retried
 
     @classmethod
     def from_dict(cls, data: Any) -> "RequeueSpec":
@@ -191,7 +193,8 @@ class RequeueSpec:
                                       0, 65535),
                    max_preemptions=per_cause("max_preemptions", total),
                    max_time_limits=per_cause("max_time_limits", total),
-                   max_node_failures=per_cause("max_node_failures", min(3, total)))
+                   max_node_failures=per_cause("max_node_failures", min(3, total)),
+                   max_crash_restarts=per_cause("max_crash_restarts", 0))
 
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import submitit
 from submitit.core.utils import JobPaths
 
+from hpctrain import protocol
 from hpctrain.errors import SlurmError, SlurmNotFound
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sbatch_parsable
@@ -78,8 +79,11 @@ class RenderedExecutor(submitit.SlurmExecutor):
         try:
             # Retried only when the controller was never reached: an sbatch that timed
             # out may already have queued the job, and a retry would queue it twice.
+            # sbatch passes its environment on: the job's supervisor finds this
+            # submission's id there and never takes another job's state for its own
             res = client.run(["sbatch", "--parsable", *self.sbatch_args, str(tmp)],
-                             retries=SBATCH_RETRIES, idempotent=False)
+                             retries=SBATCH_RETRIES, idempotent=False,
+                             env={protocol.SUBMISSION_ID: tmp_uuid})
         except SlurmNotFound:
             tmp.unlink(missing_ok=True)
             raise

@@ -1,6 +1,7 @@
 """``hpctrain templates check``: render every partition x launcher x layout and test it.
 
-Each case is rendered (pure), syntax-checked with ``bash -n`` and, with ``slurm=True``,
+Each case is rendered (pure), syntax-checked with ``bash -n``, checked to end with the
+supervisor's hand-over and, with ``slurm=True``,
 handed to ``sbatch --test-only`` on the live cluster (through hpctrain.slurm.client),
 which validates the directives against the real partitions without queueing anything.
 This is the one module of the render side that starts processes.
@@ -86,6 +87,27 @@ def bash_syntax_error(script: str) -> str | None:
     return None if proc.returncode == 0 else (proc.stderr.strip() or f"exit {proc.returncode}")
 
 
+def handover_error(script: str) -> str | None:
+    """None when the script ends by handing the batch step to the supervisor, as
+    base.sbatch.j2 does; else what is wrong (a site template dropped or broke it)."""
+    from hpctrain.render import SUPERVISOR_MODULE
+
+    lines = script.rstrip().splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("exec ")
+              and f"-m {SUPERVISOR_MODULE} --" in ln]
+    if len(starts) != 1:
+        return (f"the script must end with `exec PYTHON -m {SUPERVISOR_MODULE} -- LAUNCHER ...` "
+                f"once (found {len(starts)}): keep base.sbatch.j2's hand-over; without it no "
+                "supervisor requeues the job")
+    tail = lines[starts[0]:]
+    if any(not ln.rstrip().endswith("\\") for ln in tail[:-1]):
+        return "the supervisor's hand-over must be the script's last command: lines follow it"
+    if tail[-1].rstrip().endswith("&"):
+        return ("the launcher command ends with '&': a launcher template now gives the words "
+                "of the step only (the supervisor starts it)")
+    return None
+
+
 def sbatch_test_only_error(script: str) -> str | None:
     """None when ``sbatch --test-only`` accepts the script on the live cluster."""
     from hpctrain.slurm import client
@@ -106,6 +128,9 @@ def check_one(case: CheckCase, dirs: Sequence[Path], slurm: bool) -> CheckResult
     err = bash_syntax_error(script)
     if err:
         return CheckResult(case, False, "bash -n", err)
+    err = handover_error(script)
+    if err:
+        return CheckResult(case, False, "hand-over", err)
     if slurm:
         err = sbatch_test_only_error(script)
         if err:

@@ -25,7 +25,9 @@ ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAIL_RE = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+$")
 
 # Signals a job may ask Slurm to deliver before its time limit (--signal=B:SIG@lead).
-SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG", "CONT")
+# Signals a job may name as its time-limit warning (requeue.signal). Not CONT: Slurm sends
+# SIGCONT with every SIGTERM (preemption, scancel), so it cannot mean "time is nearly up".
+SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG")
 
 # Long sbatch options a spec may pass through its [sbatch] table (sbatch(1), 22.05).
 # Options the spec sets from its own fields are not here: they map to those fields.

@@ -217,23 +217,6 @@ def last_checkpoint_step(checkpoint_dir: str) -> int | None:
         return _digits(text)
 
 
-EXIT_FILE_PREFIX = ".hpctrain-exit-"  # the batch script's $HPCTRAIN_EXIT_FILE name
-
-
-def exit_record(job_id: str, *dirs: str) -> dict[str, str]:
-    """The runtime's exit record of a job (``cause=...`` lines), read from the first of
-    ``dirs`` that has one: the batch script puts it in the checkpoint dir, else in the
-    submit dir. {} when there is none. Plain file reads: no Slurm call, no torch."""
-    from hpctrain.runtime.exitrecord import read_record
-
-    for d in dirs:
-        if d:
-            found = read_record(Path(d) / f"{EXIT_FILE_PREFIX}{job_id}")
-            if found:
-                return found
-    return {}
-
-
 def _step_from(text: str) -> int | None:
     try:
         data = json.loads(text)

@@ -2,8 +2,9 @@
 scripts in bash.
 
 Real Slurm runs in the slurm-marked tests; these exist so a rendered script can be
-*executed* in a plain unit test (is a hostile value ever run? do the traps requeue?)
-without a cluster, and so the Lustre branch (no Lustre here) can be exercised.
+*executed* in a plain unit test (is a hostile value ever run? does a signal during setup
+reach the supervisor?) without a cluster, and so the Lustre branch (no Lustre here) can
+be exercised.
 Each stand-in only records its arguments and answers as the real tool did on the
 devcluster; none of them pretends to schedule anything.
 """
@@ -33,14 +34,17 @@ esac
 ''',
     "scontrol": r'''#!/bin/bash
 # STAND-IN for scontrol: `show hostnames` answers what the devcluster answered for
-# n[1-2]; `show job` answers the devcluster's fields that matter here (PreemptTime is
-# a date once Slurm picked the job for preemption: $STANDIN_PREEMPT_TIME, else None);
-# every call is recorded (requeue included).
+# n[1-2]; `show job -o ID` answers the devcluster's one-line record of a running job (as
+# recorded there; PreemptTime is a date once Slurm picked the job for preemption:
+# $STANDIN_PREEMPT_TIME, else None); every call is recorded (requeue included).
 printf '%s\n' "$*" >> "$STANDIN_LOG/scontrol.calls"
 if [[ $1 == show && $2 == hostnames ]]; then printf 'n1\nn2\n'; fi
 if [[ $1 == show && $2 == job ]]; then
-  printf 'JobId=%s JobName=x\n   JobState=RUNNING Reason=None Dependency=(null)\n' "$3"
-  printf '   PreemptEligibleTime=2026-11-21T05:15:50 PreemptTime=%s\n' "${STANDIN_PREEMPT_TIME:-None}"
+  printf 'JobId=%s JobName=x UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) ' "${@: -1}"
+  printf 'Requeue=1 Restarts=%s BatchFlag=1 ExitCode=0:0 TimeLimit=00:10:00 ' "${SLURM_RESTART_COUNT:-0}"
+  printf 'StartTime=2026-11-23T07:33:37 EndTime=2026-11-23T07:43:37 '
+  printf 'PreemptEligibleTime=2026-11-23T07:33:37 PreemptTime=%s SuspendTime=None ' "${STANDIN_PREEMPT_TIME:-None}"
+  printf 'Partition=debug NodeList=n[1-2] BatchHost=n1 StdErr=/dev/null StdIn=/dev/null StdOut=/dev/null\n'
 fi
 ''',
     "scancel": r'''#!/bin/bash
@@ -99,7 +103,7 @@ def script_env(root: Path, lfs: bool = False, **extra: str) -> dict[str, str]:
     log.mkdir(exist_ok=True)
     return {"PATH": f"{make_standins(root, lfs)}:/usr/bin:/bin", "STANDIN_LOG": str(log),
             "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]", "HOME": str(root),
-            **extra}
+            "SLURM_SUBMIT_DIR": str(root), **extra}
 
 
 def run_script(script: str, root: Path, lfs: bool = False, timeout: float = 30,

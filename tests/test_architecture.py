@@ -1,6 +1,8 @@
 """The house's boundaries, enforced: who may import whom, and who may start processes.
 
 - in-job code (hpctrain.runtime, hpctrain.checkpoint) imports nothing from submission code;
+- the job supervisor (in-job, on the batch node) asks Slurm through hpctrain.slurm and
+  imports nothing else from the submission side;
 - checkpoint code imports nothing from SLURM code;
 - planning and rendering are pure: no subprocess, no environment reads;
 - only a short list of modules may start processes, and SLURM binaries run only
@@ -20,11 +22,14 @@ SUBMISSION_SIDE = ("hpctrain.slurm", "hpctrain.devcluster", "hpctrain.submission
                    "hpctrain.records", "submitit")
 FORBIDDEN = {
     "hpctrain.checkpoint": SUBMISSION_SIDE,
-    "hpctrain.runtime": SUBMISSION_SIDE,
+    "hpctrain.runtime": (*SUBMISSION_SIDE, "hpctrain.supervisor"),
+    "hpctrain.supervisor": tuple(s for s in SUBMISSION_SIDE if s != "hpctrain.slurm"),
+    "hpctrain.protocol": (*SUBMISSION_SIDE, "hpctrain.runtime", "hpctrain.supervisor"),
 }
 PURE = ("hpctrain.layout", "hpctrain.render", "hpctrain.spec", "hpctrain.planner",
         "hpctrain.sweep", "hpctrain.devcluster.config", "hpctrain.slurm.parse",
-        "hpctrain.slurm.states")
+        "hpctrain.slurm.states", "hpctrain.slurm.view", "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
+        "hpctrain.supervisor.diagnosis")
 # modules allowed to start processes, and why
 PROCESS_STARTERS = {
     "hpctrain.slurm.client": "the one runner of SLURM binaries",
@@ -32,6 +37,7 @@ PROCESS_STARTERS = {
     "hpctrain.devcluster.packages": "apt-get",
     "hpctrain.template_check": "bash -n on rendered scripts",
     "hpctrain.checkpoint.storage": "lfs setstripe on Lustre",
+    "hpctrain.supervisor.step": "starts the training step (the launcher) in the batch step",
 }
 
 

@@ -1,5 +1,6 @@
 """User crash -> exit record with cause=user_crash (never over a requeue record), and
-`hpctrain status` reading it back from the job's checkpoint dir or submit dir."""
+`hpctrain status` reading the supervisor's verdict back from the job's state directory
+(in the checkpoint dir or the submit dir)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import cli, records
-from hpctrain.commands.jobview import current_record, format_cause
+from hpctrain import cli, protocol, records
+from hpctrain.commands.jobview import format_cause
+from hpctrain.protocol import read_record, write_record
 from hpctrain.records import JobRecord
 from hpctrain.runtime.crashrecord import crash_fields, write_crash_record
-from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
-from hpctrain.watcher import exit_record
+from hpctrain.runtime.exitrecord import previous_cause
 from jobs_util import isolate
 
 
 def test_crash_fields_are_one_line_each_and_short() -> None:
     exc = ValueError("bad\nshape " + "x" * 1000)
-    fields = crash_fields(ValueError, exc, step=7, restart_count=2, job_id="42", rank=3)
+    fields = crash_fields(ValueError, exc, step=7, restart_count=2, job_id="42", rank=3,
+                          node="n2", run_id="r1")
     assert fields["cause"] == "user_crash" and fields["requeue"] == 0
     assert fields["step"] == 7 and fields["rank"] == 3 and fields["restart_count"] == 2
+    assert fields["node"] == "n2" and fields["run_id"] == "r1"
     error = str(fields["error"])
     assert error.startswith("ValueError: bad shape xxx") and "\n" not in error
     assert len(error) <= 300 and error.endswith("...")
@@ -31,7 +34,7 @@ def test_crash_fields_are_one_line_each_and_short() -> None:
 
 def test_first_crash_wins_and_a_requeue_record_of_the_same_run_survives(
         tmp_path: Path) -> None:
-    path = tmp_path / ".hpctrain-exit-42"
+    path = tmp_path / "exit"
     requeue = {"cause": "preemption", "exit_code": 75, "requeue": 1, "step": 40,
                "restart_count": 0, "job_id": "42"}
     write_record(path, requeue)
@@ -70,7 +73,7 @@ raise ZeroDivisionError("division by zero at step 3")
 
 
 def test_excepthook_writes_the_record_and_keeps_the_traceback(tmp_path: Path) -> None:
-    path = tmp_path / ".hpctrain-exit-9"
+    path = tmp_path / "exit"
     res = subprocess.run([sys.executable, "-c", HOOKED, str(path)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 1
@@ -81,20 +84,32 @@ def test_excepthook_writes_the_record_and_keeps_the_traceback(tmp_path: Path) ->
 
 
 def test_format_cause() -> None:
+    """The supervisor's verdict in the status table's CAUSE cell."""
     assert format_cause({}) == "-"
-    assert format_cause({"cause": "user_crash", "step": "7", "requeue": "0",
-                         "error": "RuntimeError: x"}) == "user_crash@7 RuntimeError: x"
-    assert format_cause({"cause": "preemption", "step": "40", "requeue": "1"}) \
+    assert format_cause({"cause": "completed", "action": "finish"}) == "-"
+    crash = {"cause": "user_crash", "action": "finish", "step": "7", "rank": "1",
+             "node": "n2", "error": "RuntimeError: x"}
+    assert format_cause(crash) == "user_crash@7 RuntimeError: x (rank 1, n2)"
+    assert format_cause({"cause": "preemption", "action": "requeue", "step": "40"}) \
         == "last requeue: preemption@40"
+    assert format_cause({"cause": "node_fail", "action": "leave"}) == "last requeue: node_fail"
+    assert format_cause({"cause": "preemption", "action": "stop",
+                         "limit": "max_preemptions=1"}) == "requeue limit max_preemptions=1 reached"
+    assert format_cause({"cause": "cancelled", "action": "finish"}) == "cancelled"
 
 
-def test_exit_record_prefers_the_checkpoint_dir(tmp_path: Path) -> None:
+def test_a_state_record_is_read_from_the_checkpoint_dir_first(tmp_path: Path) -> None:
     ckpt, submit = tmp_path / "ckpt", tmp_path / "submit"
-    write_record(submit / ".hpctrain-exit-5", {"cause": "time_limit", "requeue": 1})
-    assert exit_record("5", str(ckpt), str(submit))["cause"] == "time_limit"
-    write_record(ckpt / ".hpctrain-exit-5", {"cause": "user_crash", "requeue": 0})
-    assert exit_record("5", str(ckpt), str(submit))["cause"] == "user_crash"
-    assert exit_record("6", str(ckpt), str(submit)) == {}
+    write_record(protocol.state_dir(submit, "5") / protocol.OUTCOME, {"cause": "time_limit"})
+    assert protocol.find_record("5", protocol.OUTCOME, str(ckpt), str(submit)) == \
+        {"cause": "time_limit"}
+    write_record(protocol.state_dir(ckpt, "5") / protocol.OUTCOME, {"cause": "user_crash"})
+    assert protocol.find_record("5", protocol.OUTCOME, str(ckpt), str(submit))["cause"] == \
+        "user_crash"
+    assert protocol.find_record("6", protocol.OUTCOME, str(ckpt), str(submit)) == {}
+    # an array task is its own job: 7_1's state is not 7's
+    write_record(protocol.state_dir(ckpt, "7_1") / protocol.OUTCOME, {"cause": "cancelled"})
+    assert protocol.find_record("7", protocol.OUTCOME, str(ckpt)) == {}
 
 
 @pytest.mark.slurm
@@ -102,17 +117,18 @@ def test_status_shows_the_crash_cause_of_a_recorded_job(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """The real Slurm does not know this id (state UNKNOWN, one cheap poll); the cause comes
-    from the record next to the checkpoint dir, in the table and in --json."""
+    from the supervisor's verdict in the checkpoint dir's state directory, in the table and
+    in --json."""
     root = isolate(monkeypatch, tmp_path)
     ckpt = root / "ckpt"
     records.append([JobRecord(job_id="31337", name="crashy", kind="script",
                               folder=str(root), checkpoint_dir=str(ckpt))])
-    write_crash_record(str(ckpt / ".hpctrain-exit-31337"), RuntimeError,
-                       RuntimeError("--crash-at-step 7: simulated user crash"), step=7,
-                       restart_count=0, job_id="31337", rank=0)
+    write_record(protocol.state_dir(ckpt, "31337") / protocol.OUTCOME, {
+        "cause": "user_crash", "action": "finish", "step": 7, "rank": 0, "node": "n1",
+        "error": "RuntimeError: --crash-at-step 7: simulated user crash"})
     assert cli.main(["status", "31337", "--json"]) == 0
     job = json.loads(capsys.readouterr().out)["jobs"][0]
-    assert job["cause"] == "user_crash" and job["exit_record"]["step"] == "7"
+    assert job["cause"] == "user_crash" and job["verdict"]["step"] == "7"
     assert cli.main(["status", "31337"]) == 0
     table = capsys.readouterr().out
     assert "CAUSE" in table.splitlines()[0]
@@ -120,14 +136,9 @@ def test_status_shows_the_crash_cause_of_a_recorded_job(
 
 
 def test_a_crash_record_followed_by_a_requeue_means_node_failure() -> None:
-    """The ranks that survive a node loss die of the lost peers and write a crash record
-    (requeue=0); Slurm requeues the job anyway: the next run reports node_fail, and status
-    no longer calls the job a user crash."""
+    """Without a supervisor (the runtime under a plain launcher): the ranks that survive a
+    node loss die of the lost peers and write a crash record (requeue=0); Slurm requeues
+    the job anyway, so the next run reports node_fail."""
     crash = {"cause": "user_crash", "requeue": "0", "restart_count": "0", "step": "13"}
     assert previous_cause(crash, 1) == "node_fail"
     assert previous_cause({**crash, "cause": "preemption", "requeue": "1"}, 1) == "preemption"
-    assert current_record(crash, 1) == {}          # an earlier run's crash, requeued anyway
-    assert current_record(crash, 0) == crash       # this run's crash: the job's cause
-    assert current_record(crash, None) == crash    # no sacct: cannot tell, show it
-    requeue = {"cause": "preemption", "requeue": "1", "restart_count": "0"}
-    assert current_record(requeue, 1) == requeue

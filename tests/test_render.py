@@ -67,9 +67,9 @@ def test_launchers(launcher: str, per_node: int, needle: str) -> None:
 
 def test_torchrun_uses_the_given_interpreter_or_torchrun() -> None:
     py = render_script(spec(run={"command": ["/venv/bin/python3.11", "-m", "pkg.train"]}))
-    assert "/venv/bin/python3.11 -m torch.distributed.run" in py and "-m pkg.train &" in py
+    assert "/venv/bin/python3.11 -m torch.distributed.run" in py and py.endswith("-m pkg.train\n")
     other = render_script(spec(run={"command": ["./train.sh", "--x"]}))
-    assert "  torchrun \\" in other and "--no-python ./train.sh --x &" in other
+    assert "  torchrun \\" in other and other.endswith("--no-python ./train.sh --x\n")
     with pytest.raises(SpecError, match="starts python without a script"):
         render_script(spec(run={"command": ["python"]}))
 
@@ -201,7 +201,8 @@ def test_output_to_a_device_writes_in_place_and_never_renames_over_it(tmp_path: 
     os.mkfifo(fifo)
     reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.PIPE, text=True)
     assert main(["render", str(EXAMPLES[0]), "-o", str(fifo)]) == 0
-    assert reader.communicate(timeout=10)[0] == (EXAMPLES[0].with_suffix(".sbatch")).read_text()
+    assert reader.communicate(timeout=10)[0] == \
+        render_script(JobSpec.load(EXAMPLES[0]), python=sys.executable)
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
@@ -217,15 +218,20 @@ def test_render_command_prints_and_overrides(tmp_path: Path, capsys) -> None:
     path = write_spec(tmp_path)
     assert main(["render", str(path), "--set", "layout.tp=2", "--set", "time=00:20:00"]) == 0
     out = capsys.readouterr().out
-    assert out == render_script(JobSpec.load(path).with_overrides({"layout.tp": 2, "time": "00:20:00"}))
+    assert out == render_script(JobSpec.load(path).with_overrides(
+        {"layout.tp": 2, "time": "00:20:00"}), python=sys.executable)
     assert "export HPCTRAIN_TP=2" in out and "#SBATCH --time=00:20:00" in out
 
 
 def test_render_command_writes_a_file_atomically(tmp_path: Path, capsys) -> None:
     path, out = write_spec(tmp_path), tmp_path / "job.sbatch"
     assert main(["render", str(path), "-o", str(out)]) == 0
-    assert out.read_text() == render_script(JobSpec.load(path))
+    assert out.read_text() == render_script(JobSpec.load(path), python=sys.executable)
     assert "tp=1 pp=1 dp=4 world=4" in capsys.readouterr().err
+    # the supervisor runs with the interpreter that rendered, unless --python names another
+    assert f"exec {sys.executable} -m hpctrain.supervisor -- " in out.read_text()
+    assert main(["render", str(path), "--python", "/opt/py/bin/python3", "-o", str(out)]) == 0
+    assert "exec /opt/py/bin/python3 -m hpctrain.supervisor -- " in out.read_text()
     before = out.read_text()
     assert main(["render", str(path), "--set", "layout.tp=3", "-o", str(out)]) == 2
     assert out.read_text() == before          # a failed render loses nothing

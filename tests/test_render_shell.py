@@ -2,22 +2,29 @@
 
 Shell safety: a hostile value in any user field is either refused (SpecError) or
 reaches the program byte for byte without being executed (the payloads would create
-a marker file). Also: the Lustre branch, setup lines, and the signal/requeue block.
+a marker file). Also: the Lustre branch, setup lines, and the hand-over to the
+supervisor (a stop signal during setup is kept for it, not fatal). What the supervisor
+decides is tested as a pure table (test_supervisor_decision.py) and on the real cluster.
 """
 
 from __future__ import annotations
 
-import signal
-import time
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
+from hpctrain import protocol
 from hpctrain.errors import SpecError
-from hpctrain.render import render_script
+from hpctrain.render import render_script as _render_script
 from hpctrain.spec import JobSpec
-from shell_standins import kill_group, run_script, start_script
+from shell_standins import run_script
+
+
+def render_script(spec: JobSpec) -> str:
+    """The script as `hpctrain render` makes it here: the supervisor runs with this Python."""
+    return _render_script(spec, python=sys.executable)
 
 PAYLOADS = [
     "$(touch {m})", "`touch {m}`", "'; touch {m}; '", '"; touch {m}; "', "x; touch {m}",
@@ -167,225 +174,43 @@ def test_setup_lines_run_in_order_and_a_broken_one_stops_the_job(tmp_path: Path)
     assert run.read("srun.argv") == ""   # never launched
 
 
-def _wait_for(path: Path, timeout: float = 10) -> None:
-    end = time.monotonic() + timeout
-    while not path.exists() and time.monotonic() < end:
-        time.sleep(0.05)
-    assert path.exists(), f"{path} never appeared"
-
-
-def signal_script(script: str, root: Path, sig: int, **env: str) -> tuple[int, str, Path]:
-    """Start a rendered script (training step: the srun stand-in sleeping), send the batch
-    shell ``sig`` once it waits for the step; (exit status, stderr, stand-in log dir)."""
-    proc, log = start_script(script, root, STANDIN_SRUN_MODE="sleep", **env)
-    try:
-        _wait_for(log / "srun.argv")
-        time.sleep(0.2)   # let bash reach `wait`
-        proc.send_signal(sig)
-        _, err = proc.communicate(timeout=15)
-    finally:
-        kill_group(proc)
-    return proc.returncode, err, log
-
-
-def _ledger(root: Path, *lines: str) -> Path:
-    """The requeue ledger a rendered script keeps for job 4242 (no checkpoint dir: cwd)."""
-    path = root / ".hpctrain-requeues-4242"
-    if lines:
-        path.write_text("".join(f"{line}\n" for line in lines))
-    return path
-
-
-def _requeues(cause: str, n: int, by: str = "script") -> list[str]:
-    return [f"requeue cause={cause} restart_count={i} by={by}" for i in range(1, n + 1)]
-
-
-@pytest.mark.parametrize("launcher, restarts, requeued, step_signal", [
-    ("srun", "0", True, signal.SIGUSR2),        # the step gets the signal Slurm sent
-    ("srun", "10", False, signal.SIGUSR2),      # budget used up: say so, do not requeue
-    ("torchrun", "3", True, signal.SIGTERM),    # torchrun's agent only forwards TERM
-])
-def test_requeue_signal_is_forwarded_waited_for_and_requeues(tmp_path: Path, launcher: str,
-                                                              restarts: str, requeued: bool,
-                                                              step_signal: int) -> None:
-    data = base(tmp_path, launcher)
-    data["run"]["command"] = ["python3", "train.py"]
-    data["requeue"] = {"max_requeues": 10, "signal": "USR2", "signal_lead_s": 30,
-                       "max_time_limits": 20}
-    ledger = _ledger(tmp_path, *_requeues("time_limit", int(restarts)))
-    status, err, log = signal_script(render_script(JobSpec.from_dict(data)), tmp_path,
-                                     signal.SIGUSR2, SLURM_RESTART_COUNT=restarts)
-    assert status == 128 + step_signal, err
-    calls = (log / "scontrol.calls").read_text()
-    assert ("requeue 4242" in calls) == requeued, err
-    last = ledger.read_text().splitlines()[-1]
+@pytest.mark.parametrize("sig, requeued", [("USR2", True), ("TERM", False)])
+def test_a_stop_signal_during_setup_reaches_the_supervisor(tmp_path: Path, sig: str,
+                                                           requeued: bool) -> None:
+    """A signal while setup lines run is noted by the batch shell (not fatal: setup goes
+    on) and handed to the supervisor, which decides before starting anything: the requeue
+    signal (the time-limit warning) requeues; a TERM that Slurm does not explain (no
+    preemption, limit or cancellation) is a stop request, never requeued."""
+    data = base(tmp_path)
+    data["run"]["setup"] = [f"kill -{sig} $$", 'echo went on > "$STANDIN_LOG/setup"']
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path)
+    assert run.read("setup") == "went on\n"
+    assert run.read("srun.argv") == ""            # the training step never started
+    calls = run.read("scontrol.calls")
+    assert "show job -o 4242" in calls and ("requeue 4242" in calls) == requeued, run.stderr
+    ledger = protocol.state_dir(tmp_path, "4242") / protocol.LEDGER
     if requeued:
-        n = int(restarts) + 1
-        assert (f"(time_limit; restart {n} of max_requeues=10, time_limit requeue {n} of "
-                "max_time_limits=20)") in err
-        assert last == f"requeue cause=time_limit restart_count={n} by=script"
+        assert "requeueing job 4242 after a time_limit" in run.stderr
+        assert ledger.read_text() == "requeue cause=time_limit restart_count=1 by=supervisor\n"
     else:
-        assert "max_requeues=10 reached (this is restart 11)" in err
-        assert last == "stop cause=time_limit restart_count=10 limit=max_requeues=10"
+        assert "job 4242 ends: cancelled" in run.stderr and not ledger.exists()
+    verdict = protocol.read_record(protocol.state_dir(tmp_path, "4242") / protocol.OUTCOME)
+    assert verdict["cause"] == ("time_limit" if requeued else "cancelled")
 
 
-@pytest.mark.parametrize("cause, signum, key", [
-    ("time_limit", signal.SIGUSR2, "max_time_limits"),
-    ("preemption", signal.SIGTERM, "max_preemptions"),
-])
-def test_each_cause_has_its_own_limit(tmp_path: Path, cause: str, signum: int,
-                                      key: str) -> None:
-    """Two requeues of this cause already (and one of another): with its limit at 2 the
-    third is refused, the ledger says which limit ended the job, and Slurm is told not to
-    requeue it either (PreemptMode=REQUEUE would)."""
-    other = "preemption" if cause == "time_limit" else "time_limit"
-    data = base(tmp_path)
-    data["requeue"] = {"max_requeues": 10, "signal_lead_s": 30, key: 2}
-    ledger = _ledger(tmp_path, f"requeue cause={cause} restart_count=1 by=script",
-                     f"requeue cause={other} restart_count=2 by=script",
-                     f"requeue cause={cause} restart_count=3 by=slurm")
-    _, err, log = signal_script(render_script(JobSpec.from_dict(data)), tmp_path, signum,
-                                SLURM_RESTART_COUNT="3", STANDIN_PREEMPT_TIME=(
-                                    "2026-11-21T05:15:55" if cause == "preemption" else "None"))
-    assert (f"not requeueing job 4242 after a {cause}: {key}=2 reached "
-            f"(this is {cause} requeue 3)") in err
-    calls = (log / "scontrol.calls").read_text()
-    assert "requeue 4242" not in calls and "update jobid=4242 requeue=0" in calls
-    last = ledger.read_text().splitlines()[-1]
-    assert last == f"stop cause={cause} restart_count=3 limit={key}=2"
-
-
-def test_slurm_requeues_are_entered_in_the_ledger_and_reach_the_runtime(tmp_path: Path) -> None:
-    """Restart 3, after a script requeue (restart 1) and two requeues Slurm did on its own.
-    Each gap takes the previous run's own word (a requeue record, only possible for the
-    newest), else how sacct saw the run end, else it counts as a node failure. The
-    runtime hears the newest cause."""
-    data = base(tmp_path)
-    ledger = _ledger(tmp_path, "requeue cause=time_limit restart_count=1 by=script")
-    states = "REQUEUED\nPREEMPTED\nNODE_FAIL\nRUNNING\n"
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="3",
-                     STANDIN_SACCT_STATES=states)
+def test_the_step_gets_the_supervisors_environment(tmp_path: Path) -> None:
+    """What a plain script can rely on: its restart count under both names, and where the
+    runtime's files are; the hand-over's own variable does not leak into the step."""
+    run = run_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path,
+                     SLURM_RESTART_COUNT="0")
     assert run.returncode == 0, run.stderr
-    assert ledger.read_text().splitlines()[1:] == [
-        "requeue cause=preemption restart_count=2 by=slurm",   # Slurm ended it PREEMPTED
-        "requeue cause=node_fail restart_count=3 by=slurm"]
-    assert "HPCTRAIN_LAST_EXIT_CAUSE=node_fail" in run.nul_list("command.env")
-    assert run.read("sacct.calls") == "-n -X -D -P -j 4242 -o State\n"   # one call
-
-    again = tmp_path / "again"
-    again.mkdir()
-    _ledger(again, "requeue cause=time_limit restart_count=1 by=script")
-    (again / ".hpctrain-exit-4242").write_text(
-        "cause=preemption\nexit_code=75\nrequeue=1\nstep=9\nrestart_count=1\njob_id=4242\n")
-    run = run_script(render_script(JobSpec.from_dict(data)), again, SLURM_RESTART_COUNT="2",
-                     STANDIN_SACCT_STATES="REQUEUED\nCANCELLED\nRUNNING\n")
-    assert _ledger(again).read_text().splitlines()[-1] == \
-        "requeue cause=preemption restart_count=2 by=slurm"   # the record's word
-    assert "HPCTRAIN_LAST_EXIT_CAUSE=preemption" in run.nul_list("command.env")
-    run = run_script(render_script(JobSpec.from_dict(data)), again, SLURM_RESTART_COUNT="2")
-    assert run.read("sacct.calls").count("\n") == 1   # nothing missing: no sacct call
-
-
-@pytest.mark.parametrize("notice, cause", [
-    ("cause=time_limit\nrestart_count=0\n", "time_limit"),   # the script's own stop notice
-    ("", "requeued"),   # somebody's `scontrol requeue`: counts for max_requeues only
-])
-def test_a_requeue_by_somebody_else_takes_the_stop_notice_or_counts_as_requeued(
-        tmp_path: Path, notice: str, cause: str) -> None:
-    """submitit (or a user, or an admin) ran `scontrol requeue`, not this script: sacct
-    says REQUEUED. The stop notice of that run says why, if the shell caught a signal."""
-    if notice:
-        (tmp_path / ".hpctrain-stop-4242").write_text(notice)
-    data = base(tmp_path)
-    data["requeue"] = {"signal_lead_s": 30, "max_node_failures": 0}   # not a node failure
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1",
-                     STANDIN_SACCT_STATES="REQUEUED\nRUNNING\n")
-    assert run.returncode == 0, run.stderr
-    assert _ledger(tmp_path).read_text() == f"requeue cause={cause} restart_count=1 by=slurm\n"
-    assert f"HPCTRAIN_LAST_EXIT_CAUSE={cause}" in run.nul_list("command.env")
-
-
-def test_a_node_failure_past_its_limit_does_not_run_again(tmp_path: Path) -> None:
-    """Slurm requeued the job after a node failure (nothing in the ledger, no record): with
-    max_node_failures=0 the new run stops before launching anything and says why."""
-    data = base(tmp_path)
-    data["requeue"] = {"signal_lead_s": 30, "max_node_failures": 0}
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1")
-    assert run.returncode == 1
-    assert ("not running job 4242 again after a node_fail requeue: max_node_failures=0 "
-            "reached (this is node_fail requeue 1)") in run.stderr
-    assert run.read("srun.argv") == ""   # never launched
-    assert _ledger(tmp_path).read_text().splitlines() == [
-        "requeue cause=node_fail restart_count=1 by=slurm",
-        "stop cause=node_fail restart_count=1 limit=max_node_failures=0"]
-
-
-@pytest.mark.parametrize("sig, preempt_time, requeued, notice", [
-    (signal.SIGTERM, "2026-11-21T05:15:55", True, "preemption"),
-    (signal.SIGTERM, "None", False, None),            # scancel: no notice, no requeue
-    (signal.SIGUSR2, "None", True, "time_limit"),     # the --signal=B:USR2 warning
-    (signal.SIGUSR2, "2026-11-21T05:15:55", True, "preemption"),  # send_user_signal
-])
-def test_the_stop_notice_and_the_requeue_follow_slurms_preempt_time(
-        tmp_path: Path, sig: int, preempt_time: str, requeued: bool, notice: str | None) -> None:
-    """The batch shell asks Slurm whether the job is being preempted (PreemptTime), tells
-    the training step why in the stop notice, then requeues or not."""
-    _, err, log = signal_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path, sig,
-                                STANDIN_PREEMPT_TIME=preempt_time, SLURM_RESTART_COUNT="2")
-    calls = (log / "scontrol.calls").read_text()
-    name = signal.Signals(sig).name.removeprefix("SIG")
-    assert f"caught SIG{name} ({notice or 'no preemption'})" in err and "show job 4242" in calls
-    stop_file = tmp_path / ".hpctrain-stop-4242"
-    if notice:
-        assert stop_file.read_text() == f"cause={notice}\nrestart_count=2\n"
-    else:
-        assert not stop_file.exists()
-    assert ("requeue 4242" in calls) == requeued
-    if not requeued:
-        assert "SIGTERM without preemption (scancel or shutdown)" in err
-
-
-def test_a_step_killed_before_the_shell_hears_of_it_counts_as_caught(tmp_path: Path) -> None:
-    """Preemption signals the step too; it may die before the batch shell's TERM arrives."""
-    data = base(tmp_path)
-    data["run"]["command"] = ["bash", "-c", "kill -TERM $$"]
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path,
-                     STANDIN_PREEMPT_TIME="2026-11-21T05:15:55")
-    assert run.returncode == 143
-    assert "the training step was killed by SIGTERM" in run.stderr
-    assert "requeue 4242" in run.read("scontrol.calls")
-    data["run"]["command"] = ["bash", "-c", "kill -SEGV $$"]
-    (tmp_path / "segv").mkdir()
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path / "segv",
-                     STANDIN_PREEMPT_TIME="2026-11-21T05:15:55")
-    assert run.returncode == 139 and "requeue" not in run.read("scontrol.calls")
-
-
-@pytest.mark.parametrize("command, how", [
-    ("exit 3", "status 3"), ("kill -SEGV $$", "SIGSEGV")])
-def test_a_silent_failure_leaves_a_crash_record(tmp_path: Path, command: str, how: str) -> None:
-    """sys.exit(3), a segfault, the OOM killer: the runtime wrote nothing, so the batch
-    script leaves the user_crash record `hpctrain status` shows; a record of this run
-    that is already there (the runtime's exception record) is kept."""
-    data = base(tmp_path)
-    data["run"]["command"] = ["bash", "-c", command]
-    record = tmp_path / ".hpctrain-exit-4242"
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1")
-    assert run.returncode != 0 and "requeue" not in run.read("scontrol.calls")
-    fields = dict(line.split("=", 1) for line in record.read_text().splitlines())
-    assert fields["cause"] == "user_crash" and fields["requeue"] == "0"
-    assert fields["restart_count"] == "1" and fields["job_id"] == "4242"
-    assert f"ended with {how} and no exception on record" in fields["error"]
-    own = "cause=user_crash\nrequeue=0\nstep=7\nrestart_count=1\nerror=ValueError: x\n"
-    record.write_text(own)
-    run_script(render_script(JobSpec.from_dict(data)), tmp_path, SLURM_RESTART_COUNT="1")
-    assert record.read_text() == own
-
-
-def test_a_clean_exit_is_not_requeued(tmp_path: Path) -> None:
-    run = run_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path)
-    assert run.returncode == 0
-    assert "requeue" not in run.read("scontrol.calls")
+    env = dict(e.split("=", 1) for e in run.nul_list("command.env"))
+    state = protocol.state_dir(tmp_path, "4242")
+    assert env["HPCTRAIN_RESTART_COUNT"] == "0" and env["HPCTRAIN_STATE_DIR"] == str(state)
+    assert env["HPCTRAIN_EXIT_FILE"] == str(state / "exit")
+    assert env["HPCTRAIN_STOP_SIGNALS"] == "USR2,TERM" and len(env["HPCTRAIN_RUN_ID"]) == 32
+    assert "HPCTRAIN_EARLY_SIGNALS" not in env
+    assert protocol.read_record(state / "identity")["run_id"] == env["HPCTRAIN_RUN_ID"]
 
 
 @pytest.mark.parametrize("where", ["run.env", "sbatch", "nodes", "gpus_per_node", "layout.tp",
@@ -403,26 +228,3 @@ def test_hostile_keys_and_numbers_are_refused(tmp_path: Path, where: str) -> Non
             setter(where)(data, payload)
         with pytest.raises(SpecError):
             JobSpec.from_dict(data)
-
-
-@pytest.mark.parametrize("step, record, requeued", [
-    ("exit 75", None, True),                                   # runtime: preemption
-    ("exit 76", None, True),                                   # runtime: time limit
-    ("exit 1", "cause=time_limit\nrequeue=1\nrestart_count=0\n", True),  # torchrun hides 76
-    ("exit 1", "cause=time_limit\nrequeue=1\nrestart_count=5\n", False),  # a stale record
-    ("exit 1", None, False),                                   # a user crash
-])
-def test_requeue_follows_the_training_process_exit_code_and_record(
-        tmp_path: Path, step: str, record: str | None, requeued: bool) -> None:
-    """The step may end before Slurm's signal reaches the batch shell: the runtime's own
-    word (exit code 75/76, or its exit record for this restart) decides."""
-    data = base(tmp_path)
-    data["run"]["command"] = ["bash", "-c", step]
-    data["checkpoint"] = {"dir": str(tmp_path / "ckpt")}
-    if record is not None:
-        (tmp_path / "ckpt").mkdir()
-        (tmp_path / "ckpt" / ".hpctrain-exit-4242").write_text(record)
-    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path,
-                     STANDIN_PREEMPT_TIME="2026-11-21T05:15:55")
-    assert ("requeue 4242" in run.read("scontrol.calls")) == requeued, run.stderr
-    assert ("stopped for requeue" in run.stderr) == requeued

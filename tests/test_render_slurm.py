@@ -16,12 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.render import render_script
+from hpctrain.render import render_script as _render_script
 from hpctrain.slurm import client
 from hpctrain.spec import JobSpec
-from slurm_util import sbatch, wait_done
+from slurm_util import sacct_states, sbatch, wait_done
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def render_script(spec: JobSpec) -> str:
+    """As `hpctrain render` makes it here: the job's supervisor runs with this Python."""
+    return _render_script(spec, python=sys.executable)
 EXAMPLES = sorted((ROOT / "sbatch").glob("*.toml"))
 
 RANK_PROBE = r'''
@@ -131,8 +136,9 @@ def _log_has(path: Path, text: str) -> bool:
 @pytest.mark.slow
 def test_preempted_job_requeues_itself_and_scancel_ends_it(
         cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The signals block on the real scheduler: urgent preempts a debug job, whose script
-    requeues it (restart 1 follows); a plain scancel then ends it for good."""
+    """Plain `sbatch` of a rendered script on the real scheduler: urgent preempts a debug
+    job, whose supervisor requeues it (restart 1 follows); a plain scancel then ends it
+    for good (never undone)."""
     from slurm_util import squeue_state, wait_until
 
     work = Path(tempfile.mkdtemp(prefix="render-preempt-", dir=cluster.shared_dir))
@@ -157,23 +163,24 @@ def test_preempted_job_requeues_itself_and_scancel_ends_it(
         wait_until(lambda: _log_has(log, "requeueing job"), 60, "the preempted job to requeue")
         assert wait_done(high, timeout_s=60) == "COMPLETED"
         # the devcluster releases requeued jobs after ~6 s
-        wait_until(lambda: _log_has(log, ", restart 1\n"), 90, "the requeued job to restart")
+        wait_until(lambda: _log_has(log, "restart 1, after a preemption"), 90,
+                   "the requeued job to restart")
         client.run(["scancel", low])
         wait_until(lambda: squeue_state(low) == "", 60, "the cancelled job to leave the queue")
     finally:
         client.run(["scancel", low, *([high] if high else [])], check=False)
     text = log.read_text()
-    assert "restart 1 of max_requeues=3" in text
-    assert "not requeueing job" in text and "SIGTERM without preemption" in text
-    assert "restart 2" not in text
+    assert "after a preemption (restart 1 of max_requeues=3" in text
+    assert f"job {low} ends: cancelled" in text and "restart 2" not in text
+    assert sacct_states(low) == ["REQUEUED", "CANCELLED"]
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_time_limit_signal_requeues_until_the_budget_is_spent(
         cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """--signal=B:USR2@45 on a 1-minute job: the script forwards USR2 to the step (srun
-    passes it to the tasks), requeues once (max_requeues=1), then says the limit was hit."""
+    """--signal=B:USR2@45 on a 1-minute job: the supervisor passes USR2 on to every rank,
+    requeues once (max_requeues=1), then says the limit was hit."""
     work = Path(tempfile.mkdtemp(prefix="render-timelimit-", dir=cluster.shared_dir))
     monkeypatch.chdir(work)  # the submit dir gets the script's requeue ledger
     spec = JobSpec.from_dict({
@@ -189,9 +196,10 @@ def test_time_limit_signal_requeues_until_the_budget_is_spent(
     finally:
         client.run(["scancel", job_id], check=False)
     text = (work / f"tl-{job_id}.out").read_text()
-    forwarded = "caught SIGUSR2 (time_limit); sending SIGUSR2 to the training step"
+    forwarded = ("caught SIGUSR2 (time_limit); asking the training step to stop: SIGUSR2 to "
+                 "every rank (scancel --signal)")
     assert text.count(forwarded) == 2, text
-    assert "requeueing job" in text and "(time_limit; restart 1 of max_requeues=1," in text
+    assert "requeueing job" in text and "time_limit (restart 1 of max_requeues=1," in text
     assert "not requeueing job" in text and "max_requeues=1 reached (this is restart 2)" in text
     assert text.count("training step exited with status 140") == 2   # 128 + SIGUSR2
     assert state == "FAILED"

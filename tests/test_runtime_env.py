@@ -9,14 +9,9 @@ import pytest
 from hpctrain.errors import LayoutError, SpecError
 from hpctrain.runtime import CAUSES, REQUEUE_EXIT_CODES, Environment, cause_of_exit_code
 from hpctrain.runtime.causes import cause_of_signal, cause_of_stop
+from hpctrain.protocol import format_record, parse_record, read_record, write_record
 from hpctrain.runtime.environment import first_host, rank_to_coords
-from hpctrain.runtime.exitrecord import (
-    format_record,
-    parse_record,
-    previous_cause,
-    read_record,
-    write_record,
-)
+from hpctrain.runtime.exitrecord import previous_cause
 
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
         "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_JOB_NUM_NODES": "4",
@@ -112,7 +107,7 @@ def test_cause_of_signal() -> None:
     assert cause_of_signal(signal.SIGUSR2, now=1000, end_time=1090, lead_s=90).name == "time_limit"
     # USR2 with hours left: send_user_signal preemption
     assert cause_of_signal(signal.SIGUSR2, now=1000, end_time=9000, lead_s=90).name == "preemption"
-    # TERM near the end: the batch script forwarded the time-limit USR2 to torchrun as TERM
+    # TERM near the end: the supervisor forwarded the time-limit USR2 to torchrun as TERM
     assert cause_of_signal(signal.SIGTERM, now=1000, end_time=1090, lead_s=90).name == "time_limit"
     assert cause_of_signal(signal.SIGTERM, now=1000, end_time=9000, lead_s=90).name == "preemption"
 
@@ -129,13 +124,15 @@ def test_exit_record_round_trip(tmp_path) -> None:
         format_record({"cause": "a\nb"})
 
 
-def test_the_batch_scripts_stop_notice_beats_the_time_left() -> None:
+def test_the_supervisors_stop_notice_beats_the_time_left() -> None:
     """Far from the end, a TERM is a preemption by the clock; the notice for this run
-    (restart 1) says time limit and wins. A notice of an earlier run, or a cause the
-    notice may not give, leaves the clock to decide."""
+    (restart 1) says time limit and wins. A notice of an earlier run or of another job
+    (run_id), or a cause the notice may not give, leaves the clock to decide."""
     far = dict(now=1000, end_time=9000, lead_s=90)
-    notice = {"cause": "time_limit", "restart_count": "1"}
+    notice = {"cause": "time_limit", "restart_count": "1", "run_id": "r1"}
     assert cause_of_stop(signal.SIGTERM, notice, 1, **far).name == "time_limit"
+    assert cause_of_stop(signal.SIGTERM, notice, 1, run_id="r1", **far).name == "time_limit"
+    assert cause_of_stop(signal.SIGTERM, notice, 1, run_id="r2", **far).name == "preemption"
     assert cause_of_stop(signal.SIGTERM, notice, 2, **far).name == "preemption"
     assert cause_of_stop(signal.SIGTERM, {}, 1, **far).name == "preemption"
     bad = {"cause": "user_crash", "restart_count": "1"}
@@ -154,9 +151,12 @@ def test_previous_cause() -> None:
     assert previous_cause({}, 1) == "node_fail"
 
 
-def test_last_exit_cause_from_batch_script_env() -> None:
-    env = Environment.from_env({**SRUN, "HPCTRAIN_LAST_EXIT_CAUSE": "preemption"})
-    assert env.last_exit_cause == "preemption"
+def test_what_the_supervisor_exports_reaches_the_environment() -> None:
+    env = Environment.from_env({**SRUN, "HPCTRAIN_LAST_EXIT_CAUSE": "preemption",
+                                "HPCTRAIN_RUN_ID": "r1", "SLURMD_NODENAME": "gpu08",
+                                "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "2"})
+    assert env.last_exit_cause == "preemption" and env.run_id == "r1" and env.node == "gpu08"
+    assert env.job_id == "4240_2" and env.slurm_job_id == "4242"   # the key, and Slurm's id
 
 
 def test_runtime_and_planner_share_one_rank_numbering() -> None:

@@ -47,12 +47,16 @@ def test_wait_exits_non_zero_when_the_job_fails(
     out = capsys.readouterr().out
     assert rc != 0 and "ended FAILED" in out
     assert "submitted job" in out and "hpctrain logs" in out
-    # no exception to record (the program just exited 3): the batch script's record says so
+    # no exception to record (the program just exited 3): the supervisor's verdict says so,
+    # naming the rank and node srun reported
     job_id = re.search(r"submitted job (\d+)", out).group(1)
     assert cli.main(["status", job_id, "--json"]) == 0
     row = json.loads(capsys.readouterr().out)["jobs"][0]
     assert row["cause"] == "user_crash", row
-    assert "ended with status 3 and no exception on record" in row["exit_record"]["error"]
+    verdict = row["verdict"]
+    assert verdict["why"] == "the training step failed (status 3)", verdict
+    assert verdict["rank"] == "0" and verdict["node"] in ("n1", "n2"), verdict
+    assert "exited with exit code 3" in verdict["failure"]
 
 
 def test_slurm_refusal_is_one_readable_error_with_slurms_message(

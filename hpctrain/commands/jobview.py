@@ -23,27 +23,25 @@ def format_requeues(requeues: dict[str, int]) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(requeues.items())) or "-"
 
 
-def current_record(record: dict[str, str], restarts: int | None) -> dict[str, str]:
-    """``record`` unless it is a stale crash record: one with ``requeue=0`` from an
-    earlier run that was requeued anyway (Slurm requeued it after a node failure, and the
-    surviving ranks had died of the lost peers). ``restarts``: runs before the current
-    one (sacct's count), None when unknown."""
-    stale = (record.get("requeue") == "0" and restarts is not None
-             and record.get("restart_count", "0") != str(restarts))
-    return {} if stale else record
-
-
-def format_cause(record: dict[str, str]) -> str:
-    """The exit record in one short cell: ``user_crash@7 RuntimeError: ...`` for a crash,
-    ``last requeue: preemption@40`` when the record asked for a requeue, ``-`` without one."""
-    cause = record.get("cause")
-    if not cause:
+def format_cause(verdict: dict[str, str]) -> str:
+    """The supervisor's verdict on the last run in one short cell: ``user_crash@7
+    ValueError: boom (rank 1, n2)`` for a crash, ``last requeue: preemption@40`` while a
+    requeued job goes on, ``requeue limit max_preemptions=1 reached``; ``-`` without one."""
+    cause, action = verdict.get("cause"), verdict.get("action")
+    if not cause or cause == "completed":
         return "-"
-    at = f"@{record['step']}" if record.get("step") else ""
-    if record.get("requeue") == "1":
+    at = f"@{verdict['step']}" if verdict.get("step") else ""
+    if action in ("requeue", "leave"):
         return f"last requeue: {cause}{at}"
-    error = f" {record['error']}" if record.get("error") else ""
-    return f"{cause}{at}{error}"
+    if action == "stop" and verdict.get("limit"):
+        return f"requeue limit {verdict['limit']} reached"
+    if action == "requeue_failed":
+        return f"{cause}{at}: the requeue failed"
+    where = ", ".join(x for x in (f"rank {verdict['rank']}" if verdict.get("rank") else "",
+                                  verdict.get("node", "")) if x)
+    error = verdict.get("error") or ""
+    text = f"{cause}{at} {error}".strip()
+    return f"{text} ({where})" if where else text
 
 
 def info_json(info: Any) -> dict[str, Any]:

@@ -14,14 +14,19 @@ from hpctrain.commands.options import load_spec, sets_option, templates_option, 
 @sets_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Write the script here (atomically) instead of to stdout.")
+@click.option("--python", "python", metavar="PATH",
+              help="Interpreter that runs the job's supervisor on the batch node (must import "
+                   "hpctrain there). Default: this one, as `hpctrain submit` uses.")
 @templates_option
-def render(spec: str, sets: tuple[str, ...], output: str | None,
+def render(spec: str, sets: tuple[str, ...], output: str | None, python: str | None,
            template_dirs: list[Path]) -> None:
     """Check SPEC against its partition and print the sbatch script."""
+    import sys
+
     from hpctrain.render import render as do_render
 
     job = load_spec(spec, sets)
-    result = do_render(job, template_dirs)
+    result = do_render(job, template_dirs, python=python or sys.executable)
     if output is None:
         click.echo(result.script, nl=False)
         return

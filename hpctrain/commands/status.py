@@ -9,9 +9,8 @@ from typing import Any
 
 import click
 
-from hpctrain import records, watcher
-from hpctrain.commands.jobview import (current_record, format_cause, format_elapsed,
-                                       format_requeues, info_json)
+from hpctrain import protocol, records, watcher
+from hpctrain.commands.jobview import format_cause, format_elapsed, format_requeues, info_json
 from hpctrain.ledger import read_ledger, requeues_by_cause
 from hpctrain.records import JobRecord
 from hpctrain.slurm.states import ORDER
@@ -41,8 +40,8 @@ class Row:
 @click.option("--limit", default=20, show_default=True,
               help="Without JOB_IDs: how many of the most recent submissions to show.")
 def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int) -> int:
-    """State, elapsed time, nodes, requeues by cause, last checkpoint step and the
-    runtime's exit cause (a user crash with its step and error) of jobs.
+    """State, elapsed time, nodes, requeues by cause, last checkpoint step and why the
+    last run ended (the supervisor's verdict: a crash names its rank, node and error).
 
     Without JOB_IDs: the jobs this user submitted through hpctrain (local record).
     A sweep is one row with per-state counts; give its id (or --expand) for its tasks.
@@ -89,21 +88,20 @@ def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobRecord, str]
 def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
     info = _info(job_id, rec, snap)
     step = watcher.last_checkpoint_step(rec.checkpoint_dir)
-    slurm_id, dirs = info.raw_id or job_id, (rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
-    # the runtime's own word on why the job stopped (a crash, or the last requeue's cause)
-    record = current_record(watcher.exit_record(slurm_id, *dirs),
-                            info.requeue_total if snap.source == "sacct" else None)
-    ledger = read_ledger(slurm_id, *dirs)
+    dirs = (rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
+    # the supervisor's verdict on the last run (cause, failing rank and node, error)
+    verdict = protocol.find_record(job_id, protocol.OUTCOME, *dirs)
+    ledger = read_ledger(job_id, *dirs)
     requeues = requeues_by_cause(info.requeues, ledger)
     limit = ledger.limit if ledger is not None else None
-    cause = f"requeue limit {limit} reached" if limit else format_cause(record)
+    cause = f"requeue limit {limit} reached" if limit else format_cause(verdict)
     return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
                info.nodes or "-", format_requeues(requeues),
                "-" if step is None else str(step), cause,
                {"job_id": job_id, "name": info.name or rec.name, "kind": rec.kind,
                 **info_json(info), "requeues": requeues, "requeue_limit": limit,
                 "last_checkpoint_step": step, "folder": rec.folder,
-                "cause": record.get("cause"), "exit_record": record})
+                "cause": verdict.get("cause"), "verdict": verdict})
 
 
 def _info(job_id: str, rec: JobRecord, snap: Snapshot) -> JobInfo:

@@ -75,7 +75,7 @@ def _wait(job: Any, as_json: bool) -> int:
 def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool) -> int:
     from hpctrain.render import render
 
-    rendered = render(spec, template_dirs=templates)
+    rendered = render(spec, template_dirs=templates, python=sys.executable)
     if as_json:
         click.echo(json.dumps({"dry_run": True, "plan": plan_json(rendered.plan),
                                "template": rendered.template_path, "script": rendered.script}))

@@ -133,10 +133,11 @@ SlurmdParameters=config_overrides
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
-# preempt_send_user_signal: a preempted job gets its --signal (e.g. B:USR2) as soon as
-# GraceTime starts, so it can write an emergency checkpoint; without it a batch script
-# with no srun step gets no signal at all before it is killed.
-SchedulerParameters=sched_interval=2,bf_interval=2,preempt_send_user_signal
+# Slurm's default preemption: when GraceTime starts the job's *steps* get SIGTERM (the
+# batch step nothing until the requeue at its end). Sites that set
+# SlurmctldParameters=preempt_send_user_signal send the job's --signal instead (B:USR2:
+# to the batch step only); hpctrain's supervisor handles both, and a test switches it on.
+SchedulerParameters=sched_interval=2,bf_interval=2
 MpiDefault=none
 GresTypes=gpu
 ReturnToService=2

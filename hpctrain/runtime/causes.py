@@ -1,18 +1,20 @@
-"""Why a job stopped, and what the batch script should do about it: one small table.
+"""Why a job stopped, and what the supervisor makes of it: one small table.
 
-The exit-code protocol between the training process and the batch script:
+The exit-code protocol between the training process and its supervisor:
 
 - ``0``: training finished; the job completes.
 - ``75`` (EX_TEMPFAIL): stopped on the *preemption* signal (SIGTERM by default)
   after the emergency checkpoint; requeue me.
 - ``76``: stopped on the *time-limit* signal (SIGUSR2, sent ``signal_lead_s``
   before the limit) after the emergency checkpoint; requeue me.
-- anything else: a user crash; do NOT requeue (the job ends FAILED).
+- anything else: the supervisor asks Slurm what happened; without a preemption, time
+  limit or node loss it is a crash, not requeued (unless ``max_crash_restarts``).
 
 Launchers such as ``torchrun`` replace a worker's exit code with their own (``1``),
 so :meth:`hpctrain.runtime.Context.exit_for_requeue` also writes an *exit record*
-(``$HPCTRAIN_EXIT_FILE``, ``key=value`` lines) that the batch script reads; see
-docs/fault-recovery.md.
+(``$HPCTRAIN_EXIT_FILE``, ``key=value`` lines) that the supervisor reads; see
+docs/fault-recovery.md. These codes are the runtime's word: detail the supervisor adds
+to Slurm's facts, which decide.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def cause_of_signal(signum: int, *, now: float | None = None, end_time: float | 
 
     Without timing facts: SIGUSR2 is the time-limit warning, anything else (SIGTERM)
     preemption. With them (``SLURM_JOB_END_TIME`` and the template's lead) the time
-    left decides, whatever the signal: batch scripts forward USR2 to torchrun as TERM
+    left decides, whatever the signal: the supervisor forwards USR2 to torchrun as TERM
     (torchrun dies of USR2), and Slurm's ``send_user_signal`` delivers USR2 on
     preemption. Near the end of the job it is the time limit, otherwise preemption.
     """
@@ -69,18 +71,19 @@ def cause_of_signal(signum: int, *, now: float | None = None, end_time: float | 
 
 def cause_of_stop(signum: int, notice: Mapping[str, str], restart_count: int, *,
                   now: float | None = None, end_time: float | None = None,
-                  lead_s: float | None = None) -> ExitCause:
-    """Why a stop signal came: the batch script's stop notice for this run when it left
+                  lead_s: float | None = None, run_id: str | None = None) -> ExitCause:
+    """Why a stop signal came: the supervisor's stop notice for this run when it left
     one (it asked Slurm whether the job is being preempted before passing the signal on),
     else :func:`cause_of_signal` (a signal Slurm sent the step directly)."""
     if (notice.get("restart_count") == str(restart_count)
+            and (not run_id or notice.get("run_id") == run_id)
             and notice.get("cause") in ("preemption", "time_limit")):
         return CAUSES[notice["cause"]]
     return cause_of_signal(signum, now=now, end_time=end_time, lead_s=lead_s)
 
 
 def cause_of_exit_code(exit_code: int) -> ExitCause:
-    """What the batch script should conclude from a training process's exit code."""
+    """What a training process's exit code says on its own from a training process's exit code."""
     for cause in CAUSES.values():
         if cause.exit_code == exit_code:
             return cause

@@ -1,7 +1,7 @@
 """``init()`` -> :class:`Context`: torch.distributed, the ("pp","dp","tp") mesh, stop signals.
 
 torch is imported inside functions: importing hpctrain.runtime stays cheap and
-torch-free (a batch script may ask it for exit codes), only ``init()`` pays.
+torch-free (the supervisor reads its exit codes), only ``init()`` pays.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Context:
             local = cause_of_stop(self.flag.signum, read_record(self.env.stop_file),
                                   self.env.restart_count, now=self.flag.received_at,
                                   end_time=self.env.job_end_time,
-                                  lead_s=self.env.signal_lead_s).code
+                                  lead_s=self.env.signal_lead_s, run_id=self.env.run_id).code
         agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         code = int(agreed.item())
@@ -87,7 +87,7 @@ class Context:
         return code != 0
 
     def exit_for_requeue(self, step: int | None = None, cause: str | None = None) -> NoReturn:
-        """Leave so the batch script requeues the job: call on every rank AFTER the
+        """Leave so the supervisor requeues the job: call on every rank AFTER the
         emergency checkpoint. Waits for all ranks (a launcher kills the others as soon as
         one rank exits), rank 0 writes the exit record, then exits with the cause's code
         (see :func:`_exit_with`: always that code, never an abort at interpreter exit)."""
@@ -103,7 +103,8 @@ class Context:
             write_record(self.env.exit_file, {
                 "cause": row.name, "exit_code": row.exit_code, "requeue": 1,
                 "step": "" if step is None else step, "restart_count": self.env.restart_count,
-                "job_id": self.env.job_id or ""})
+                "job_id": self.env.job_id or "", "run_id": self.env.run_id or "",
+                "node": self.env.node or ""})
         self.close()
         _exit_with(row.exit_code)
 
@@ -112,7 +113,8 @@ class Context:
         first one wins, never over this run's requeue record); never raises."""
         return write_crash_record(self.env.exit_file, exc_type, exc, step=self.step,
                                   restart_count=self.env.restart_count,
-                                  job_id=self.env.job_id, rank=self.env.rank)
+                                  job_id=self.env.job_id, rank=self.env.rank,
+                                  node=self.env.node, run_id=self.env.run_id)
 
     def close(self) -> None:
         """Tear down the process group (if init made it); stop signals stay routed to the
@@ -135,7 +137,7 @@ def _exit_with(code: int) -> NoReturn:
     non-daemon threads, run atexit handlers such as the checkpoint manager's flush of an
     async save, flush stdio), then leave without C++ static destructors: there, a torch
     gloo/TCPStore thread can still abort the process ("terminate called without an active
-    exception", seen once in CI as SIGABRT), and the batch script would read 134, not 76."""
+    exception", seen once in CI as SIGABRT), and the supervisor would read 134, not 76."""
     me = threading.current_thread()
     for thread in threading.enumerate():
         if thread is not me and thread is not threading.main_thread() and not thread.daemon:

@@ -1,8 +1,9 @@
 """The user-crash exit record: an uncaught exception leaves ``cause=user_crash`` behind.
 
-Why: the batch script already refuses to requeue a crash (no 75/76, no ``requeue=1``
-record), but the user then only sees ``FAILED`` and has to dig through per-rank logs.
-A ``sys.excepthook`` installed by :func:`hpctrain.runtime.init` writes one record::
+Why: the supervisor does not requeue a crash, and the user then only sees ``FAILED``
+and has to dig through per-rank logs. A ``sys.excepthook`` installed by
+:func:`hpctrain.runtime.init` writes one record, which the supervisor's verdict and
+``hpctrain status`` take the failing rank, node, step and error from::
 
     cause=user_crash
     exit_code=1
@@ -10,7 +11,9 @@ A ``sys.excepthook`` installed by :func:`hpctrain.runtime.init` writes one recor
     step=7
     restart_count=0
     job_id=123
+    run_id=0a85...
     rank=1
+    node=n2
     error=RuntimeError: --crash-at-step 7: simulated user crash
 
 so ``hpctrain status`` can say why. Any rank may write it (the crash is often not on
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from hpctrain.runtime.exitrecord import read_record, write_record
+from hpctrain.protocol import read_record, write_record
 
 ERROR_MAX_CHARS = 300  # one short line: status tables and grep stay readable
 
@@ -34,7 +37,8 @@ ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None]
 
 
 def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int | None,
-                 restart_count: int, job_id: str | None, rank: int) -> dict[str, object]:
+                 restart_count: int, job_id: str | None, rank: int, node: str | None = None,
+                 run_id: str | None = None) -> dict[str, object]:
     """The record's fields for an uncaught exception (one line each)."""
     text = " ".join(str(exc).split())  # newlines and runs of blanks -> one space
     error = f"{exc_type.__name__}: {text}" if text else exc_type.__name__
@@ -42,7 +46,8 @@ def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int
         error = error[:ERROR_MAX_CHARS - 3] + "..."
     return {"cause": "user_crash", "exit_code": 1, "requeue": 0,
             "step": "" if step is None else step, "restart_count": restart_count,
-            "job_id": job_id or "", "rank": rank, "error": error}
+            "job_id": job_id or "", "run_id": run_id or "", "rank": rank,
+            "node": node or "", "error": error}
 
 
 def should_write(existing: dict[str, str], restart_count: int, job_id: str | None) -> bool:
@@ -55,7 +60,7 @@ def should_write(existing: dict[str, str], restart_count: int, job_id: str | Non
 
 def write_crash_record(path: str | None, exc_type: type[BaseException], exc: BaseException,
                        *, step: int | None, restart_count: int, job_id: str | None,
-                       rank: int) -> bool:
+                       rank: int, node: str | None = None, run_id: str | None = None) -> bool:
     """Write the user-crash record unless this run already has one; never raises.
     Returns whether it wrote."""
     if not path or issubclass(exc_type, KeyboardInterrupt):
@@ -64,7 +69,7 @@ def write_crash_record(path: str | None, exc_type: type[BaseException], exc: Bas
         if not should_write(read_record(path), restart_count, job_id):
             return False
         write_record(path, crash_fields(exc_type, exc, step=step, restart_count=restart_count,
-                                        job_id=job_id, rank=rank))
+                                        job_id=job_id, rank=rank, node=node, run_id=run_id))
         return True
     except Exception:  # noqa: BLE001 - the user's traceback matters more than our record
         return False

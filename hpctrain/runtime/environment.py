@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from hpctrain import protocol
 from hpctrain.errors import LayoutError, SpecError
 from hpctrain.mesh import rank_to_coords  # the one rank numbering (Megatron order)
 
@@ -28,7 +29,7 @@ class Environment:
     local_world_size: int
     node_rank: int
     num_nodes: int
-    job_id: str | None  # "123" or, for an array task, "120_3" (array job id _ task id)
+    job_id: str | None  # the job key: "123", or "120_3" for an array task (protocol.job_key)
     slurm_job_id: str | None  # the raw SLURM_JOB_ID (unique per array task)
     restart_count: int  # SLURM_RESTART_COUNT: how often Slurm requeued this job
     tp: int
@@ -37,8 +38,10 @@ class Environment:
     master_addr: str
     master_port: int
     exit_file: str | None  # HPCTRAIN_EXIT_FILE: where exit_for_requeue leaves its record
-    stop_file: str | None  # HPCTRAIN_STOP_FILE: the batch script's word on a stop signal
-    last_exit_cause: str | None  # HPCTRAIN_LAST_EXIT_CAUSE, set by the batch script
+    stop_file: str | None  # HPCTRAIN_STOP_FILE: the supervisor's word on a stop signal
+    last_exit_cause: str | None  # HPCTRAIN_LAST_EXIT_CAUSE, set by the supervisor
+    run_id: str | None  # HPCTRAIN_RUN_ID: the job's id, stable across requeues
+    node: str | None  # SLURMD_NODENAME: the node this rank runs on
     job_end_time: float | None  # SLURM_JOB_END_TIME (epoch s), to tell preemption by USR2
     signal_lead_s: float | None  # HPCTRAIN_SIGNAL_LEAD_S, the template's --signal lead
 
@@ -68,27 +71,19 @@ class Environment:
         slurm_job = env.get("SLURM_JOB_ID") or None
         return cls(
             rank=rank, world_size=world, local_rank=local_rank, local_world_size=local_world,
-            node_rank=node_rank, num_nodes=num_nodes, job_id=job_id_of(env),
+            node_rank=node_rank, num_nodes=num_nodes, job_id=protocol.job_key(env),
             slurm_job_id=slurm_job, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             tp=tp, dp=dp, pp=pp,
             master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "")),
             master_port=_int(env, "MASTER_PORT", _default_port(slurm_job)),
-            exit_file=env.get("HPCTRAIN_EXIT_FILE") or None,
-            stop_file=env.get("HPCTRAIN_STOP_FILE") or None,
-            last_exit_cause=env.get("HPCTRAIN_LAST_EXIT_CAUSE") or None,
+            exit_file=env.get(protocol.EXIT_FILE) or None,
+            stop_file=env.get(protocol.STOP_FILE) or None,
+            last_exit_cause=env.get(protocol.LAST_EXIT_CAUSE) or None,
+            run_id=env.get(protocol.RUN_ID) or None,
+            node=env.get("SLURMD_NODENAME") or None,
             job_end_time=_float(env, "SLURM_JOB_END_TIME"),
             signal_lead_s=_float(env, "HPCTRAIN_SIGNAL_LEAD_S"),
         )
-
-
-def job_id_of(env: Mapping[str, str]) -> str | None:
-    """The job's stable id. For an array task ``<array job id>_<task id>``: SLURM_JOB_ID
-    alone is a per-task number users don't see in squeue, and SLURM_ARRAY_JOB_ID alone
-    is shared by every task (so checkpoints would collide)."""
-    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
-    if array_job and task:
-        return f"{array_job}_{task}"
-    return env.get("SLURM_JOB_ID") or None
 
 
 _BRACKET = re.compile(r"^([^\[,]*)\[([^\]]*)\](.*)$")

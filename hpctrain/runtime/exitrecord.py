@@ -1,8 +1,8 @@
-"""The exit record: a few ``key=value`` lines the batch script can read with grep.
+"""The runtime's exit record: why a training process left, for its supervisor.
 
-Why a file as well as the exit code: launchers (torchrun, deepspeed, mpirun) report
-their own exit code when a worker leaves, so the batch script may never see 75/76.
-Rank 0 writes ``$HPCTRAIN_EXIT_FILE`` just before leaving for requeue::
+Launchers (torchrun, deepspeed, mpirun) report their own exit code when a worker leaves,
+so the supervisor may never see 75/76. Rank 0 therefore writes ``$HPCTRAIN_EXIT_FILE``
+(the job's state directory, :mod:`hpctrain.protocol`) just before leaving for requeue::
 
     cause=preemption
     exit_code=75
@@ -10,59 +10,24 @@ Rank 0 writes ``$HPCTRAIN_EXIT_FILE`` just before leaving for requeue::
     step=120
     restart_count=0
     job_id=123
+    run_id=0a85...
 
-The next run reads it back to learn ``last_exit_cause`` when its restart count is one
-more than the record's (else the previous run left without a record: node failure).
+and an uncaught exception leaves a ``cause=user_crash`` record (crashrecord.py). The
+``key=value`` format and its atomic writer are :mod:`hpctrain.protocol`'s.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 
+from hpctrain.protocol import read_record, write_record
 
-def format_record(fields: Mapping[str, object]) -> str:
-    lines = []
-    for key, value in fields.items():
-        text = str(value)
-        if "\n" in text or "=" in key:
-            raise ValueError(f"exit record field {key!r}={text!r} must be one line")
-        lines.append(f"{key}={text}")
-    return "\n".join(lines) + "\n"
-
-
-def parse_record(text: str) -> dict[str, str]:
-    """Inverse of :func:`format_record`; ignores blank and malformed lines."""
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip()] = value.strip()
-    return out
-
-
-def write_record(path: str | os.PathLike[str], fields: Mapping[str, object]) -> None:
-    """Write atomically (tmp + rename), so a kill mid-write leaves the old record or none."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(format_record(fields))
-    os.replace(tmp, path)
-
-
-def read_record(path: str | os.PathLike[str] | None) -> dict[str, str]:
-    """The record at ``path``, or {} when there is none."""
-    if not path:
-        return {}
-    try:
-        return parse_record(Path(path).read_text())
-    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
-        return {}
+__all__ = ["previous_cause", "read_record", "write_record"]
 
 
 def previous_cause(record: Mapping[str, str], restart_count: int) -> str | None:
-    """The cause the previous run left with, inferred from its record.
+    """The cause the previous run left with, inferred from its record (used only without
+    a supervisor: the supervisor passes the cause in ``HPCTRAIN_LAST_EXIT_CAUSE``).
 
     First run: None. Requeued and the record comes from the run just before: its cause.
     Requeued without such a record: nobody lived to write it, i.e. ``node_fail`` (or a

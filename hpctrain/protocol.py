@@ -1,0 +1,124 @@
+"""The batch protocol's shared vocabulary: environment names, a job's state directory and
+its ``key=value`` records, defined once.
+
+Three parties use it: the job supervisor (``hpctrain.supervisor``, which owns the batch
+step and writes most of it), the training processes (``hpctrain.runtime``, which read the
+stop notice and leave an exit record) and ``hpctrain status`` (which reads it with plain
+file reads). Pure standard library: no torch, no Slurm, cheap to import anywhere.
+
+A job's state directory, on storage every node sees (``state_dir``)::
+
+    <checkpoint dir, else the submit dir>/.hpctrain/jobs/<job key>/
+        identity   who owns this directory: run_id, cluster, job key, submission id
+        ledger     one line per requeue, and a ``stop`` line when a limit ended the job
+        stop       the supervisor's stop notice to the training processes (why a signal came)
+        exit       the runtime's exit record (a requeue request, or a crash and its error)
+        outcome    the supervisor's verdict on the last run (cause, action, rank, node, error)
+
+The job key is the Slurm job id, or ``<array job id>_<task id>`` for an array task (the
+bare id of an array task can equal the array's id, which Slurm reads as every task).
+Exit codes live with their causes in :mod:`hpctrain.runtime.causes`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+# ---- environment: set by the rendered script or the supervisor, read by the others ------
+STATE_DIR = "HPCTRAIN_STATE_DIR"              # the job's state directory (this module)
+EXIT_FILE = "HPCTRAIN_EXIT_FILE"              # where the runtime leaves its exit record
+STOP_FILE = "HPCTRAIN_STOP_FILE"              # where the supervisor leaves its stop notice
+RUN_ID = "HPCTRAIN_RUN_ID"                    # stable across requeues of one job
+RESTART_COUNT = "HPCTRAIN_RESTART_COUNT"      # SLURM_RESTART_COUNT, 0 on the first run
+LAST_EXIT_CAUSE = "HPCTRAIN_LAST_EXIT_CAUSE"  # why the previous run ended (restarts only)
+STOP_SIGNALS = "HPCTRAIN_STOP_SIGNALS"        # signals the runtime routes to its stop flag
+EARLY_SIGNALS = "HPCTRAIN_EARLY_SIGNALS"      # caught by the batch shell before the handover
+SUBMISSION_ID = "HPCTRAIN_SUBMISSION_ID"      # set by `hpctrain submit` in sbatch's environment
+CKPT_DIR = "HPCTRAIN_CKPT_DIR"
+LAUNCHER = "HPCTRAIN_LAUNCHER"
+REQUEUE_SIGNAL = "HPCTRAIN_REQUEUE_SIGNAL"
+SIGNAL_LEAD_S = "HPCTRAIN_SIGNAL_LEAD_S"
+MAX_REQUEUES = "HPCTRAIN_MAX_REQUEUES"
+MAX_PREEMPTIONS = "HPCTRAIN_MAX_PREEMPTIONS"
+MAX_TIME_LIMITS = "HPCTRAIN_MAX_TIME_LIMITS"
+MAX_NODE_FAILURES = "HPCTRAIN_MAX_NODE_FAILURES"
+MAX_CRASH_RESTARTS = "HPCTRAIN_MAX_CRASH_RESTARTS"
+
+# ---- the state directory ------------------------------------------------------------------
+STATE_SUBDIR = (".hpctrain", "jobs")
+IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"
+
+
+def job_key(env: Mapping[str, str]) -> str | None:
+    """The job's key: ``<array job id>_<task id>`` for an array task, else SLURM_JOB_ID."""
+    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if array_job and task:
+        return f"{array_job}_{task}"
+    return env.get("SLURM_JOB_ID") or None
+
+
+def state_dir(base: str | os.PathLike[str], key: str) -> Path:
+    """The state directory of job ``key`` under ``base`` (checkpoint dir or submit dir)."""
+    return Path(base).joinpath(*STATE_SUBDIR, key)
+
+
+# ---- key=value records (identity, stop, exit, outcome) ---------------------------------------
+def format_record(fields: Mapping[str, object]) -> str:
+    """``key=value`` lines; a value must be one line (grep-able, and no record injection)."""
+    lines = []
+    for key, value in fields.items():
+        text = str(value)
+        if "\n" in text or "\r" in text or "=" in key:
+            raise ValueError(f"record field {key!r}={text!r} must be one line")
+        lines.append(f"{key}={text}")
+    return "\n".join(lines) + "\n"
+
+
+def parse_record(text: str) -> dict[str, str]:
+    """Inverse of :func:`format_record`; ignores blank and malformed lines."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def write_record(path: str | os.PathLike[str], fields: Mapping[str, object]) -> None:
+    """Write atomically (tmp + rename), so a kill mid-write leaves the old record or none."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(format_record(fields))
+    os.replace(tmp, path)
+
+
+def read_record(path: str | os.PathLike[str] | None) -> dict[str, str]:
+    """The record at ``path``, or {} when there is none (or it cannot be read)."""
+    if not path:
+        return {}
+    try:
+        return parse_record(Path(path).read_text())
+    except (OSError, UnicodeDecodeError):
+        return {}
+
+
+def belongs(record: Mapping[str, str], run_id: str | None, restart_count: int | None = None
+            ) -> bool:
+    """Was ``record`` written by this job (its run_id) and, if given, by this run?"""
+    if run_id and record.get("run_id") != run_id:
+        return False
+    return restart_count is None or record.get("restart_count") == str(restart_count)
+
+
+def find_record(key: str, name: str, *bases: str) -> dict[str, str]:
+    """Record ``name`` (``outcome``, ``exit``) of job ``key`` from the first of ``bases``
+    (checkpoint dir, submit dir) whose state directory has one; {} when none does."""
+    for base in bases:
+        if base:
+            found = read_record(state_dir(base, key) / name)
+            if found:
+                return found
+    return {}

@@ -1,0 +1,14 @@
+"""The job supervisor: the Python process that owns a job's batch step.
+
+The rendered script does the site's setup (modules, environment, setup lines), then hands
+over with ``exec python -m hpctrain.supervisor -- <launcher argv>``. The supervisor starts
+the launcher (srun, torchrun, deepspeed) as its child, passes stop signals on in the way
+each launcher needs, and when the step ends decides from Slurm's facts whether the job is
+requeued (preemption, time limit, node loss), finished, or stopped by a requeue limit. It
+keeps the job's state directory (ledger, stop notice, verdict; :mod:`hpctrain.protocol`).
+
+Modules: ``config`` (what it is told), ``decision`` (the pure decision table), ``statedir``
+(the state directory), ``diagnosis`` (which rank failed first), ``step`` (the child process
+and signal forwarding), ``run`` (one run, start to verdict). In-job code: it imports nothing
+from the submission side but :mod:`hpctrain.slurm` (to ask Slurm), and never torch.
+"""

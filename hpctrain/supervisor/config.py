@@ -1,0 +1,95 @@
+"""What the supervisor is told: the launcher command (its argv) and the rendered script's
+exports (the spec's requeue settings) plus Slurm's own variables. Pure parsing of a mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hpctrain import protocol as p
+from hpctrain.errors import SupervisorError
+from hpctrain.supervisor.decision import Budget, Caught
+
+# signals whose default action ends a process: a plain script stops on them
+TERMINATING = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run of one job, as the supervisor sees it."""
+
+    argv: tuple[str, ...]      # the launcher command: srun ... (the training step)
+    key: str                   # 123, or 120_3 for an array task
+    restart_count: int
+    cluster: str
+    launcher: str              # torchrun | srun | deepspeed
+    requeue_signal: str        # USR2: the time-limit warning (--signal=B:USR2@lead)
+    budget: Budget
+    base: str                  # where the state directory lives: checkpoint dir, else submit dir
+    submission: str = ""       # hpctrain submit's id for this submission, if it made one
+    early: tuple[Caught, ...] = ()
+    where: str = ""            # "4 rank(s) on n[1-2], rendezvous n1:20014", for the log
+
+    @property
+    def step_signal(self) -> str:
+        """What the step gets when it must stop: torchrun's agent passes on only TERM; a
+        plain script dies of the requeue signal only if it is one that ends a process."""
+        if self.launcher == "torchrun" or self.requeue_signal not in TERMINATING:
+            return "TERM"
+        return self.requeue_signal
+
+    @classmethod
+    def from_env(cls, argv: Sequence[str], env: Mapping[str, str]) -> Config:
+        """Raise SupervisorError naming the variable and the fix when something is off."""
+        args = list(argv)
+        if args[:1] == ["--"]:
+            args = args[1:]
+        if not args:
+            raise SupervisorError("no training step to run: the rendered script must end with "
+                                  "`exec python -m hpctrain.supervisor -- LAUNCHER ...` "
+                                  "(render it again with `hpctrain render`)")
+        key = p.job_key(env)
+        if not key:
+            raise SupervisorError("SLURM_JOB_ID is not set: the supervisor runs inside a Slurm "
+                                  "batch job (submit the script with sbatch or hpctrain submit)")
+        total = _int(env, p.MAX_REQUEUES, 10)   # the spec's defaults, when run by hand
+        budget = Budget(total, {
+            "preemption": _int(env, p.MAX_PREEMPTIONS, total),
+            "time_limit": _int(env, p.MAX_TIME_LIMITS, total),
+            "node_fail": _int(env, p.MAX_NODE_FAILURES, min(3, total)),
+            "user_crash": _int(env, p.MAX_CRASH_RESTARTS, 0)})
+        return cls(
+            argv=tuple(args), key=key, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
+            cluster=env.get("SLURM_CLUSTER_NAME", ""),
+            launcher=env.get(p.LAUNCHER, "srun"),
+            requeue_signal=env.get(p.REQUEUE_SIGNAL, "USR2").upper().removeprefix("SIG"),
+            budget=budget,
+            base=env.get(p.CKPT_DIR) or env.get("SLURM_SUBMIT_DIR") or env.get("PWD", "."),
+            submission=env.get(p.SUBMISSION_ID, ""),
+            early=parse_early(env.get(p.EARLY_SIGNALS, "")),
+            where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on "
+                  f"{env.get('SLURM_JOB_NODELIST', '?')}, rendezvous "
+                  f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")
+
+
+def parse_early(text: str) -> tuple[Caught, ...]:
+    """``" USR2@1795418146 TERM@1795418150"`` (the batch shell's traps) -> Caught signals."""
+    out = []
+    for word in text.split():
+        name, _, at = word.partition("@")
+        try:
+            out.append(Caught(name.upper().removeprefix("SIG"), float(at or 0), early=True))
+        except ValueError:
+            continue
+    return tuple(out)
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SupervisorError(f"{name}={raw!r} is not a whole number: render the script "
+                              "again with `hpctrain render` (it sets the spec's values)") from None

@@ -1,0 +1,143 @@
+"""Which rank failed first, on which node, and with what error: read from what the
+launcher reported, not guessed from the exit status.
+
+Sources, best first: the runtime's crash record (rank, node, step, exception: only jobs
+using ``hpctrain.runtime``); torchrun's root-cause report (rank, host, exit code, and
+the traceback when the worker used torch's ``@record``); srun's ``task N: Exited with
+exit code C`` line (the first failing task and its node); and the first Python exception
+printed in this run's part of the job log (torch prefixes a rank's traceback with
+``[rankN]:``). The parsing is pure; :func:`log_segment` reads the log from where the run's
+step started.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_SEGMENT = 4 << 20   # bytes of this run's log read at most: the first failure is early
+
+_SRUN = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")
+_RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")   # "ValueError: boom", "KeyboardInterrupt"
+_FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The first failure of a run, as far as it is known."""
+
+    rank: int | None = None
+    node: str | None = None
+    exit_code: str | None = None
+    error: str | None = None   # the exception's last line: "ValueError: boom"
+    source: str = ""           # runtime | torchrun | srun | log
+
+    def text(self) -> str:
+        """``rank 3 on n2 (exit code 1): ValueError: boom``."""
+        parts = []
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.node:
+            parts.append(f"on {self.node}")
+        if self.exit_code:
+            parts.append(f"({self.exit_code})")
+        head = " ".join(parts)
+        if self.error:
+            return f"{head}: {self.error}" if head else self.error
+        return head
+
+
+def log_segment(path: str, offset: int) -> str:
+    """The job log from ``offset`` (where this run's step started), at most MAX_SEGMENT."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read(MAX_SEGMENT).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def log_size(path: str) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0
+
+
+def exceptions(text: str) -> list[tuple[int | None, str]]:
+    """(rank or None, ``Type: message``) of every Python traceback's last line, in order."""
+    found: list[tuple[int | None, str]] = []
+    in_tb: dict[int | None, bool] = {}
+    for raw in text.splitlines():
+        m = _RANK_PREFIX.match(raw)
+        rank = int(m.group("rank")) if m else None
+        line = raw[m.end():] if m else raw
+        if line.startswith("Traceback (most recent call last):"):
+            in_tb[rank] = True
+            continue
+        if in_tb.get(rank) and line and not line[0].isspace():
+            in_tb[rank] = False   # the first unindented line ends the traceback
+            if _EXCEPTION.match(line):
+                found.append((rank, line.strip()[:300]))
+    return found
+
+
+def torchrun_root_cause(text: str) -> dict[str, str]:
+    """The fields of torchrun's first ``Root Cause (first observed failure)`` block."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("Root Cause (first observed failure):"):
+            fields = {}
+            for follow in lines[i + 1:i + 12]:
+                m = _FIELD.match(follow)
+                if m:
+                    fields[m.group("key")] = m.group("value").strip()
+                elif follow.startswith("====="):
+                    break
+            return fields
+    return {}
+
+
+def srun_first_failure(text: str) -> dict[str, str]:
+    """srun's first ``srun: error: NODE: task N: ...`` line, as fields."""
+    for line in text.splitlines():
+        m = _SRUN.match(line.strip())
+        if m and "Terminated" not in m.group("what") and "Killed" not in m.group("what"):
+            return m.groupdict()
+    return {}
+
+
+def diagnose(segment: str, launcher: str, record: Mapping[str, str]) -> Diagnosis | None:
+    """The first failure of a run from the runtime's crash ``record`` (this run's, or {}),
+    then the launcher's report and the exceptions in the log ``segment``."""
+    if record.get("cause") == "user_crash" and record.get("error"):
+        rank = record.get("rank", "")
+        return Diagnosis(int(rank) if rank.isdigit() else None, record.get("node") or None,
+                         f"exit code {record['exit_code']}" if record.get("exit_code") else None,
+                         record["error"], "runtime")
+    raised = exceptions(segment)
+    root = torchrun_root_cause(segment) if launcher == "torchrun" else {}
+    if root:
+        m = re.match(r"(\d+)", root.get("rank", ""))
+        rank = int(m.group(1)) if m else None
+        code = root.get("exitcode", "").split(" (pid")[0].strip()
+        tb = root.get("traceback", "")
+        error = None if not tb or tb.startswith("To enable traceback") else tb[:300]
+        error = error or next((e for r, e in raised if r == rank), None) or \
+            next((e for _, e in raised), None)
+        return Diagnosis(rank, root.get("host") or None, f"exit code {code}" if code else None,
+                         error, "torchrun")
+    srun = srun_first_failure(segment)
+    if srun:
+        task = int(re.match(r"\d+", srun["tasks"]).group(0))  # type: ignore[union-attr]
+        rank = task if launcher != "torchrun" else None       # torchrun: a task is a node
+        error = next((e for r, e in raised if r == rank), None) or \
+            next((e for _, e in raised), None)
+        return Diagnosis(rank, srun["node"], srun["what"].strip().lower(), error, "srun")
+    if raised:
+        rank, error = raised[0]
+        return Diagnosis(rank, None, None, error, "log")
+    return None

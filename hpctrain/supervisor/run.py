@@ -1,0 +1,323 @@
+"""One run of a job under the supervisor: claim the state, start the step, pass stop
+signals on, then decide from Slurm's facts (:mod:`hpctrain.supervisor.decision`) and act.
+
+The rendered script ends with ``exec python -m hpctrain.supervisor -- <launcher argv>``,
+so this process *is* the batch step: Slurm's signals to the batch shell come here. Until
+its handlers are installed the script ignores them (an ignored signal survives exec, a
+trapped one would not), and whatever may have been missed is asked of Slurm at start.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from types import FrameType
+
+from hpctrain import protocol as p
+from hpctrain.errors import HpctrainError, SlurmError
+from hpctrain.ledger import line
+from hpctrain.slurm import control
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.config import Config
+from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, REQUEUE_CAUSES, Caught, Decision,
+                                          Facts, decide, limit_text, missing_requeues,
+                                          notice_cause, over_limit, runtime_word, slurm_event)
+from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, log_segment, log_size
+from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.step import Step, forward
+
+POLL_S = 0.1                 # how often the step and the signal log are looked at
+SETTLE_S = 3.0               # a failed step Slurm has no word on yet: wait this long for one
+ASK_DEADLINE_S = 60.0        # keep asking an unreachable controller this long for the verdict
+REQUEUE_DEADLINE_S = 300.0   # ...and this long to requeue (a controller failover)
+RETRY_S = 2.0
+
+
+def say(message: str) -> None:
+    """One line for the job log, marked as the supervisor's."""
+    print(f"hpctrain: {message}", file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    """Owns one run of the batch step: see the module docstring."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.caught: list[Caught] = list(cfg.early)
+        self._pending: list[Caught] = []        # appended to by the signal handler only
+        self._forwarded = False
+        self._acted: Decision | None = None     # a requeue made before the step ended
+        self._requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
+
+    # ---- signals -------------------------------------------------------------------------
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        # record only: no I/O and no locks inside a handler
+        self._pending.append(Caught(signal.Signals(signum).name[3:], time.time()))
+
+    def install(self) -> None:
+        for name in dict.fromkeys((self.cfg.requeue_signal, "TERM", "INT")):
+            signal.signal(signal.Signals["SIG" + name], self._handler)
+
+    def take_signals(self) -> list[Caught]:
+        new = self._pending[:]
+        del self._pending[:len(new)]
+        self.caught += new
+        return new
+
+    # ---- asking Slurm ----------------------------------------------------------------------
+    def ask(self, deadline_s: float = 0.0) -> JobView | None:
+        """Slurm's view of this job; None when it cannot be asked (after ``deadline_s`` of
+        retries) or no longer knows the job."""
+        end = time.monotonic() + deadline_s
+        told = False
+        while True:
+            try:
+                return control.show_job(self.cfg.key)
+            except SlurmError as exc:
+                if time.monotonic() >= end or not control.is_unreachable(exc):
+                    say(f"cannot ask Slurm about job {self.cfg.key}: {exc}")
+                    return None
+                if not told:
+                    say(f"Slurm's controller does not answer ({exc}); asking again for up to "
+                        f"{deadline_s:.0f} s")
+                    told = True
+                time.sleep(RETRY_S)
+
+    # ---- the run ---------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        self.install()
+        state, note = StateDir.claim(cfg.base, cfg.key, cfg.restart_count, cfg.cluster,
+                                     cfg.submission)
+        if note:
+            say(note)
+        view = self.ask()
+        last_cause, stop = self.account_restarts(state)
+        state.clear(p.STOP, p.EXIT)   # earlier runs' notices and records have been read
+        if stop is not None:
+            return self.act(stop, state, None)
+        self.take_signals()
+        started = view is None or slurm_event(view, cfg.restart_count) == "running"
+        if self.caught or not started:
+            # a stop came before the step started: during setup, or a preemption
+            return self.act(decide(self.facts(view, None)), state, self.facts(view, None))
+        logfile = view.std_err if view is not None else ""
+        offset = log_size(logfile) if logfile else 0
+        after = f", after a {last_cause}" if last_cause else ""
+        say(f"starting the training step of job {cfg.key}: {cfg.where}, "
+            f"restart {cfg.restart_count}{after}")
+        step = Step(cfg.argv, self.step_env(state, view, last_cause))
+        status = self.supervise(step, state)
+        say(f"training step exited with status {status}")
+        facts = self.gather(state, status)
+        if self._acted is not None:
+            code = self._acted.exit_code
+        else:
+            decision = decide(facts)
+            diagnosis = None
+            if decision.cause in ("user_crash", "unknown") and logfile:
+                diagnosis = diagnose(log_segment(logfile, offset), cfg.launcher, facts.record)
+            code = self.act(decision, state, facts, diagnosis)
+        return code
+
+    def supervise(self, step: Step, state: StateDir) -> int:
+        """Wait for the step, passing stop signals on; its exit status."""
+        while True:
+            status = step.poll()
+            for caught in self.take_signals():
+                self.on_stop(caught, step, state)
+            if status is not None:
+                return status
+            time.sleep(POLL_S)
+
+    def on_stop(self, caught: Caught, step: Step, state: StateDir) -> None:
+        """A stop signal while the step runs: tell the ranks why (the stop notice), then
+        pass a stop on, once. When Slurm has already ended the run for its time limit,
+        requeue at once: KillWait may not outlast the ranks' emergency save."""
+        cfg = self.cfg
+        view = self.ask()
+        event = slurm_event(view, cfg.restart_count)
+        cause = notice_cause(caught.name, view, cfg.requeue_signal)
+        if cause is not None:
+            state.write(p.STOP, {"cause": cause, "restart_count": cfg.restart_count,
+                                 "signal": caught.name})
+        if event == "time_limit" and self._acted is None:
+            facts = self.facts(view, None)
+            decision = decide(facts)
+            if decision.action == "requeue":
+                self.act(decision, state, facts)
+                self._acted = decision
+        if event in ("requeued", "ended", "time_limit") or self._forwarded:
+            say(f"caught SIG{caught.name} ({cause or event}); Slurm is ending the step itself"
+                if not self._forwarded else f"caught SIG{caught.name} ({cause or event})")
+            return
+        sig = "TERM" if caught.name in ("TERM", "INT") else cfg.step_signal
+        how = forward(cfg.key, sig, step)
+        self._forwarded = True
+        say(f"caught SIG{caught.name} ({cause or 'no preemption or time limit'}); "
+            f"asking the training step to stop: {how}")
+
+    # ---- facts -----------------------------------------------------------------------------
+    def facts(self, view: JobView | None, status: int | None,
+              record: dict[str, str] | None = None, requeued_as: str | None = None) -> Facts:
+        cfg = self.cfg
+        return Facts(restart_count=cfg.restart_count, requeue_signal=cfg.requeue_signal,
+                     budget=cfg.budget, requeues=self._requeues, view=view, now=time.time(),
+                     status=status, caught=tuple(self.caught), record=record or {},
+                     requeued_as=requeued_as)
+
+    def gather(self, state: StateDir, status: int) -> Facts:
+        """The facts once the step has ended. A failure Slurm has no word on yet (say, a
+        node it has not noticed losing) gets SETTLE_S for Slurm to speak."""
+        cfg = self.cfg
+        view = self.ask(ASK_DEADLINE_S)
+        if status != 0 and not self.caught and slurm_event(view, cfg.restart_count) == "running":
+            end = time.monotonic() + SETTLE_S
+            while time.monotonic() < end and not self.take_signals():
+                time.sleep(POLL_S)
+            view = self.ask(ASK_DEADLINE_S)
+        record = state.read(p.EXIT, cfg.restart_count)
+        requeued_as = None
+        if slurm_event(view, cfg.restart_count) == "requeued":
+            # a specific end state from sacct, else this run's own word
+            states = control.run_states(cfg.key)
+            seen = CAUSE_OF_RUN_STATE.get(states[cfg.restart_count]) \
+                if len(states) > cfg.restart_count else None
+            notice = state.read(p.STOP, cfg.restart_count).get("cause")
+            requeued_as = (seen if seen not in (None, "requeued") else None) or notice \
+                or runtime_word(record, status) or seen
+        return self.facts(view, status, record, requeued_as)
+
+    # ---- the start of a run ------------------------------------------------------------------
+    def account_restarts(self, state: StateDir) -> tuple[str | None, Decision | None]:
+        """Enter the requeues no supervisor counted (Slurm's own), pass the last one's cause
+        on, and stop here when that requeue went past a limit: (last cause, stop or None)."""
+        cfg = self.cfg
+        ledger = state.ledger()
+        if cfg.restart_count > ledger.last_restart:
+            previous = self.previous_word(state)
+            needs_sacct = cfg.restart_count - ledger.last_restart > 1 or previous is None
+            states = control.run_states(cfg.key) if needs_sacct else []
+            for restart, cause in missing_requeues(ledger.last_restart, cfg.restart_count,
+                                                   previous, states):
+                state.append_ledger(line("requeue", cause=cause, restart_count=restart,
+                                         by="slurm"))
+            ledger = state.ledger()
+        self._requeues = dict(ledger.requeues)
+        if cfg.restart_count == 0:
+            return None, None
+        cause = ledger.last_cause or "node_fail"
+        count = ledger.requeues.get(cause, 0)
+        limit = over_limit(cfg.budget, cause, count, cfg.restart_count)
+        if limit is None:
+            return cause, None
+        text = limit_text(limit, cause, count, cfg.restart_count)
+        say(f"not running job {cfg.key} again after a {cause} requeue: {text}")
+        return cause, Decision("stop", cause, 1, "not run again", limit=limit, detail=text)
+
+    def previous_word(self, state: StateDir) -> str | None:
+        """Why the previous run ended, in its own words: its supervisor's verdict, the
+        runtime's requeue record, or the stop notice it was given."""
+        before = self.cfg.restart_count - 1
+        verdict = state.read(p.OUTCOME, before)
+        if verdict.get("action") in ("requeue", "leave") and verdict.get("cause") in REQUEUE_CAUSES:
+            return verdict["cause"]
+        word = runtime_word(state.read(p.EXIT, before), None)
+        notice = state.read(p.STOP, before).get("cause")
+        return word or (notice if notice in ("preemption", "time_limit") else None)
+
+    def step_env(self, state: StateDir, view: JobView | None,
+                 last_cause: str | None) -> dict[str, str]:
+        """The step's environment: the batch step's, plus what the ranks read."""
+        cfg = self.cfg
+        env = {k: v for k, v in os.environ.items() if k != p.EARLY_SIGNALS}
+        env.update({p.STATE_DIR: str(state.path), p.EXIT_FILE: str(state.file(p.EXIT)),
+                    p.STOP_FILE: str(state.file(p.STOP)), p.RUN_ID: state.run_id,
+                    p.RESTART_COUNT: str(cfg.restart_count),
+                    p.STOP_SIGNALS: ",".join(dict.fromkeys((cfg.requeue_signal, "TERM"))),
+                    # submitit's in-task handler (function jobs) takes the same signal
+                    "SUBMITIT_PREEMPT_SIGNAL": cfg.requeue_signal})
+        if last_cause:
+            env[p.LAST_EXIT_CAUSE] = last_cause
+        if not env.get("SLURM_JOB_END_TIME") and view is not None and view.end_time:
+            # Slurm before 23.02 does not set it; the runtime tells warnings apart by it
+            env["SLURM_JOB_END_TIME"] = f"{view.end_time:.0f}"
+        return env
+
+    # ---- acting ------------------------------------------------------------------------------
+    def act(self, d: Decision, state: StateDir, facts: Facts | None,
+            diagnosis: Diagnosis | None = None) -> int:
+        """Record the verdict, do what it says, return the batch step's exit code.
+        ``facts`` is None for a stop decided at start (already said why)."""
+        cfg = self.cfg
+        record = facts.record if facts is not None else {}
+        status = facts.status if facts is not None else None
+        verdict: dict[str, object] = {
+            "cause": d.cause, "action": d.action, "restart_count": cfg.restart_count,
+            "job": cfg.key, "status": "" if status is None else status,
+            "step": record.get("step", ""), "limit": d.limit or "", "why": d.why,
+            "at": f"{time.time():.0f}"}
+        if diagnosis is not None:
+            verdict.update(rank="" if diagnosis.rank is None else diagnosis.rank,
+                           node=diagnosis.node or "", error=diagnosis.error or "",
+                           failure=diagnosis.text())
+        state.write(p.OUTCOME, verdict)
+        if d.action == "requeue":
+            say(f"requeueing job {cfg.key} after a {d.cause} ({d.detail}): {d.why}")
+            if not self.requeue():
+                state.write(p.OUTCOME, {**verdict, "action": "requeue_failed"})
+                return 1
+            state.append_ledger(line("requeue", cause=d.cause,
+                                     restart_count=cfg.restart_count + 1, by="supervisor"))
+        elif d.action == "stop":
+            if facts is not None:
+                say(f"not requeueing job {cfg.key} after a {d.cause}: {d.detail}")
+            state.append_ledger(line("stop", cause=d.cause, restart_count=cfg.restart_count,
+                                     limit=d.limit))
+            self.forbid_requeue()
+        elif d.action == "leave":
+            say(f"job {cfg.key} was requeued by Slurm ({d.cause}); the next run goes on")
+            state.append_ledger(line("requeue", cause=d.cause,
+                                     restart_count=cfg.restart_count + 1, by="slurm"))
+        else:
+            detail = f"; first failure: {diagnosis.text()}" if diagnosis is not None else ""
+            say(f"job {cfg.key} ends: {d.cause} ({d.why}){detail}")
+        return d.exit_code
+
+    def requeue(self) -> bool:
+        """``scontrol requeue``, retried while the controller is unreachable."""
+        end = time.monotonic() + REQUEUE_DEADLINE_S
+        told = False
+        while True:
+            try:
+                if control.requeue(self.cfg.key) == "already":
+                    say(f"job {self.cfg.key} was already requeued")
+                return True
+            except SlurmError as exc:
+                if not control.is_unreachable(exc) or time.monotonic() >= end:
+                    say(f"scontrol requeue {self.cfg.key} failed: {exc}")
+                    return False
+                if not told:
+                    say(f"scontrol requeue {self.cfg.key}: the controller does not answer "
+                        f"({exc}); trying again for up to {REQUEUE_DEADLINE_S:.0f} s")
+                    told = True
+                time.sleep(RETRY_S)
+
+    def forbid_requeue(self) -> None:
+        """A limit ended the job: PreemptMode=REQUEUE must not requeue it anyway."""
+        try:
+            control.forbid_requeue(self.cfg.key)
+        except SlurmError as exc:
+            say(f"could not clear job {self.cfg.key}'s Requeue flag: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpctrain.supervisor -- LAUNCHER ...`` (the rendered script's last line)."""
+    try:
+        cfg = Config.from_env(sys.argv[1:] if argv is None else argv, os.environ)
+        return Supervisor(cfg).run()
+    except HpctrainError as exc:
+        say(f"error: {exc}")
+        return exc.exit_code

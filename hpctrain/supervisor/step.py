@@ -1,0 +1,50 @@
+"""The training step: the launcher command (srun ...) as the supervisor's child process.
+
+Stop signals reach every rank through Slurm (``scancel --signal`` delivers to the
+processes of the job's steps on every node, not to the batch step), not through the local
+``srun``: srun turns a SIGTERM into a kill of the whole step after KillWait, which would
+leave no time for an emergency checkpoint. Only when Slurm cannot be asked is the local
+srun signalled, as the next best thing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from hpctrain.errors import SlurmError
+from hpctrain.slurm import control
+
+
+class Step:
+    """A running training step."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        # stdout/stderr stay the batch step's own (the job log); nothing reads stdin
+        self.proc = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL)
+
+    def poll(self) -> int | None:
+        """The exit status once it ended (128+N when signal N killed it), else None."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        return 128 - code if code < 0 else code
+
+    def kill_local(self, signal_name: str) -> None:
+        """Signal the local launcher process (srun) directly."""
+        try:
+            os.kill(self.proc.pid, signal.Signals["SIG" + signal_name])
+        except ProcessLookupError:
+            pass
+
+
+def forward(key: str, signal_name: str, step: Step) -> str:
+    """Ask every rank of the step to stop with ``signal_name``; how it was delivered."""
+    try:
+        control.signal_steps(key, signal_name)
+        return f"SIG{signal_name} to every rank (scancel --signal)"
+    except SlurmError as exc:
+        step.kill_local(signal_name)
+        return f"SIG{signal_name} to the local launcher (Slurm could not deliver it: {exc})"

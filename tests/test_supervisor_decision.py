@@ -1,0 +1,180 @@
+"""The supervisor's decision table (hpctrain.supervisor.decision), row by row.
+
+Every case issue 11 found with scripts that never heard of hpctrain is a row here, beside
+the runtime's own cases. The facts are what the supervisor gathers: the step's exit
+status, the stop signals the batch step caught, Slurm's view of the job (as `scontrol show
+job` printed it on the devcluster in each situation), the runtime's record and the ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.decision import (Budget, Caught, Facts, budget_text, decide,
+                                          limit_text, missing_requeues, notice_cause,
+                                          over_limit, slurm_event)
+
+NOW = 1_800_000_000.0
+RUNNING = JobView("42", "RUNNING", "None", 0, None, NOW + 3000, True)
+# how Slurm showed each event from inside the batch step (devcluster, Slurm 22.05)
+PREEMPTING = replace(RUNNING, preempt_time=NOW - 2, end_time=NOW + 8)      # GraceTime runs
+CANCELLED = replace(RUNNING, state="COMPLETING", end_time=NOW - 1)         # scancel
+TIMED_OUT = replace(RUNNING, state="COMPLETING", reason="TimeLimit", end_time=NOW - 11)
+REQUEUED = replace(RUNNING, state="COMPLETING", restarts=1)                 # by Slurm
+BUDGET = Budget(10, {"preemption": 10, "time_limit": 10, "node_fail": 3, "user_crash": 0})
+
+
+def caught(*names: str) -> tuple[Caught, ...]:
+    return tuple(Caught(n, NOW - 5 + i) for i, n in enumerate(names))
+
+
+def facts(**kw: Any) -> Facts:
+    base: dict[str, Any] = dict(restart_count=0, requeue_signal="USR2", budget=BUDGET,
+                                requeues={}, view=RUNNING, now=NOW)
+    return Facts(**{**base, **kw})
+
+
+ROWS = [
+    # --- row 1: Slurm requeued the run itself ---------------------------------------------
+    ("node lost: Slurm requeued the job, the surviving ranks failed",
+     dict(view=REQUEUED, status=1, requeued_as="node_fail"), ("leave", "node_fail", 1)),
+    ("submitit's own requeue after the warning (the stop notice said time_limit)",
+     dict(view=REQUEUED, status=0, caught=caught("USR2"), requeued_as="time_limit"),
+     ("leave", "time_limit", 0)),
+    # --- row 2: preemption is preemption, whatever the step did ----------------------------
+    ("plain torchrun DDP preempted on 2 nodes: srun 143", dict(view=PREEMPTING, status=143),
+     ("requeue", "preemption", 0)),
+    ("plain torchrun preempted on 1 node: torchrun exits 1", dict(view=PREEMPTING, status=1),
+     ("requeue", "preemption", 0)),
+    ("a script that traps TERM, saves and exits 0 when preempted",
+     dict(view=PREEMPTING, status=0), ("requeue", "preemption", 0)),
+    ("preempted during start-up: the step never started", dict(view=PREEMPTING),
+     ("requeue", "preemption", 0)),
+    ("send_user_signal: USR2 to the batch step, the runtime saved (75)",
+     dict(view=PREEMPTING, caught=caught("USR2"), status=75), ("requeue", "preemption", 0)),
+    # --- row 3: exit 0 without preemption is never requeued --------------------------------
+    ("the step finished", dict(status=0), ("finish", "completed", 0)),
+    ("the step finished right after a caught time-limit warning",
+     dict(status=0, caught=caught("USR2")), ("finish", "completed", 0)),
+    # --- row 4: a cancellation is never undone ---------------------------------------------
+    ("scancel: TERM to the batch step, the ranks died of it", dict(view=CANCELLED, status=143,
+                                                                   caught=caught("TERM")),
+     ("finish", "cancelled", 143)),
+    ("scancel after the time-limit warning was caught",
+     dict(view=CANCELLED, status=76, caught=caught("USR2", "TERM")), ("finish", "cancelled", 76)),
+    # --- rows 5 and 6: the time limit --------------------------------------------------------
+    ("the time limit itself: TIMEOUT, TERM to everyone",
+     dict(view=TIMED_OUT, status=143, caught=caught("TERM")), ("requeue", "time_limit", 0)),
+    ("the warning, then the limit's TERM before the save ended (not cancelled)",
+     dict(view=TIMED_OUT, status=143, caught=caught("USR2", "TERM")),
+     ("requeue", "time_limit", 0)),
+    ("the warning; the runtime saved and exited 76", dict(status=76, caught=caught("USR2")),
+     ("requeue", "time_limit", 0)),
+    ("the warning; torchrun reports 1 for the runtime's 76", dict(status=1, caught=caught("USR2")),
+     ("requeue", "time_limit", 0)),
+    ("the warning; a plain script died of it (USR2: 140)", dict(status=140,
+                                                                caught=caught("USR2")),
+     ("requeue", "time_limit", 0)),
+    ("USR1 as requeue.signal", dict(requeue_signal="USR1", status=76, caught=caught("USR1")),
+     ("requeue", "time_limit", 0)),
+    ("the warning during setup: the step never started", dict(caught=(Caught("USR2", NOW,
+                                                                             True),)),
+     ("requeue", "time_limit", 0)),
+    # --- row 7: a TERM Slurm does not explain ------------------------------------------------
+    ("TERM to the batch step, Slurm saw no preemption, limit or cancel",
+     dict(status=75, caught=caught("TERM")), ("finish", "cancelled", 75)),
+    ("TERM and the controller cannot be asked", dict(view=None, status=143,
+                                                     caught=caught("TERM")),
+     ("finish", "unknown", 143)),
+    # --- row 8: the runtime's word ----------------------------------------------------------
+    ("the runtime asked for a requeue on its own (exit 76)", dict(status=76),
+     ("requeue", "time_limit", 0)),
+    ("the runtime's requeue record, its 75 hidden by torchrun", dict(
+        status=1, record={"cause": "preemption", "requeue": "1", "restart_count": "0"}),
+     ("requeue", "preemption", 0)),
+    # --- row 9: crashes -------------------------------------------------------------------
+    ("a rank raised", dict(status=1), ("finish", "user_crash", 1)),
+    ("a rank raised; its crash record", dict(status=1, record={"cause": "user_crash",
+                                                               "requeue": "0"}),
+     ("finish", "user_crash", 1)),
+    ("the OOM killer (SIGKILL)", dict(status=137), ("finish", "user_crash", 137)),
+    ("a crash with max_crash_restarts=2", dict(status=1, budget=replace(
+        BUDGET, per_cause={**BUDGET.per_cause, "user_crash": 2})), ("requeue", "user_crash", 0)),
+    # --- limits -----------------------------------------------------------------------------
+    ("a preemption past max_preemptions=2", dict(view=PREEMPTING, status=143,
+                                                 requeues={"preemption": 2}, budget=replace(
+        BUDGET, per_cause={**BUDGET.per_cause, "preemption": 2})), ("stop", "preemption", 143)),
+    ("a time limit past max_requeues", dict(status=76, caught=caught("USR2"), restart_count=10),
+     ("stop", "time_limit", 76)),
+    ("crash restarts spent", dict(status=1, requeues={"user_crash": 2}, budget=replace(
+        BUDGET, per_cause={**BUDGET.per_cause, "user_crash": 2})), ("stop", "user_crash", 1)),
+]
+
+
+@pytest.mark.parametrize("name, kw, expected", ROWS, ids=[r[0] for r in ROWS])
+def test_the_decision_table(name: str, kw: dict, expected: tuple[str, str, int]) -> None:
+    d = decide(facts(**kw))
+    assert (d.action, d.cause, d.exit_code) == expected, d.why
+    assert d.why
+
+
+def test_a_requeue_names_the_budget_and_a_stop_the_limit() -> None:
+    d = decide(facts(view=PREEMPTING, status=143, requeues={"preemption": 1}, restart_count=3))
+    assert d.detail == "restart 4 of max_requeues=10, preemption requeue 2 of max_preemptions=10"
+    tight = replace(BUDGET, per_cause={**BUDGET.per_cause, "preemption": 1})
+    d = decide(facts(view=PREEMPTING, status=143, requeues={"preemption": 1}, budget=tight))
+    assert (d.limit, d.detail) == ("max_preemptions=1",
+                                   "max_preemptions=1 reached (this is preemption requeue 2)")
+    d = decide(facts(status=76, caught=caught("USR2"), restart_count=10))
+    assert d.detail == "max_requeues=10 reached (this is restart 11)"
+
+
+def test_limits() -> None:
+    assert over_limit(BUDGET, "preemption", 10, 10) is None
+    assert over_limit(BUDGET, "preemption", 11, 10) == "max_preemptions=10"
+    assert over_limit(BUDGET, "node_fail", 4, 5) == "max_node_failures=3"
+    assert over_limit(BUDGET, "requeued", 9, 9) is None     # counts for the total only
+    assert over_limit(BUDGET, "requeued", 1, 11) == "max_requeues=10"
+    assert over_limit(Budget(10), "user_crash", 1, 1) == "max_crash_restarts=0"  # default 0
+    assert limit_text("max_node_failures=0", "node_fail", 1, 1) == \
+        "max_node_failures=0 reached (this is node_fail requeue 1)"
+    assert budget_text(BUDGET, "requeued", 1, 2) == "restart 2 of max_requeues=10"
+
+
+def test_slurm_events() -> None:
+    assert slurm_event(None, 0) == "unknown"
+    assert slurm_event(RUNNING, 0) == "running"
+    assert slurm_event(PREEMPTING, 0) == "preemption"
+    assert slurm_event(TIMED_OUT, 0) == "time_limit"
+    assert slurm_event(CANCELLED, 0) == "ended"
+    assert slurm_event(REQUEUED, 0) == "requeued"
+    assert slurm_event(replace(REQUEUED, state="RUNNING"), 1) == "running"  # the next run
+
+
+@pytest.mark.parametrize("signal, view, cause", [
+    ("USR2", RUNNING, "time_limit"),       # the --signal=B:USR2 warning
+    ("USR2", PREEMPTING, "preemption"),    # send_user_signal: the same signal, preempting
+    ("TERM", PREEMPTING, "preemption"),
+    ("TERM", TIMED_OUT, "time_limit"),
+    ("TERM", RUNNING, None),               # scancel or a stop request: no notice
+    ("TERM", None, None),
+])
+def test_the_stop_notice_follows_slurm(signal: str, view: JobView | None,
+                                       cause: str | None) -> None:
+    assert notice_cause(signal, view, "USR2") == cause
+
+
+def test_requeues_nobody_counted_are_entered_at_the_next_start() -> None:
+    """Restart 3 after a supervisor requeue (1) and two Slurm did alone: the newest takes
+    the previous run's own word, others how sacct saw that run end, else node failure."""
+    states = ["REQUEUED", "PREEMPTED", "NODE_FAIL", "RUNNING"]
+    assert missing_requeues(1, 3, None, states) == [(2, "preemption"), (3, "node_fail")]
+    assert missing_requeues(1, 3, "time_limit", states) == [(2, "preemption"),
+                                                            (3, "time_limit")]
+    assert missing_requeues(0, 1, None, []) == [(1, "node_fail")]   # no accounting
+    assert missing_requeues(0, 1, None, ["REQUEUED"]) == [(1, "requeued")]  # an admin
+    assert missing_requeues(2, 2, None, states) == []

@@ -1,0 +1,220 @@
+"""The supervisor's pure parts: what it is told (config), what Slurm's answer means (view),
+the state directory it claims, and how it names the first failing rank (diagnosis).
+
+The Slurm and launcher texts below were recorded on the devcluster (Slurm 22.05, torch
+2.13): `scontrol show job -o`, srun's failure report, torchrun's root-cause report."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hpctrain import protocol
+from hpctrain.errors import SupervisorError
+from hpctrain.slurm.parse import parse_kv_line
+from hpctrain.slurm.view import job_view, slurm_time
+from hpctrain.supervisor.config import Config, parse_early
+from hpctrain.supervisor.decision import Budget
+from hpctrain.supervisor.diagnosis import (diagnose, exceptions, log_segment,
+                                           srun_first_failure, torchrun_root_cause)
+from hpctrain.supervisor.statedir import StateDir, foreign_reason
+
+ENV = {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "hpcdev", "HPCTRAIN_LAUNCHER": "torchrun",
+       "HPCTRAIN_CKPT_DIR": "/shared/ckpt", "HPCTRAIN_MAX_REQUEUES": "5",
+       "HPCTRAIN_MAX_PREEMPTIONS": "4", "HPCTRAIN_REQUEUE_SIGNAL": "USR2"}
+
+
+# ---- config -------------------------------------------------------------------------------
+def test_config_from_the_rendered_scripts_exports() -> None:
+    cfg = Config.from_env(["--", "srun", "python", "t.py"], ENV)
+    assert cfg.argv == ("srun", "python", "t.py") and cfg.key == "4242"
+    assert (cfg.restart_count, cfg.cluster, cfg.base) == (0, "hpcdev", "/shared/ckpt")
+    assert cfg.budget == Budget(5, {"preemption": 4, "time_limit": 5, "node_fail": 3,
+                                    "user_crash": 0})
+    array = Config.from_env(["srun"], {**ENV, "SLURM_ARRAY_JOB_ID": "4240",
+                                       "SLURM_ARRAY_TASK_ID": "2", "SLURM_RESTART_COUNT": "3"})
+    assert array.key == "4240_2" and array.restart_count == 3   # never the bare task id
+    plain = Config.from_env(["srun"], {"SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": "/home/u"})
+    assert plain.base == "/home/u" and plain.budget.max_requeues == 10
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--"], ENV, "no training step to run"),
+    (["srun"], {}, "SLURM_JOB_ID is not set"),
+    (["srun"], {**ENV, "HPCTRAIN_MAX_REQUEUES": "many"}, "HPCTRAIN_MAX_REQUEUES='many'"),
+])
+def test_config_errors_name_the_fix(argv: list[str], env: dict, message: str) -> None:
+    with pytest.raises(SupervisorError, match=message):
+        Config.from_env(argv, env)
+
+
+@pytest.mark.parametrize("launcher, signal, step_signal", [
+    ("torchrun", "USR2", "TERM"),   # torchrun's agent passes on only TERM
+    ("srun", "USR2", "USR2"), ("deepspeed", "USR1", "USR1"),
+    ("srun", "URG", "TERM"),        # ignored by default: a plain script would never stop
+])
+def test_what_the_step_gets_to_stop(launcher: str, signal: str, step_signal: str) -> None:
+    env = {**ENV, "HPCTRAIN_LAUNCHER": launcher, "HPCTRAIN_REQUEUE_SIGNAL": signal}
+    assert Config.from_env(["srun"], env).step_signal == step_signal
+
+
+def test_signals_the_batch_shell_caught_before_the_hand_over() -> None:
+    early = parse_early(" USR2@1795418146 TERM@1795418150 junk@x")
+    assert [(c.name, c.at, c.early) for c in early] == [("USR2", 1795418146.0, True),
+                                                        ("TERM", 1795418150.0, True)]
+    assert parse_early("") == ()
+
+
+# ---- Slurm's view ---------------------------------------------------------------------------
+SHOW_JOB = ("JobId=16 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N/A "
+            "Priority=4294901744 Nice=0 Account=root QOS=normal JobState=RUNNING Reason=None "
+            "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 "
+            "RunTime=00:00:02 TimeLimit=1-00:00:00 TimeMin=N/A SubmitTime=2026-11-23T07:33:37 "
+            "EligibleTime=2026-11-23T07:33:37 StartTime=2026-11-23T07:33:37 "
+            "EndTime=2026-11-24T07:33:37 Deadline=N/A PreemptEligibleTime=2026-11-23T07:33:37 "
+            "PreemptTime=None SuspendTime=None Partition=debug NodeList=n2 BatchHost=n2 "
+            "Command=(null) WorkDir=/work/main StdErr=/shared/job-16.out StdIn=/dev/null "
+            "StdOut=/shared/job-16.out Power= ")
+
+
+def test_the_view_of_a_running_job() -> None:
+    view = job_view("16", parse_kv_line(SHOW_JOB))
+    assert (view.state, view.reason, view.restarts, view.requeue) == ("RUNNING", "None", 0, True)
+    assert view.preempt_time is None and view.end_time == slurm_time("2026-11-24T07:33:37")
+    assert view.std_err == "/shared/job-16.out" and view.node_list == "n2"
+    assert not view.ending and not view.time_limit_reached
+    ended = job_view("16", parse_kv_line(SHOW_JOB.replace("JobState=RUNNING Reason=None",
+                                                          "JobState=COMPLETING Reason=TimeLimit")))
+    assert ended.ending and ended.time_limit_reached
+    assert slurm_time("Unknown") is None and slurm_time("None") is None
+
+
+# ---- the state directory ----------------------------------------------------------------------
+def test_a_fresh_job_moves_aside_what_another_job_left(tmp_path: Path) -> None:
+    """Job 5 of an earlier cluster (or before Slurm's ids reset) left a ledger full of
+    requeues and a stop notice: job 5 of today, restart 0, owns none of it."""
+    old = protocol.state_dir(tmp_path, "5")
+    old.mkdir(parents=True)
+    (old / "ledger").write_text("requeue cause=preemption restart_count=1 by=supervisor\n" * 9)
+    (old / "stop").write_text("cause=preemption\nrestart_count=0\n")
+    state, note = StateDir.claim(str(tmp_path), "5", 0, "hpcdev", "")
+    assert "moved" in note and "restart 0" in note
+    assert state.ledger().total == 0 and not state.file("stop").exists()
+    aside = [p for p in old.parent.iterdir() if p.name.startswith("5.stale-")]
+    assert len(aside) == 1 and (aside[0] / "ledger").exists()      # kept, not deleted
+    # the next run of this job keeps what the first wrote
+    state.append_ledger("requeue cause=preemption restart_count=1 by=supervisor")
+    again, note = StateDir.claim(str(tmp_path), "5", 1, "hpcdev", "")
+    assert note == "" and again.run_id == state.run_id and again.ledger().total == 1
+
+
+@pytest.mark.parametrize("identity, restart, cluster_name, submission, foreign", [
+    ({}, 0, "c", "", True),
+    ({"run_id": "r", "cluster": "c"}, 0, "c", "", True),     # restart 0 owns nothing yet
+    ({"run_id": "r", "cluster": "c"}, 2, "c", "", False),
+    ({}, 2, "c", "", True),                                  # no identity: not ours
+    ({"run_id": "r", "cluster": "other"}, 2, "c", "", True),
+    ({"run_id": "r", "cluster": "c", "submission": "s1"}, 2, "c", "s2", True),
+    ({"run_id": "r", "cluster": "c", "submission": "s1"}, 2, "c", "s1", False),
+    ({"run_id": "r", "cluster": "c", "submission": ""}, 2, "c", "s2", False),
+])
+def test_whose_directory_it_is(identity: dict, restart: int, cluster_name: str,
+                               submission: str, foreign: bool) -> None:
+    assert bool(foreign_reason(identity, restart, cluster_name, submission)) == foreign
+
+
+def test_records_of_another_job_or_run_are_not_read(tmp_path: Path) -> None:
+    state, _ = StateDir.claim(str(tmp_path), "9", 0, "", "")
+    state.write("exit", {"cause": "preemption", "requeue": 1, "restart_count": 0})
+    assert state.read("exit", 0)["cause"] == "preemption"
+    assert state.read("exit", 1) == {}                       # another run's
+    protocol.write_record(state.file("exit"), {"cause": "preemption", "restart_count": 0,
+                                               "run_id": "someone-else"})
+    assert state.read("exit", 0) == {}                       # another job's
+    assert oct(state.path.stat().st_mode & 0o777) == "0o700"
+
+
+# ---- diagnosis -----------------------------------------------------------------------------------
+TORCHRUN = """rank 1 uprank 0 up
+
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "/tmp/tr/crash.py", line 6, in <module>
+[rank1]:     raise ValueError(f"boom on rank {r}")
+[rank1]: ValueError: boom on rank 1
+W1123 07:21:18.821000 7679 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 7685 closing signal SIGTERM
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+crash.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-23_07:21:18
+  host      : n1
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7685)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 7685
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-23_07:21:18
+  host      : n2
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 7686)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+SRUN = """Traceback (most recent call last):
+  File "<string>", line 1, in <module>
+KeyError: 'missing shard 7'
+srun: error: n2: task 3: Exited with exit code 1
+srun: launch/slurm: _step_signal: Terminating StepId=19.0
+slurmstepd-n1: error: *** STEP 19.0 ON n1 CANCELLED AT 2026-11-23T07:36:10 ***
+srun: error: n2: task 2: Terminated
+srun: error: n1: tasks 0-1: Terminated
+srun: Force Terminated StepId=19.0
+"""
+
+
+def test_torchruns_root_cause_names_rank_node_and_the_ranks_exception() -> None:
+    assert torchrun_root_cause(TORCHRUN)["host"] == "n2"
+    d = diagnose(TORCHRUN, "torchrun", {})
+    assert (d.rank, d.node, d.exit_code, d.source) == (3, "n2", "exit code 1", "torchrun")
+    assert d.error == "ValueError: boom on rank 1"   # rank 3 printed none: the first one
+    assert d.text() == "rank 3 on n2 (exit code 1): ValueError: boom on rank 1"
+
+
+def test_sruns_first_failing_task_is_the_rank() -> None:
+    assert srun_first_failure(SRUN) == {"node": "n2", "tasks": "3",
+                                        "what": "Exited with exit code 1"}
+    d = diagnose(SRUN, "srun", {})
+    assert (d.rank, d.node, d.exit_code, d.error) == (3, "n2", "exited with exit code 1",
+                                                      "KeyError: 'missing shard 7'")
+    assert diagnose(SRUN, "torchrun", {}).rank is None   # under torchrun a task is a node
+
+
+def test_the_runtimes_crash_record_comes_first_and_bare_logs_still_help() -> None:
+    record = {"cause": "user_crash", "rank": "2", "node": "n2", "step": "7",
+              "error": "RuntimeError: simulated"}
+    d = diagnose(SRUN, "srun", record)
+    assert (d.rank, d.node, d.error, d.source) == (2, "n2", "RuntimeError: simulated", "runtime")
+    assert exceptions("x\n[rank0]: Traceback (most recent call last):\n[rank0]:   File\n"
+                      "[rank0]: OSError: disk full\n") == [(0, "OSError: disk full")]
+    assert diagnose("all good\n", "srun", {}) is None
+
+
+def test_only_this_runs_part_of_the_log_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "job.out"
+    log.write_text("run 0: Traceback (most recent call last):\nOldError: x\n")
+    offset = log.stat().st_size
+    with open(log, "a") as fh:
+        fh.write(SRUN)
+    assert log_segment(str(log), offset) == SRUN
+    assert log_segment(str(tmp_path / "none"), 0) == ""
+    assert os.path.getsize(log) > offset
