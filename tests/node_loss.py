@@ -61,7 +61,7 @@ def lose_node(cluster: DevCluster, node: str, job: str) -> int:
     """Kill the node's slurmd, then -9 its stepds and job processes; returns how many."""
     stepds, procs = node_job_pids(node, job)
     assert procs, f"no process of job {job} on {node}"
-    cluster.stop_node(node)
+    cluster.stop_daemon(f"slurmd-{node}")
     for pid in [*stepds, *procs]:  # stepds first: nobody reports the tasks' deaths
         try:
             os.kill(pid, signal.SIGKILL)

@@ -328,20 +328,23 @@ class DevCluster:
                            for p in self.partitions()] if ctld_alive else [],
         }
 
-    # ---- node loss (tests of requeue after NODE_FAIL) -------------------------------------
-    def stop_node(self, node: str) -> bool:
-        """Stop one emulated node's slurmd (its jobs' processes are the caller's business)."""
-        return daemons.stop(self._node_daemon(node))
+    # ---- losing a daemon (tests of node loss and of a controller outage) -----------------
+    def stop_daemon(self, name: str) -> bool:
+        """Stop one daemon: ``slurmctld``, ``slurmd-n2``, ... (a node's jobs' processes are
+        the caller's business); False when it was not running."""
+        return daemons.stop(self._daemon(name))
 
-    def start_node(self, node: str) -> None:
-        daemons.start(self._node_daemon(node), self._daemon_env())
+    def start_daemon(self, name: str) -> None:
+        daemons.start(self._daemon(name), self._daemon_env())
 
-    def _node_daemon(self, node: str) -> daemons.Daemon:
+    def _daemon(self, name: str) -> daemons.Daemon:
         shape = self.shape()
-        if shape is None or node not in shape.node_names:
-            raise DevclusterError(f"no emulated node {node!r}: nodes are "
-                                  f"{', '.join(shape.node_names) if shape else 'none (not up)'}")
-        return next(d for d in self._daemons(shape) if d.name == f"slurmd-{node}")
+        found = [d for d in self._daemons(shape) if d.name == name] if shape else []
+        if not found:
+            names = [d.name for d in self._daemons(shape)] if shape else []
+            raise DevclusterError(f"no devcluster daemon {name!r}: daemons are "
+                                  f"{', '.join(names) or 'none (not up)'}")
+        return found[0]
 
     # ---- down ----------------------------------------------------------------------------
     def down(self) -> list[str]:

@@ -46,10 +46,11 @@ def run_states(key: str, *, timeout: float = 10.0) -> list[str]:
     return [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
 
 
-def requeue(key: str, *, timeout: float = 10.0) -> str:
+def requeue(key: str, *, timeout: float = 5.0) -> str:
     """``scontrol requeue KEY``: "requeued", or "already" when the job is pending again
-    (somebody requeued it first). Raises SlurmError with Slurm's words otherwise (the
-    controller is unreachable: retry; requeue disabled or job unknown: give up)."""
+    (somebody requeued it first, or an attempt that timed out went through). Raises
+    SlurmError with Slurm's words otherwise (the controller is unreachable: retry; requeue
+    disabled or job unknown: give up)."""
     try:
         client.run(["scontrol", "requeue", key], timeout=timeout, retries=0)
     except SlurmError as exc:

@@ -120,24 +120,29 @@ def diagnose(segment: str, launcher: str, record: Mapping[str, str]) -> Diagnosi
                          record["error"], "runtime")
     raised = exceptions(segment)
     root = torchrun_root_cause(segment) if launcher == "torchrun" else {}
+    srun = srun_first_failure(segment)
     if root:
         m = re.match(r"(\d+)", root.get("rank", ""))
         rank = int(m.group(1)) if m else None
         code = root.get("exitcode", "").split(" (pid")[0].strip()
         tb = root.get("traceback", "")
         error = None if not tb or tb.startswith("To enable traceback") else tb[:300]
-        error = error or next((e for r, e in raised if r == rank), None) or \
-            next((e for _, e in raised), None)
-        return Diagnosis(rank, root.get("host") or None, f"exit code {code}" if code else None,
-                         error, "torchrun")
-    srun = srun_first_failure(segment)
+        error = error or _error_of(raised, rank)
+        # srun names the node as Slurm does (torchrun's host is the machine's hostname)
+        node = srun.get("node") or root.get("host") or None
+        return Diagnosis(rank, node, f"exit code {code}" if code else None, error, "torchrun")
     if srun:
         task = int(re.match(r"\d+", srun["tasks"]).group(0))  # type: ignore[union-attr]
         rank = task if launcher != "torchrun" else None       # torchrun: a task is a node
-        error = next((e for r, e in raised if r == rank), None) or \
-            next((e for _, e in raised), None)
-        return Diagnosis(rank, srun["node"], srun["what"].strip().lower(), error, "srun")
+        return Diagnosis(rank, srun["node"], srun["what"].strip().lower(),
+                         _error_of(raised, rank), "srun")
     if raised:
         rank, error = raised[0]
         return Diagnosis(rank, None, None, error, "log")
     return None
+
+
+def _error_of(raised: list[tuple[int | None, str]], rank: int | None) -> str | None:
+    """The exception rank ``rank`` printed, else the first one printed at all."""
+    return next((e for r, e in raised if r == rank), None) or \
+        next((e for _, e in raised), None)

@@ -281,6 +281,8 @@ class Supervisor:
             say(f"job {cfg.key} was requeued by Slurm ({d.cause}); the next run goes on")
             state.append_ledger(line("requeue", cause=d.cause,
                                      restart_count=cfg.restart_count + 1, by="slurm"))
+        elif d.cause == "completed":
+            say(f"job {cfg.key} completed")
         else:
             detail = f"; first failure: {diagnosis.text()}" if diagnosis is not None else ""
             say(f"job {cfg.key} ends: {d.cause} ({d.why}){detail}")
