@@ -1,4 +1,4 @@
-"""Losing an emulated devcluster node for real (DevCluster.make_nodes_usable gets it back).
+"""Losing an emulated devcluster node for real, and getting it back (:func:`bring_back`).
 
 Killing a node = its slurmd, then (kill -9) the slurmstepds and job processes it started,
 found through /proc (the emulated nodes share this machine's process table).
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 from hpctrain.devcluster.cluster import DevCluster
@@ -78,3 +79,20 @@ def report_down(node: str) -> None:
     """Tell Slurm the node is gone now (what a site's health check does), instead of
     waiting for SlurmdTimeout; Slurm then ends the job's run NODE_FAIL at once."""
     client.run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={REASON}"])
+
+
+def bring_back(cluster: DevCluster, job: str) -> None:
+    """Return the lost node to service while the requeued ``job`` is held, then release it.
+
+    A node that comes back the instant the job is eligible again got the job started on it
+    within a second of its slurmd registering, and once (in CI) that run's ``srun`` then
+    waited 4 minutes in "step creation temporarily disabled (Requested nodes are busy)".
+    A replaced node does not return within seconds; holding the job until the node is
+    usable again (responding, not DOWN) keeps the test to that real order."""
+    client.run(["scontrol", "hold", job])
+    try:
+        time.sleep(SETTLE_S)
+        cluster.make_nodes_usable()  # slurmd started, node resumed, responding
+        time.sleep(SETTLE_S)         # a ping round: Slurm has heard from it again
+    finally:
+        client.run(["scontrol", "release", job], check=False)

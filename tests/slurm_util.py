@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from typing import Callable
 
@@ -48,5 +50,23 @@ def wait_done(job_id: str, timeout_s: float = 60.0) -> str:
         states = sacct_states(job_id)
         return bool(states) and states[-1] in final
 
-    wait_until(done, timeout_s, f"job {job_id} to finish")
+    try:
+        wait_until(done, timeout_s, f"job {job_id} to finish")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{explain(job_id)}") from None
     return states[-1]
+
+
+def explain(job_id: str) -> str:
+    """What Slurm says about a job that did not finish in time, and about the nodes."""
+    parts = []
+    for argv in (["scontrol", "show", "job", job_id], ["sacct", "-X", "-D", "-j", job_id,
+                                                       "-o", "JobID,State,Start,End,Reason"],
+                 ["sinfo", "-N", "-o", "%N %T %E"]):
+        res = client.run(argv, check=False, retries=0)
+        parts.append(f"$ {' '.join(argv)}\n{res.stdout}{res.stderr}")
+    out = re.search(r"\bStdOut=(\S+)", parts[0])
+    if out and os.path.isfile(out.group(1)):
+        with open(out.group(1), errors="replace") as f:
+            parts.append(f"job log {out.group(1)} (end):\n{f.read()[-3000:]}")
+    return "\n".join(parts)

@@ -33,7 +33,7 @@ import pytest
 
 from example_jobs import example_spec, submit_example
 from jobs_util import isolate
-from node_loss import LOST_NODE, SETTLE_S, lose_node, node_state, report_down
+from node_loss import LOST_NODE, bring_back, lose_node, node_state, report_down
 from slurm_util import sacct_states, sbatch, squeue_state, wait_done, wait_until
 from torchrun_util import EXAMPLES, bitwise_equal, env_for, events, final_state, records, \
     start, steps
@@ -133,13 +133,11 @@ def lose_a_node(dev: DevCluster, case: Case, job: str, log: Path,
         report_down(LOST_NODE)
     wait_until(lambda: "NODE_FAIL" in sacct_states(job), 90, "Slurm to see NODE_FAIL")
     to_requeue = time.time() - t_lost
-    # Bring the node back only once Slurm has settled the lost run: a node returning the
-    # instant it was marked DOWN let the next run start while Slurm still counted the old
-    # step's resources ("step creation temporarily disabled" for minutes).
+    # Bring the node back only once Slurm has settled the lost run, and with the job held
+    # until the node is usable again (node_loss.bring_back says why).
     wait_until(lambda: squeue_state(job) == "PENDING", 60, f"job {job} back in the queue")
     wait_until(lambda: "completing" not in node_state("n1"), 30, "n1 done completing")
-    time.sleep(SETTLE_S)
-    dev.make_nodes_usable()  # slurmd started, node resumed
+    bring_back(dev, job)
     return {"killed": killed, "t_lost": t_lost, "to_requeue": to_requeue,
             "last_step": max(steps(log))}
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
 from jobs_util import isolate, write_spec
-from node_loss import SETTLE_S, lose_node, report_down
+from node_loss import bring_back, lose_node, report_down
 from slurm_util import sacct_states, sbatch, squeue_state, wait_done, wait_until
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
@@ -121,8 +120,7 @@ def test_a_node_failure_past_max_node_failures_does_not_run_again(
     report_down(NODE)
     wait_until(lambda: "NODE_FAIL" in sacct_states(job), 60, "Slurm to see NODE_FAIL")
     wait_until(lambda: squeue_state(job) == "PENDING", 60, f"job {job} back in the queue")
-    time.sleep(SETTLE_S)
-    dev.make_nodes_usable()  # slurmd started, node resumed
+    bring_back(dev, job)
     state = wait_done(job, 120)
     text = out(root, job)
     assert state == "FAILED", text
