@@ -61,6 +61,15 @@ class CheckpointError(HpctrainError):
     exit_code = 5
 
 
+class StorageUnavailable(CheckpointError):
+    """The checkpoint storage cannot be used for now (its root is locked by a job that may
+    be gone: a dead or evicted node). Not the training code's fault: a job that dies of it
+    leaves a ``cause=storage`` record and its supervisor requeues it
+    (``requeue.max_storage_retries``)."""
+
+    requeue_cause = "storage"   # read by the runtime's crash record (duck-typed)
+
+
 class CheckpointCorrupt(CheckpointError):
     """A checkpoint failed verification (checksum, size or manifest); ``ckpt verify`` exits 1."""
 

@@ -266,6 +266,7 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.MAX_TIME_LIMITS, rq.max_time_limits),
         (protocol.MAX_NODE_FAILURES, rq.max_node_failures),
         (protocol.MAX_CRASH_RESTARTS, rq.max_crash_restarts),
+        (protocol.MAX_STORAGE_RETRIES, rq.max_storage_retries),
         (protocol.REQUEUE_SIGNAL, rq.signal),
         (protocol.SIGNAL_LEAD_S, rq.signal_lead_s),
         ("HPCTRAIN_TIME_LIMIT_S", plan.time_s if plan.time_s is not None else 0),

@@ -177,6 +177,7 @@ class RequeueSpec:
     max_time_limits: int = 10       # default: max_requeues
     max_node_failures: int = 3      # default: 3, at most max_requeues
     max_crash_restarts: int = 0     # a crash (the step failed on its own) is not retried
+    max_storage_retries: int = 3    # the checkpoint storage unavailable (a dead node's lock)
 
     @classmethod
     def from_dict(cls, data: Any) -> "RequeueSpec":
@@ -194,7 +195,8 @@ class RequeueSpec:
                    max_preemptions=per_cause("max_preemptions", total),
                    max_time_limits=per_cause("max_time_limits", total),
                    max_node_failures=per_cause("max_node_failures", min(3, total)),
-                   max_crash_restarts=per_cause("max_crash_restarts", 0))
+                   max_crash_restarts=per_cause("max_crash_restarts", 0),
+                   max_storage_retries=per_cause("max_storage_retries", min(3, total)))
 
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,

@@ -2,7 +2,8 @@
 
 Prints one JSON line per rank at start (where am I) and at stop (which step, why).
 Arguments: steps, seconds per step, and optionally a checkpoint dir: then the stop saves
-asynchronously (~40 MB, still in flight) just before exit_for_requeue.
+asynchronously (~40 MB shared by the ranks plus a small tensor of each rank's own, still
+in flight) just before exit_for_requeue.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ def main() -> None:
                 import torch
 
                 from hpctrain.checkpoint import CheckpointManager
+                # the same "w" on every rank (written once), each rank's own "mine"
                 CheckpointManager(ckpt, async_save=True).save(
-                    step, {"w": torch.full((10_000_000,), float(step))})
+                    step, {"w": torch.full((10_000_000,), float(step)),
+                           "mine": torch.full((1000,), float(ctx.rank))})
             ctx.exit_for_requeue(step)
     ctx.close()
 

@@ -32,6 +32,17 @@ def test_crash_fields_are_one_line_each_and_short() -> None:
     assert len(error) <= 300 and error.endswith("...")
 
 
+def test_storage_trouble_is_recorded_as_a_requeue_not_a_crash() -> None:
+    """A root still locked by a dead node's job is not the code's fault: cause=storage,
+    requeue=1, and the supervisor requeues (within max_storage_retries)."""
+    from hpctrain.errors import StorageUnavailable
+
+    exc = StorageUnavailable("checkpoint root /x is locked by another job (host=n2 pid=1)")
+    fields = crash_fields(StorageUnavailable, exc, step=3, restart_count=0, job_id="42", rank=1)
+    assert fields["cause"] == "storage" and fields["requeue"] == 1
+    assert fields["error"].startswith("StorageUnavailable: checkpoint root /x is locked")
+
+
 def test_first_crash_wins_and_a_requeue_record_of_the_same_run_survives(
         tmp_path: Path) -> None:
     path = tmp_path / "exit"

@@ -93,8 +93,9 @@ def test_term_to_one_rank_stops_all_ranks_at_one_step(tmp_path: Path) -> None:
     exit_file = tmp_path / "exit"
     env = env_for(tp=2, pp=2, HPCTRAIN_EXIT_FILE=str(exit_file), SLURM_JOB_ID="900",
                   SLURM_ARRAY_JOB_ID="899", SLURM_ARRAY_TASK_ID="1")
-    out = tmp_path / "run1.out"
-    proc = start(JOB, 4, ["2000", "0.02"], env, out)
+    out, ckpt = tmp_path / "run1.out", tmp_path / "ckpt"
+    ckpt.mkdir()
+    proc = start(JOB, 4, ["2000", "0.02", str(ckpt)], env, out)
     try:
         deadline = time.monotonic() + 120
         while len(lines(out, "start")) < 4 and time.monotonic() < deadline:
@@ -113,6 +114,20 @@ def test_term_to_one_rank_stops_all_ranks_at_one_step(tmp_path: Path) -> None:
     assert all(s["job_id"] == "899_1" and s["last"] is None for s in starts)
     assert [s["rank"] for s in stops] == [0, 1, 2, 3]
     assert len({s["step"] for s in stops}) == 1 and stops[0]["cause"] == "preemption"
+    # the 4 ranks' async emergency save was durable before exit_for_requeue tore down
+    # the process group: "w" written once, each rank's own "mine" kept for it
+    import torch
+
+    from hpctrain.checkpoint import CheckpointManager
+
+    manifest = json.loads((ckpt / f"step_{stops[0]['step']:09d}" / "manifest.json").read_text())
+    assert [t.get("rank") for t in manifest["tensors"] if t["path"] == ["w"]] == [None]
+    assert sorted(t["rank"] for t in manifest["tensors"] if t["path"] == ["mine"]) == [0, 1, 2, 3]
+    state = {"w": torch.zeros(10_000_000), "mine": torch.ones(1000)}
+    with CheckpointManager(ckpt) as mgr:
+        assert mgr.load_latest(state) == stops[0]["step"]
+    assert torch.equal(state["w"], torch.full_like(state["w"], float(stops[0]["step"])))
+    assert torch.equal(state["mine"], torch.zeros(1000))  # rank 0's own
     record = read_record(exit_file)
     assert record["cause"] == "preemption"
     assert record["exit_code"] == str(EXIT_REQUEUE_PREEMPTION)

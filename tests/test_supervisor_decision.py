@@ -25,7 +25,8 @@ PREEMPTING = replace(RUNNING, preempt_time=NOW - 2, end_time=NOW + 8)      # Gra
 CANCELLED = replace(RUNNING, state="COMPLETING", end_time=NOW - 1)         # scancel
 TIMED_OUT = replace(RUNNING, state="COMPLETING", reason="TimeLimit", end_time=NOW - 11)
 REQUEUED = replace(RUNNING, state="COMPLETING", restarts=1)                 # by Slurm
-BUDGET = Budget(10, {"preemption": 10, "time_limit": 10, "node_fail": 3, "user_crash": 0})
+BUDGET = Budget(10, {"preemption": 10, "time_limit": 10, "node_fail": 3, "user_crash": 0,
+                     "storage": 3})
 
 
 def caught(*names: str) -> tuple[Caught, ...]:
@@ -96,6 +97,13 @@ ROWS = [
     ("the runtime's requeue record, its 75 hidden by torchrun", dict(
         status=1, record={"cause": "preemption", "requeue": "1", "restart_count": "0"}),
      ("requeue", "preemption", 0)),
+    ("the checkpoint storage was unavailable (a dead node's lock): its record",
+     dict(status=1, record={"cause": "storage", "requeue": "1", "restart_count": "0"}),
+     ("requeue", "storage", 0)),
+    ("storage trouble past max_storage_retries=3", dict(
+        status=1, requeues={"storage": 3},
+        record={"cause": "storage", "requeue": "1", "restart_count": "0"}),
+     ("stop", "storage", 1)),
     # --- row 9: crashes -------------------------------------------------------------------
     ("a rank raised", dict(status=1), ("finish", "user_crash", 1)),
     ("a rank raised; its crash record", dict(status=1, record={"cause": "user_crash",

@@ -32,7 +32,7 @@ def test_config_from_the_rendered_scripts_exports() -> None:
     assert cfg.argv == ("srun", "python", "t.py") and cfg.key == "4242"
     assert (cfg.restart_count, cfg.cluster, cfg.base) == (0, "hpcdev", "/shared/ckpt")
     assert cfg.budget == Budget(5, {"preemption": 4, "time_limit": 5, "node_fail": 3,
-                                    "user_crash": 0})
+                                    "user_crash": 0, "storage": 3})
     array = Config.from_env(["srun"], {**ENV, "SLURM_ARRAY_JOB_ID": "4240",
                                        "SLURM_ARRAY_TASK_ID": "2", "SLURM_RESTART_COUNT": "3"})
     assert array.key == "4240_2" and array.restart_count == 3   # never the bare task id

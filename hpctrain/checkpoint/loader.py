@@ -23,6 +23,7 @@ import torch
 from hpctrain.checkpoint.fileio import read_into
 from hpctrain.checkpoint.hashing import check_sizes
 from hpctrain.checkpoint.manifest import Manifest
+from hpctrain.checkpoint.replicas import overlaps
 from hpctrain.checkpoint.tree import Chunk, dtype_from_name, flatten, set_path
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 
@@ -134,13 +135,37 @@ class _Reader:
                 verifier.queue.put(None)
 
 
-def _plan(manifest: Manifest, chunks: list[Chunk]) -> tuple[list, dict]:
-    by_path: dict[tuple, list[dict]] = {}
+def _per_rank_error(manifest: Manifest, what: str, rank: int) -> CheckpointError:
+    return CheckpointError(
+        f"step {manifest.step} holds a different {what} for each of the {manifest.world_size} "
+        f"ranks that saved it, and none for rank {rank}: resume with {manifest.world_size} "
+        f"ranks, or leave {what} out of the state you load (and set it afresh)")
+
+
+def _by_path(manifest: Manifest, rank: int) -> tuple[dict[tuple, list[dict]], set[tuple]]:
+    """The saved entries a rank may load, by path: the shared ones, and its own where each
+    rank saved its own value; plus the per-rank paths it has no value for."""
+    shared: dict[tuple, list[dict]] = {}
+    own: dict[tuple, list[dict]] = {}
+    per_rank: set[tuple] = set()
     for e in manifest.tensors:
-        by_path.setdefault(tuple(e["path"]), []).append(e)
+        path = tuple(e["path"])
+        if "rank" not in e:
+            shared.setdefault(path, []).append(e)
+            continue
+        per_rank.add(path)
+        if e["rank"] == rank:
+            own.setdefault(path, []).append(e)
+    return {**shared, **own}, per_rank - set(own)
+
+
+def _plan(manifest: Manifest, chunks: list[Chunk], rank: int) -> tuple[list, dict]:
+    by_path, unowned = _by_path(manifest, rank)
     ops: list[tuple[dict, Chunk, Any]] = []
     for c in chunks:
         entries = by_path.get(c.path)
+        if not entries and c.path in unowned:
+            raise _per_rank_error(manifest, f"tensor {list(c.path)}", rank)
         if not entries:
             raise CheckpointError(f"step {manifest.step} has no tensor at {list(c.path)}: "
                                   "load into a state with the same keys as the saved one")
@@ -177,8 +202,10 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
         problem = check_sizes(step_dir, manifest)
         if problem:
             raise CorruptCheckpoint(problem)
-    chunks, _ = flatten(state)
-    ops, missing = _plan(manifest, chunks)
+    chunks, wanted = flatten(state)
+    ops, missing = _plan(manifest, chunks, rank)
+    # decided before anything is read: a refused load leaves the state as it was
+    extras_file, not_mine = _extras_source(manifest, rank, [c.path for c in chunks] + list(wanted))
     fresh = _new_chunks(missing)
     for c in fresh:
         ops += [(e, c, _overlap(e, c)) for e in missing[c.path]]
@@ -190,7 +217,9 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
         reader.close(ok=False)
         raise
     reader.close(ok=True)  # raises CorruptCheckpoint on a checksum mismatch
-    extras = _read_extras(step_dir, manifest, rank, verify)
+    extras = {} if extras_file is None else {
+        p: v for p, v in _read_extras(step_dir, manifest, extras_file, rank, verify).items()
+        if not any(overlaps(p, o) for o in not_mine)}
     for c in fresh:
         set_path(state, c.path, c.local)
     for path, value in extras.items():
@@ -212,11 +241,23 @@ def _run_ops(reader: _Reader, ops: list, staged: dict) -> None:
             c.local[dst].copy_(staged[key][src])
 
 
-def _read_extras(step_dir: Path, manifest: Manifest, rank: int, verify: bool) -> dict:
+def _extras_source(manifest: Manifest, rank: int,
+                   wanted: list[tuple]) -> tuple[str | None, set[tuple]]:
+    """(the extras file this rank reads, the paths in it that are not this rank's): its
+    own file; a rank the step has none for (the world grew) reads rank 0's without the
+    extras that differ by rank, and gets an error if the state asks for one of those."""
     by_rank = {e["rank"]: e["file"] for e in manifest.extras}
-    name = by_rank.get(rank, by_rank.get(0))
-    if name is None:
-        return {}
+    if rank in by_rank:
+        return by_rank[rank], set()
+    own = {tuple(p) for e in manifest.extras for p in e.get("own", [])}
+    asked = [p for p in sorted(own, key=repr) if any(overlaps(p, w) for w in wanted)]
+    if asked:
+        raise _per_rank_error(manifest, f"extra {list(asked[0])}", rank)
+    return by_rank.get(0), own
+
+
+def _read_extras(step_dir: Path, manifest: Manifest, name: str, rank: int,
+                 verify: bool) -> dict:
     data = (step_dir / name).read_bytes()
     if verify:
         rec = manifest.file(name)

@@ -9,8 +9,11 @@ Commit protocol for step S (see docs/checkpoint.md for what is durable when):
    (the commit), fsyncs the root, then atomically replaces ``latest``;
 3. rank 0 prunes old steps (rename to trash, then delete).
 
-A crash at any point leaves either the previous checkpoints untouched plus a ``.tmp-``
-or ``.trash-`` directory (cleaned at the next start), or the new step fully committed.
+Re-saving a step that exists moves the old directory aside (``.old-step_S.*``) before the
+rename and deletes it after; a crash between the two puts it back at the next start.
+A crash at any point leaves either the previous checkpoints untouched plus a ``.tmp-``,
+``.old-`` or ``.trash-`` directory (handled at the next start), or the new step fully
+committed.
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ class CheckpointManager:
     ``keep_every``; ``async_save`` makes :meth:`save` return once the state is copied to
     host staging buffers; ``verify`` checks checksums on load; ``stripe_count`` is passed
     to ``lfs setstripe -c`` on Lustre. Raises CheckpointError at construction when
-    ``root`` is missing, not writable, or locked by another job.
+    ``root`` is missing or not writable, and StorageUnavailable when another job still
+    holds its lock after ``lock_wait_s`` (default 120 s: a lock of a dead node's job
+    lingers until the file system gives up on that node).
     """
 
     def __init__(self, root: str | os.PathLike[str], keep_last: int = 3,
                  keep_every: int | None = None, async_save: bool = False, *,
-                 verify: bool = True, stripe_count: int | None = None) -> None:
+                 verify: bool = True, stripe_count: int | None = None,
+                 lock_wait_s: float | None = None) -> None:
         try:
             select_deletions([], [], keep_last, keep_every)  # validates the policy
         except ValueError as exc:
@@ -57,30 +63,36 @@ class CheckpointManager:
         self.root = Path(root).absolute()
         self.keep_last, self.keep_every = keep_last, keep_every
         self.async_save, self.verify, self.stripe_count = async_save, verify, stripe_count
+        self.lock_wait_s = storage.LOCK_WAIT_S if lock_wait_s is None else lock_wait_s
         self.comm = Comm()
         self._lock: storage.RootLock | None = None
         self._setup()
         self._staging = Staging()
         self._bg = Background() if async_save else None
         atexit.register(_flush_at_exit, weakref.ref(self))
+        _LIVE.add(self)
 
     def _setup(self) -> None:
-        error = None
+        error: CheckpointError | None = None
         if self.comm.rank == 0:
             try:
                 storage.check_root(self.root)
-                self._lock = storage.RootLock(self.root)
+                self._lock = storage.RootLock(self.root, self.lock_wait_s)
                 storage.clean_leftovers(self.root)
                 storage.set_striping(self.root, self.stripe_count)
             except CheckpointError as exc:
-                error = str(exc)
-        error = self.comm.broadcast(error)
+                error = exc
+        # the error's class too: StorageUnavailable must stay requeue-able on every rank
+        shared = self.comm.broadcast(None if error is None else (type(error), str(error)))
+        if shared is not None:
+            kind, message = shared
+            error = kind(message)
         if error is None and not self.root.is_dir():
-            error = (f"checkpoint root {self.root} is not visible on rank {self.comm.rank}: "
-                     "use a shared file system every node mounts")
-        if error:
+            error = CheckpointError(f"checkpoint root {self.root} is not visible on rank "
+                                    f"{self.comm.rank}: use a shared file system every node mounts")
+        if error is not None:
             self.close()
-            raise CheckpointError(error)
+            raise error
 
     # -- saving ---------------------------------------------------------------------
     def save(self, step: int, state: dict) -> None:
@@ -90,18 +102,20 @@ class CheckpointManager:
         state is copied to staging buffers; a failure surfaces at the next save/wait.
         """
         from hpctrain.checkpoint.tree import flatten
-        from hpctrain.checkpoint.writer import assign_owners, payload_direct, write_payload
+        from hpctrain.checkpoint.writer import payload_direct, write_payload
 
         step_dirname(step)
         self.wait()  # at most one save in flight; re-raises a background failure
         chunks, extras = flatten(state)
+        rank, own_extras, failure = self.comm.rank, [], None
         if self.comm.active:
-            owner = assign_owners(self.comm.all_gather([(c.key(), c.nbytes) for c in chunks]))
-            chunks = [c for c in chunks if owner[c.key()] == self.comm.rank]
-        rank = self.comm.rank
+            chunks, own_extras, failure = self._share(chunks, extras)
         try:  # a local failure (e.g. an unpicklable extra) must still reach the collectives
+            if failure is not None:
+                raise failure
             payload = (payload_direct if self._bg is None else self._staging.stage)(chunks, extras)
-            write: WriteFn = lambda tmp: write_payload(tmp, rank, payload)  # noqa: E731
+            write: WriteFn = lambda tmp: write_payload(tmp, rank, payload,  # noqa: E731
+                                                       own_extras)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank by _persist
             failure = exc
             write = lambda tmp: _reraise(failure)  # noqa: E731
@@ -109,6 +123,22 @@ class CheckpointManager:
             self._persist(step, write, {"kind": "torch"})
         else:
             self._bg.submit(lambda: self._persist(step, write, {"kind": "torch"}))
+
+    def _share(self, chunks: list, extras: dict) -> tuple[list, list, Exception | None]:
+        """Which values this rank writes: the shared chunks it owns and its own per-rank
+        values (:mod:`hpctrain.checkpoint.replicas`); and the extras that differ by rank.
+        Collective; a local failure is returned, not raised, so no rank is left waiting."""
+        from hpctrain.checkpoint.replicas import differing, plan_writes
+        from hpctrain.checkpoint.writer import extras_fingerprints, fingerprints, mine
+
+        failure: Exception | None = None
+        try:
+            local = (fingerprints(chunks), extras_fingerprints(extras))
+        except Exception as exc:  # noqa: BLE001 - e.g. an extra that cannot be pickled
+            local, failure = ([], {}), exc
+        gathered = self.comm.all_gather(local)
+        plan = plan_writes([tensors for tensors, _ in gathered])
+        return mine(chunks, plan, self.comm.rank), differing([e for _, e in gathered]), failure
 
     def wait(self) -> None:
         """Block until an in-flight async save is durable; raise its failure if it failed."""
@@ -170,11 +200,16 @@ class CheckpointManager:
             storage.fault("before-dir-fsync")
             storage.fsync_path(tmp)
             storage.fault("before-rename")
-            if final.exists():  # re-saving a step (e.g. right after a resume)
-                storage.remove_tree(storage.trash(self.root, final.name))
+            # re-saving a step (e.g. right after a resume): the old one is moved aside, not
+            # deleted, until the new one is in place; a crash in between leaves it to be
+            # put back at the next start (storage.clean_leftovers)
+            old = storage.set_aside(self.root, final.name) if final.exists() else None
+            storage.fault("resave-after-aside")
             os.rename(tmp, final)  # the commit
             storage.fault("after-rename")
             storage.fsync_path(self.root)
+            if old is not None:
+                storage.remove_tree(old)
             storage.fault("before-latest")
             catalog.write_latest(self.root, step)
             storage.fault("after-latest")
@@ -199,10 +234,10 @@ class CheckpointManager:
         from hpctrain.checkpoint.loader import CorruptCheckpoint
 
         self.wait()
-        for step in reversed(storage.committed_steps(self.root)):
+        for step in reversed(self._agreed_steps()):
             outcome: tuple[str, str] | None = None
             try:
-                self._load(step, state, verify)
+                self._load(step, state, verify, listed=True)
             except CorruptCheckpoint as exc:
                 outcome = ("corrupt", str(exc))
             except CheckpointError as exc:  # the caller's mistake: raise it on every rank
@@ -217,15 +252,35 @@ class CheckpointManager:
                           RuntimeWarning, stacklevel=2)
         return None
 
+    def _agreed_steps(self) -> list[int]:
+        """The committed steps as rank 0 lists them, on every rank: a node with a stale
+        directory cache (NFS, Lustre after a failover) must not pick another step."""
+        listing: list[int] | None = None
+        error: str | None = None
+        if self.comm.rank == 0:
+            try:
+                listing = storage.committed_steps(self.root)
+            except CheckpointError as exc:
+                error = str(exc)
+        listing, error = self.comm.broadcast((listing, error))
+        if error:
+            raise CheckpointError(error)
+        return listing or []
+
     def load(self, step: int, state: dict, verify: bool | None = None) -> None:
         """Load ``step`` into ``state`` in place; CheckpointError if absent or damaged."""
         self.wait()
         self._load(step, state, verify)
 
-    def _load(self, step: int, state: dict, verify: bool | None) -> None:
+    def _load(self, step: int, state: dict, verify: bool | None, listed: bool = False) -> None:
         from hpctrain.checkpoint.loader import CorruptCheckpoint, load_step
 
         path = self.root / step_dirname(step)
+        if not path.is_dir() and listed:
+            raise CheckpointError(
+                f"rank {self.comm.rank} does not see {path}, which rank 0 listed: this node's "
+                "view of the file system is stale (NFS: mount with lookupcache=positive or "
+                "none; Lustre: check the client's connection) or the root is not shared")
         if not path.is_dir():
             raise CheckpointError(f"no checkpoint for step {step} in {self.root}: "
                                   f"choose one of {storage.committed_steps(self.root)}")
@@ -258,6 +313,22 @@ class CheckpointManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()   # every open manager of this process
+
+
+def wait_all() -> list[str]:
+    """Block until every manager's in-flight async save is durable; their failures, as
+    messages (the caller is leaving: nothing to raise into). The runtime calls this before
+    it tears the process group down, which an in-flight save still needs."""
+    failures = []
+    for mgr in list(_LIVE):
+        try:
+            mgr.wait()
+        except Exception as exc:  # noqa: BLE001 - reported, the next manager still waits
+            failures.append(f"{mgr.root}: {exc}")
+    return failures
 
 
 def _reraise(exc: Exception) -> Any:

@@ -4,7 +4,7 @@ A step directory is a complete checkpoint exactly when it carries a manifest tha
 parses and validates here; every byte of data is described by a block (offset, length,
 crc32) of some file, so ``hpctrain ckpt verify`` can check a checkpoint without torch.
 
-Schema (format_version 1)::
+Schema (format_version 1; 2 when some value was saved per rank)::
 
     {"format": "hpctrain-checkpoint", "format_version": 1,
      "step": 1200, "created": 1763700000.0, "world_size": 2,
@@ -15,6 +15,11 @@ Schema (format_version 1)::
                   "offsets": [0, 0], "shape": [4, 4], "file": "rank00000.bin",
                   "offset": 0, "nbytes": 64, "crc32": 123}],
      "extras": [{"rank": 0, "file": "rank00000.extra.pkl"}]}
+
+Version 2 adds what version-1 readers would silently get wrong, so they refuse it: a
+tensor entry with ``"rank": R`` is rank R's own value (the ranks held different bytes at
+that path; each wrote its own), and an extras entry's ``"own": [path, ...]`` lists the
+extras that differ by rank (never handed to another rank).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from typing import Any
 from hpctrain.errors import CheckpointError
 
 FORMAT = "hpctrain-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2          # the newest this hpctrain writes and reads
+READABLE_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_RE = re.compile(r"^step_(\d{9,})$")
@@ -81,8 +87,14 @@ class Manifest:
                 return rec
         raise CheckpointError(f"manifest of step {self.step} names no file {name!r}")
 
+    @property
+    def per_rank(self) -> bool:
+        """Was some value saved per rank (format version 2)?"""
+        return any("rank" in t for t in self.tensors) or any(e.get("own") for e in self.extras)
+
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "format_version": FORMAT_VERSION, "step": self.step,
+        version = FORMAT_VERSION if self.per_rank else 1  # readable by older hpctrain
+        return {"format": FORMAT, "format_version": version, "step": self.step,
                 "created": self.created, "world_size": self.world_size, "layout": self.layout,
                 "versions": self.versions, "files": [f.to_json() for f in self.files],
                 "tensors": self.tensors, "extras": self.extras}
@@ -130,6 +142,8 @@ def _check_tensor(t: Any, names: set[str]) -> None:
     for key in ("offset", "nbytes", "crc32"):
         _need(_is_int(t.get(key)), f"tensor {t['path']}: {key}")
     _need(isinstance(t.get("dtype"), str), f"tensor {t['path']}: dtype")
+    _need("rank" not in t or (_is_int(t["rank"]) and t["rank"] >= 0),
+          f"tensor {t['path']}: rank {t.get('rank')!r}")
 
 
 def parse(data: bytes | str, where: str = "manifest") -> Manifest:
@@ -142,9 +156,9 @@ def parse(data: bytes | str, where: str = "manifest") -> Manifest:
     try:
         _need(isinstance(raw, dict) and raw.get("format") == FORMAT,
               f"format is {raw.get('format') if isinstance(raw, dict) else raw!r}, not {FORMAT}")
-        _need(raw.get("format_version") == FORMAT_VERSION,
+        _need(raw.get("format_version") in READABLE_VERSIONS,
               f"format_version {raw.get('format_version')!r} (this hpctrain reads "
-              f"{FORMAT_VERSION}; upgrade hpctrain)")
+              f"{' and '.join(map(str, READABLE_VERSIONS))}; upgrade hpctrain)")
         _need(_is_int(raw.get("step")) and raw["step"] >= 0, f"step {raw.get('step')!r}")
         _need(_is_int(raw.get("world_size")) and raw["world_size"] >= 1,
               f"world_size {raw.get('world_size')!r}")
@@ -156,7 +170,8 @@ def parse(data: bytes | str, where: str = "manifest") -> Manifest:
         for t in tensors:
             _check_tensor(t, names)
         for e in extras:
-            _need(isinstance(e, dict) and e.get("file") in names and _is_int(e.get("rank")),
+            _need(isinstance(e, dict) and e.get("file") in names and _is_int(e.get("rank"))
+                  and all(isinstance(p, list) for p in e.get("own", [])),
                   f"extras entry {e!r}")
         layout = raw.get("layout", {})
         _need(isinstance(layout, dict) and isinstance(layout.get("kind"), str), "layout.kind")

@@ -14,18 +14,23 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 from hpctrain.checkpoint.manifest import parse_step_dirname
-from hpctrain.errors import CheckpointError
+from hpctrain.errors import CheckpointError, StorageUnavailable
 
 LOCK_NAME = ".hpctrain-ckpt.lock"
 TMP_PREFIX = ".tmp-"      # in-flight step directories: never a checkpoint, never pruned live
 TRASH_PREFIX = ".trash-"  # renamed here first, then deleted: a crash leaves only trash
+OLD_PREFIX = ".old-"      # a step being re-saved: put back if the new one never arrived
 FAULT_ENV = "HPCTRAIN_CKPT_FAULT"
+LOCK_WAIT_S = 120.0       # how long a job waits for a root locked by another holder
+LOCK_POLL_S = 1.0
 
 
 def fault(point: str) -> None:
@@ -88,27 +93,49 @@ def check_root(root: Path) -> None:
 class RootLock:
     """An exclusive flock on ``root/.hpctrain-ckpt.lock`` held for the manager's lifetime.
 
-    Two jobs on one root would prune each other's steps and race on ``latest``; the
-    second one is refused with the holder's host and pid. The kernel drops the lock when
-    the holder dies (kill -9 included), so there is no stale lock to clean up.
+    Two jobs on one root would prune each other's steps and race on ``latest``. The kernel
+    drops the lock when its holder dies on this node, but a lock a *dead or evicted node*
+    held on a shared file system lives on until the file system gives up on that client
+    (Lustre's eviction, NFS's lease). So a held lock is waited for, up to ``wait_s``
+    (saying so once), and then refused with the holder's host and pid as
+    :class:`~hpctrain.errors.StorageUnavailable`: a job that dies of it is requeued, not
+    failed as a user crash.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, wait_s: float = LOCK_WAIT_S) -> None:
         self.path = root / LOCK_NAME
         self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
+        deadline, told = time.monotonic() + wait_s, False
+        while not self._try():
             holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip() or "unknown"
-            self.release()
-            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise CheckpointError(
-                    f"checkpoint root {root} is in use by another job ({holder}): give each "
-                    "job its own root, or stop the other job") from None
-            raise CheckpointError(f"cannot lock {self.path} ({exc.strerror}): on Lustre mount "
-                                  "with -o flock, or use a root on a file system with locks") from None
+            if time.monotonic() >= deadline:
+                self.release()
+                waited = f" (waited {wait_s:.0f} s)" if wait_s else ""
+                raise StorageUnavailable(
+                    f"checkpoint root {root} is locked by another job ({holder}){waited}: if "
+                    "that job is running, give each job its own root or stop the other job; if "
+                    "it is gone (its node died or was evicted), the file system releases its "
+                    "lock once it gives up on that node: try again then")
+            if not told:
+                print(f"hpctrain: checkpoint root {root} is locked by {holder}; waiting up to "
+                      f"{wait_s:.0f} s for it", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(LOCK_POLL_S)
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"host={socket.gethostname()} pid={os.getpid()}\n".encode(), 0)
+
+    def _try(self) -> bool:
+        """Take the lock if free; False while another holder has it."""
+        assert self.fd is not None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            self.release()
+            raise CheckpointError(f"cannot lock {self.path} ({exc.strerror}): on Lustre mount "
+                                  "with -o flock, or use a root on a file system with locks") from None
 
     def release(self) -> None:
         if self.fd is not None:
@@ -153,15 +180,31 @@ def trash(root: Path, name: str) -> Path:
     return target
 
 
+def set_aside(root: Path, name: str) -> Path:
+    """Move committed step ``root/name`` aside while it is re-saved (rename, fsync root)."""
+    target = root / f"{OLD_PREFIX}{name}.{uuid.uuid4().hex[:8]}"
+    os.rename(root / name, target)
+    fsync_path(root)
+    return target
+
+
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
 def clean_leftovers(root: Path) -> list[str]:
-    """Delete trash and interrupted saves left by a crash; only the lock holder calls this."""
+    """Delete trash and interrupted saves left by a crash, and put back a step set aside
+    for a re-save that never committed; only the lock holder calls this."""
     removed = []
-    for name in os.listdir(root):
-        if name.startswith(TRASH_PREFIX) or (name.startswith(TMP_PREFIX) and name != LOCK_NAME):
+    for name in sorted(os.listdir(root)):
+        if name.startswith(OLD_PREFIX):
+            step_name = name[len(OLD_PREFIX):].rsplit(".", 1)[0]
+            if parse_step_dirname(step_name) is not None and not (root / step_name).exists():
+                os.rename(root / name, root / step_name)  # the re-save never committed
+                fsync_path(root)
+                continue
+        if name.startswith((TRASH_PREFIX, OLD_PREFIX)) or (
+                name.startswith(TMP_PREFIX) and name != LOCK_NAME):
             remove_tree(root / name) if (root / name).is_dir() else (root / name).unlink(missing_ok=True)
             removed.append(name)
     return removed

@@ -2,9 +2,9 @@
 
 Only dicts are descended into. Each tensor leaf becomes a :class:`Chunk`: for a
 DTensor its local shard with its global offsets (so a load can reshard), for a plain
-tensor the whole tensor (treated as replicated across ranks, as DCP does). Every other
-leaf (numbers, strings, lists, RNG states, data-loader positions) is an *extra*,
-pickled per rank.
+tensor the whole tensor (shared by the ranks that hold it only when they hold the same
+bytes: :mod:`hpctrain.checkpoint.replicas`). Every other leaf (numbers, strings, lists,
+Python RNG states, data-loader positions) is an *extra*, pickled per rank.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Chunk:
     offsets: tuple[int, ...]
     shape: tuple[int, ...]
     sharded: bool
+    rank: int | None = None    # set when this rank's value differs from the others' (per rank)
 
     @property
     def nbytes(self) -> int:

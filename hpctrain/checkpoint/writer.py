@@ -7,8 +7,10 @@ storm on Lustre's MDS however many tensors the model has.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import threading
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -16,32 +18,32 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from hpctrain.checkpoint import replicas
 from hpctrain.checkpoint.fileio import write_segments
 from hpctrain.checkpoint.manifest import FileRecord
 from hpctrain.checkpoint.storage import Task
 from hpctrain.checkpoint.tree import Chunk, as_bytes, dtype_name
 
 
-def assign_owners(held: list[list[tuple[tuple, int]]]) -> dict[tuple, int]:
-    """Pick one writer rank per chunk key from every rank's (key, nbytes) list.
+def fingerprints(chunks: list[Chunk]) -> list[tuple[tuple, int, int | None]]:
+    """(key, nbytes, crc32 of the bytes) per chunk, for :func:`replicas.plan_writes`; no
+    crc32 for DTensor shards, whose placement already says whether they are replicas."""
+    out = []
+    for c in chunks:
+        crc = None if c.sharded else zlib.crc32(as_bytes(c.local).numpy())
+        out.append((c.key(), c.nbytes, crc))
+    return out
 
-    A chunk held by several ranks (replicated plain tensors, Replicate placements) is
-    written once, by the holder with the fewest bytes so far: the ranks then write
-    about equal amounts in parallel. Deterministic, so every rank computes the same map.
-    """
-    holders: dict[tuple, list[int]] = {}
-    size: dict[tuple, int] = {}
-    for rank, items in enumerate(held):
-        for key, nbytes in items:
-            holders.setdefault(key, []).append(rank)
-            size[key] = nbytes
-    load = [0] * len(held)
-    owner = {}
-    for key in sorted(holders, key=lambda k: (-size[k], repr(k))):
-        rank = min(holders[key], key=lambda r: (load[r], r))
-        owner[key] = rank
-        load[rank] += size[key]
-    return owner
+
+def extras_fingerprints(extras: dict) -> dict[tuple, int]:
+    """crc32 of each extra's pickle, by path (to find the extras that differ by rank)."""
+    return {path: zlib.crc32(pickle.dumps(value, protocol=5)) for path, value in extras.items()}
+
+
+def mine(chunks: list[Chunk], plan: replicas.WritePlan, rank: int) -> list[Chunk]:
+    """The chunks ``rank`` writes: shared ones it owns, and its own per-rank values."""
+    return [dataclasses.replace(c, rank=rank) if c.key() in plan.per_rank else c
+            for c in chunks if plan.writes(rank, c.key())]
 
 
 @dataclass
@@ -86,27 +88,31 @@ class Staging:
                 cuda = cuda or c.local.is_cuda
         if cuda:
             torch.cuda.synchronize()
-        staged = [Chunk(c.path, buf, c.dtype, c.global_shape, c.offsets, c.shape, c.sharded)
-                  for buf, c in zip(self._buffers, chunks)]
+        staged = [dataclasses.replace(c, local=buf) for buf, c in zip(self._buffers, chunks)]
         # extras are pickled now: the caller may mutate them as soon as save() returns
         return RankPayload(staged, [b.numpy() for b in self._buffers],
                            pickle.dumps(extras, protocol=5))
 
 
-def write_payload(tmp_dir: Path, rank: int, payload: RankPayload
+def write_payload(tmp_dir: Path, rank: int, payload: RankPayload, own_extras: list = ()
                   ) -> tuple[list[dict], list[dict], list[dict]]:
-    """Write one rank's files into ``tmp_dir``; return (file records, tensors, extras)."""
+    """Write one rank's files into ``tmp_dir``; return (file records, tensors, extras).
+    ``own_extras``: paths of extras that differ by rank (never handed to another rank)."""
     data_name, extra_name = f"rank{rank:05d}.bin", f"rank{rank:05d}.extra.pkl"
     size, blocks = write_segments(tmp_dir / data_name, payload.segments)
     tensors = [{"path": list(c.path), "dtype": dtype_name(c.dtype),
                 "global_shape": list(c.global_shape), "offsets": list(c.offsets),
                 "shape": list(c.shape), "sharded": c.sharded, "file": data_name,
-                "offset": off, "nbytes": n, "crc32": crc}
+                "offset": off, "nbytes": n, "crc32": crc,
+                **({} if c.rank is None else {"rank": c.rank})}
                for c, (off, n, crc) in zip(payload.chunks, blocks)]
     esize, eblocks = write_segments(tmp_dir / extra_name, [payload.extras], direct=False)
     files = [FileRecord(data_name, size, blocks).to_json(),
              FileRecord(extra_name, esize, eblocks).to_json()]
-    return files, tensors, [{"rank": rank, "file": extra_name}]
+    entry: dict = {"rank": rank, "file": extra_name}
+    if own_extras:
+        entry["own"] = [list(path) for path in own_extras]
+    return files, tensors, [entry]
 
 
 class Background:

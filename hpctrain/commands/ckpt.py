@@ -79,7 +79,7 @@ def prune(root: Path, keep: int, keep_every: int | None) -> None:
 
     if not root.is_dir():
         raise CheckpointError(f"checkpoint root {root} does not exist: pass the job's root")
-    lock = storage.RootLock(root)
+    lock = storage.RootLock(root, wait_s=0)  # a login node does not wait
     try:
         storage.clean_leftovers(root)
         deleted = catalog.prune(root, keep, keep_every)

@@ -47,6 +47,9 @@ CAUSES: dict[str, ExitCause] = {c.name: c for c in (
     # NODE_FAIL: Slurm requeues the job itself; no process lives to write anything.
     ExitCause("node_fail", 3, None, True, "the last periodic checkpoint"),
     ExitCause("user_crash", 4, None, False, "nothing: not requeued, the job ends FAILED"),
+    # the checkpoint storage was unavailable (a root locked by a dead node's job): the
+    # crash record says so, and the supervisor requeues within max_storage_retries
+    ExitCause("storage", 5, None, True, "the last checkpoint, once the storage is back"),
 )}
 BY_CODE = {c.code: c for c in CAUSES.values()}
 

@@ -98,6 +98,12 @@ class Context:
         if row is None or not row.requeue or row.exit_code is None:
             raise ValueError(f"exit_for_requeue(cause={name!r}): call it after stop_requested() "
                              "returned True, or pass cause='preemption' or 'time_limit'")
+        # an async emergency save still needs the process group: let it finish first
+        from hpctrain.checkpoint.manager import wait_all
+
+        for failure in wait_all():
+            print(f"hpctrain: rank {self.rank}: checkpoint save failed before exit: {failure}",
+                  file=sys.stderr, flush=True)
         dist.barrier()
         if self.is_main and self.env.exit_file:
             write_record(self.env.exit_file, {

@@ -16,7 +16,9 @@ and has to dig through per-rank logs. A ``sys.excepthook`` installed by
     node=n2
     error=RuntimeError: --crash-at-step 7: simulated user crash
 
-so ``hpctrain status`` can say why. Any rank may write it (the crash is often not on
+so ``hpctrain status`` can say why. An exception that carries a ``requeue_cause``
+(:class:`hpctrain.errors.StorageUnavailable`: ``storage``) is recorded as that cause with
+``requeue=1`` instead: the storage, not the code, failed. Any rank may write it (the crash is often not on
 rank 0; the file is on shared storage); the first one wins and a requeue record of the
 same run is never overwritten. The hook never raises: a failing write must not hide the
 user's traceback, which the previous hook still prints.
@@ -44,7 +46,10 @@ def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int
     error = f"{exc_type.__name__}: {text}" if text else exc_type.__name__
     if len(error) > ERROR_MAX_CHARS:
         error = error[:ERROR_MAX_CHARS - 3] + "..."
-    return {"cause": "user_crash", "exit_code": 1, "requeue": 0,
+    # an error that is not the training code's fault says which cause it is (duck-typed:
+    # hpctrain.errors.StorageUnavailable.requeue_cause = "storage"); the supervisor requeues
+    cause = getattr(exc, "requeue_cause", None) or "user_crash"
+    return {"cause": cause, "exit_code": 1, "requeue": int(cause != "user_crash"),
             "step": "" if step is None else step, "restart_count": restart_count,
             "job_id": job_id or "", "run_id": run_id or "", "rank": rank,
             "node": node or "", "error": error}

@@ -57,7 +57,8 @@ class Config:
             "preemption": _int(env, p.MAX_PREEMPTIONS, total),
             "time_limit": _int(env, p.MAX_TIME_LIMITS, total),
             "node_fail": _int(env, p.MAX_NODE_FAILURES, min(3, total)),
-            "user_crash": _int(env, p.MAX_CRASH_RESTARTS, 0)})
+            "user_crash": _int(env, p.MAX_CRASH_RESTARTS, 0),
+            "storage": _int(env, p.MAX_STORAGE_RETRIES, min(3, total))})
         return cls(
             argv=tuple(args), key=key, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             cluster=env.get("SLURM_CLUSTER_NAME", ""),

@@ -14,7 +14,8 @@ table decides how a run ended and what to do about it (:func:`decide`); its rows
 6   the batch step caught the requeue signal           time_limit      requeue
 7   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
     (Slurm unreachable: cause ``unknown``, finish)
-8   the runtime asked for a requeue (75/76, record)    its cause       requeue
+8   the runtime asked for a requeue (75/76, record;    its cause       requeue
+    storage trouble)
 9   the step failed                                    user_crash      finish, or requeue
                                                                        within
                                                                        max_crash_restarts
@@ -34,13 +35,14 @@ from dataclasses import dataclass, field
 from hpctrain.runtime.causes import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT
 from hpctrain.slurm.view import JobView
 
-REQUEUE_CAUSES = ("preemption", "time_limit", "node_fail", "user_crash", "requeued")
+REQUEUE_CAUSES = ("preemption", "time_limit", "node_fail", "user_crash", "storage", "requeued")
 # how sacct names the end of a run that Slurm requeued, as a requeue cause
 CAUSE_OF_RUN_STATE = {"PREEMPTED": "preemption", "TIMEOUT": "time_limit",
                       "NODE_FAIL": "node_fail", "REQUEUED": "requeued"}
 RUNTIME_CODES = {EXIT_REQUEUE_PREEMPTION: "preemption", EXIT_REQUEUE_TIME_LIMIT: "time_limit"}
 LIMIT_NAMES = {"preemption": "max_preemptions", "time_limit": "max_time_limits",
-               "node_fail": "max_node_failures", "user_crash": "max_crash_restarts"}
+               "node_fail": "max_node_failures", "user_crash": "max_crash_restarts",
+               "storage": "max_storage_retries"}
 
 
 @dataclass(frozen=True)
@@ -150,10 +152,12 @@ def notice_cause(caught: str, view: JobView | None, requeue_signal: str) -> str 
 
 
 def runtime_word(record: Mapping[str, str], status: int | None) -> str | None:
-    """The requeue the training process asked for: exit code 75/76, or its exit record."""
+    """The requeue the training process asked for: exit code 75/76, or its exit record
+    (which may also say ``storage``: the checkpoint storage was unavailable)."""
     if status in RUNTIME_CODES:
         return RUNTIME_CODES[status]
-    if record.get("requeue") == "1" and record.get("cause") in ("preemption", "time_limit"):
+    if record.get("requeue") == "1" and record.get("cause") in ("preemption", "time_limit",
+                                                                 "storage"):
         return record["cause"]
     return None
 

@@ -54,7 +54,7 @@ def _check_recovers(root: Path, rows: int) -> int:
         step = mgr.load_latest(got)
         assert step is not None and step >= 1
         assert_state_is(got, step)
-        assert not [n for n in os.listdir(root) if n.startswith((".tmp-step", ".trash-"))]
+        assert not [n for n in os.listdir(root) if n.startswith((".tmp-step", ".trash-", ".old-"))]
         mgr.save(step + 1, make_state(step + 1, rows))
     out = run_cli("ckpt", "verify", str(root))
     assert out.returncode == 0, out.stdout + out.stderr
@@ -77,6 +77,46 @@ def test_kill_at_each_commit_point(tmp_path: Path, point: str) -> None:
         assert [n for n in names if n.startswith("step_")] == ["step_000000002", "step_000000003"]
         assert [n for n in names if n.startswith(".trash-step_000000001.")]
     assert _check_recovers(tmp_path, 64) == POINTS[point]
+
+
+RESAVER = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {here!r})
+    from ckpt_util import make_state
+    from hpctrain.checkpoint import CheckpointManager
+    root, fault, async_save = sys.argv[1], sys.argv[2], bool(int(sys.argv[3]))
+    with CheckpointManager(root, keep_last=1, async_save=async_save) as mgr:
+        mgr.save(5, make_state(5))
+        mgr.wait()
+        os.environ["HPCTRAIN_CKPT_FAULT"] = fault
+        mgr.save(5, make_state(6))  # resumed from 5, saving 5 again: other values
+""").format(here=str(Path(__file__).parent))
+
+
+# kill point in a re-save of step 5 -> whose content step 5 holds afterwards
+RESAVE_POINTS = {"before-rename": 5, "resave-after-aside": 5, "after-rename": 6}
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize("point", sorted(RESAVE_POINTS))
+def test_kill_while_resaving_a_step_leaves_it_loadable(tmp_path: Path, point: str,
+                                                       async_save: bool) -> None:
+    """keep_last=1 and the only step re-saved: whenever the kill lands, step 5 is there
+    afterwards, whole (the old one until the new one is committed, then the new one)."""
+    from hpctrain.checkpoint import CheckpointManager
+
+    proc = subprocess.run([sys.executable, "-c", RESAVER, str(tmp_path), point,
+                           str(int(async_save))], env=child_env(), timeout=120)
+    assert proc.returncode == -signal.SIGKILL  # it really died at the point
+    if point == "resave-after-aside":  # the window: no step_5, only the old one set aside
+        names = os.listdir(tmp_path)
+        assert "step_000000005" not in names and [n for n in names if n.startswith(".old-")]
+    with CheckpointManager(tmp_path, keep_last=1) as mgr:  # the next start puts it back
+        got = make_state(0)
+        assert mgr.load_latest(got) == 5
+        assert_state_is(got, RESAVE_POINTS[point])
+    assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".hpctrain")) == \
+        ["latest", "step_000000005"]
 
 
 def _kill_run(root: Path, rows: int, async_save: bool, when: Callable[[], object]) -> bool:

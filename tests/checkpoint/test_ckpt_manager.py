@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -177,14 +179,29 @@ def test_read_only_root_is_a_clear_error(tmp_path: Path) -> None:
             _manager(root)
 
 
-def test_second_job_on_same_root_is_refused(tmp_path: Path) -> None:
-    from hpctrain.errors import CheckpointError
+def test_second_job_on_same_root_waits_then_is_refused_as_storage_trouble(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A held lock may be a dead node's (it lingers on a shared file system): wait a
+    bounded time, saying so, then refuse as StorageUnavailable (requeued, not a crash)."""
+    from hpctrain.errors import StorageUnavailable
 
     with _manager(tmp_path):
-        with pytest.raises(CheckpointError, match=f"in use by another job \\(host=.* pid={os.getpid()}"):
-            _manager(tmp_path)
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnavailable, match=f"locked by another job \\(host=.* "
+                                                     f"pid={os.getpid()}\\) \\(waited 2 s\\)"):
+            _manager(tmp_path, lock_wait_s=2)
+        assert time.monotonic() - t0 >= 2
+        assert "waiting up to 2 s for it" in capfd.readouterr().err
         assert run_cli("ckpt", "prune", str(tmp_path), "--keep", "1").returncode == 5
     _manager(tmp_path).close()  # released on close
+
+
+def test_a_lock_released_while_waiting_is_taken(tmp_path: Path) -> None:
+    first = _manager(tmp_path)
+    threading.Timer(1.0, first.close).start()
+    t0 = time.monotonic()
+    _manager(tmp_path, lock_wait_s=30).close()
+    assert 0.9 <= time.monotonic() - t0 < 10
 
 
 def test_bad_state_and_policy_are_refused(tmp_path: Path) -> None:
