@@ -51,8 +51,14 @@ fi
 # STAND-IN for scancel: records the call; `--signal=SIG JOBID` delivers SIG to the job's
 # step (here: the srun stand-in's process), as the real one delivers it to the tasks.
 printf '%s\n' "$*" >> "$STANDIN_LOG/scancel.calls"
+# Only while that process is ours (its environment has our STANDIN_LOG): a pid file
+# outlives its process, and on a busy machine the pid is soon somebody else's (a real
+# job's rank on the devcluster, say).
 if [[ $1 == --signal=* && -f $STANDIN_LOG/srun.pid ]]; then
-  kill -s "${1#--signal=}" "$(cat "$STANDIN_LOG/srun.pid")"
+  pid=$(cat "$STANDIN_LOG/srun.pid")
+  if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qxF "STANDIN_LOG=$STANDIN_LOG"; then
+    kill -s "${1#--signal=}" "$pid"
+  fi
 fi
 ''',
     "sacct": r'''#!/bin/bash

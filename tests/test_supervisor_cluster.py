@@ -274,17 +274,22 @@ def test_a_requeue_survives_the_controller_being_down_for_15_s(
     """The time-limit warning comes while a setup line runs (the batch shell notes it);
     the controller is down for 15 s when the supervisor takes over and requeues: it keeps
     trying until Slurm answers. (A warning mid-step meets no outage: srun itself waits for
-    the controller before it reports the step's end.)"""
+    the controller before it reports the step's end.) The setup line waits for the test's
+    go-ahead, so the warning lands during setup and the hand-over during the outage
+    however loaded the machine is."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     text = spec_text(root, "ctld-down", KINDS["srun"],
                      ["bash", "-c", "echo run ${HPCTRAIN_RESTART_COUNT}"])
+    wait_go = f"until [ -e {root}/go ]; do sleep 0.2; done"
     job = submit(root, text.replace("[run]\n", '[run]\nsetup = ["echo setting up", '
-                                    '"[ ${SLURM_RESTART_COUNT:-0} = 0 ] && sleep 4 || true"]\n'))
+                                    f'"[ ${{SLURM_RESTART_COUNT:-0}} = 0 ] && {wait_go} || true"]\n'))
     dev = DevCluster()
     wait_until(lambda: "setting up" in job_log(root, job), 120, f"job {job} to run its setup")
     client.run(["scancel", "--signal=USR2", "--batch", job])
+    time.sleep(2)  # delivered; the batch shell notes it between two of the setup's sleeps
     try:
         assert dev.stop_daemon("slurmctld")
+        (root / "go").touch()  # setup ends, the supervisor takes over with no controller
         time.sleep(15)
     finally:
         dev.start_daemon("slurmctld")

@@ -130,6 +130,17 @@ def test_the_decision_table(name: str, kw: dict, expected: tuple[str, str, int])
     assert d.why
 
 
+def test_a_warning_missed_in_the_hand_over_is_seen_from_slurms_end_time() -> None:
+    from hpctrain.supervisor.decision import warning_due
+
+    view = replace(RUNNING, end_time=NOW + 100)
+    assert warning_due(view, 120, NOW)               # 100 s left, the warning comes at 120
+    assert not warning_due(view, 60, NOW)            # not yet
+    assert not warning_due(view, 0, NOW)             # no --signal
+    assert not warning_due(None, 120, NOW)           # Slurm not asked
+    assert not warning_due(replace(view, end_time=None), 120, NOW)  # no time limit
+
+
 def test_a_requeue_names_the_budget_and_a_stop_the_limit() -> None:
     d = decide(facts(view=PREEMPTING, status=143, requeues={"preemption": 1}, restart_count=3))
     assert d.detail == "restart 4 of max_requeues=10, preemption requeue 2 of max_preemptions=10"

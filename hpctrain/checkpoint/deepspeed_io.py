@@ -77,9 +77,10 @@ def load_deepspeed(manager: Any, engine: Any, step: int | None = None,
     Damaged steps are skipped with a warning, as in ``load_latest``.
     """
     manager.wait()
+    manager.check_trusted()  # DeepSpeed's files are pickles
     verify = manager.verify if verify is None else verify
     root = manager.root
-    candidates = [step] if step is not None else list(reversed(storage.committed_steps(root)))
+    candidates = [step] if step is not None else list(reversed(manager.agreed_steps()))
     for s in candidates:
         path = root / step_dirname(s)
         problem = None

@@ -46,13 +46,15 @@ class CheckpointManager:
     to ``lfs setstripe -c`` on Lustre. Raises CheckpointError at construction when
     ``root`` is missing or not writable, and StorageUnavailable when another job still
     holds its lock after ``lock_wait_s`` (default 120 s: a lock of a dead node's job
-    lingers until the file system gives up on that node).
+    lingers until the file system gives up on that node). Loading unpickles the extras, so
+    it is refused from a root another user owns or every user may write, unless
+    ``trust=True``.
     """
 
     def __init__(self, root: str | os.PathLike[str], keep_last: int = 3,
                  keep_every: int | None = None, async_save: bool = False, *,
                  verify: bool = True, stripe_count: int | None = None,
-                 lock_wait_s: float | None = None) -> None:
+                 lock_wait_s: float | None = None, trust: bool = False) -> None:
         try:
             select_deletions([], [], keep_last, keep_every)  # validates the policy
         except ValueError as exc:
@@ -64,6 +66,7 @@ class CheckpointManager:
         self.keep_last, self.keep_every = keep_last, keep_every
         self.async_save, self.verify, self.stripe_count = async_save, verify, stripe_count
         self.lock_wait_s = storage.LOCK_WAIT_S if lock_wait_s is None else lock_wait_s
+        self.trust = trust
         self.comm = Comm()
         self._lock: storage.RootLock | None = None
         self._setup()
@@ -197,6 +200,7 @@ class CheckpointManager:
         final = self.root / step_dirname(step)
         try:
             storage.atomic_write(tmp / MANIFEST, manifest.dumps())
+            storage.match_root_mode(self.root, tmp)
             storage.fault("before-dir-fsync")
             storage.fsync_path(tmp)
             storage.fault("before-rename")
@@ -234,7 +238,7 @@ class CheckpointManager:
         from hpctrain.checkpoint.loader import CorruptCheckpoint
 
         self.wait()
-        for step in reversed(self._agreed_steps()):
+        for step in reversed(self.agreed_steps()):
             outcome: tuple[str, str] | None = None
             try:
                 self._load(step, state, verify, listed=True)
@@ -252,7 +256,7 @@ class CheckpointManager:
                           RuntimeWarning, stacklevel=2)
         return None
 
-    def _agreed_steps(self) -> list[int]:
+    def agreed_steps(self) -> list[int]:
         """The committed steps as rank 0 lists them, on every rank: a node with a stale
         directory cache (NFS, Lustre after a failover) must not pick another step."""
         listing: list[int] | None = None
@@ -288,11 +292,23 @@ class CheckpointManager:
             manifest = read_manifest(path)
         except CheckpointError as exc:
             raise CorruptCheckpoint(str(exc)) from None
+        self.check_trusted()
         if manifest.layout.get("kind") != "torch":
             raise CheckpointError(f"step {step} is a {manifest.layout.get('kind')} checkpoint: "
                                   "load it with hpctrain.checkpoint.load_deepspeed")
         load_step(path, manifest, state, self.comm.rank,
                   self.verify if verify is None else verify)
+
+    def check_trusted(self) -> None:
+        """Refuse to unpickle (extras, DeepSpeed's files) from a root that somebody else
+        could have written, unless the caller said it trusts it."""
+        why = None if self.trust else storage.untrusted(self.root)
+        if why:
+            raise CheckpointError(
+                f"not loading from checkpoint root {self.root}: {why}, and loading unpickles "
+                "what is there, which can run code. If you trust whoever writes there, pass "
+                "CheckpointManager(..., trust=True); for the tensors alone, "
+                "hpctrain.checkpoint.read_tensors(step_dir) unpickles nothing")
 
     def list(self, verify: bool = False) -> list[catalog.StepInfo]:
         """Committed steps, oldest first, with size, time and validity."""

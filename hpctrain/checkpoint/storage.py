@@ -180,6 +180,35 @@ def trash(root: Path, name: str) -> Path:
     return target
 
 
+def root_mode(root: Path) -> int:
+    """The permission bits new step directories get: the root's, never world-writable."""
+    return os.stat(root).st_mode & 0o777 & ~0o002
+
+
+def match_root_mode(root: Path, step_dir: Path) -> None:
+    """Give ``step_dir`` and everything in it the root's permissions (files without the
+    execute bits), never world-writable: a private root keeps its checkpoints private
+    whatever the writers' umask, and nobody else can plant or alter a file in a step."""
+    mode = root_mode(root)
+    os.chmod(step_dir, mode)
+    for parent, dirs, files in os.walk(step_dir):
+        for name in dirs:
+            os.chmod(os.path.join(parent, name), mode)
+        for name in files:
+            os.chmod(os.path.join(parent, name), mode & 0o666)
+
+
+def untrusted(root: Path) -> str | None:
+    """Why unpickling what ``root`` holds could run somebody else's code, or None: a root
+    another user owns, or one every user may write (without the sticky bit)."""
+    st = os.stat(root)
+    if st.st_uid != os.geteuid():
+        return f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o002 and not st.st_mode & 0o1000:
+        return "every user may write in it"
+    return None
+
+
 def set_aside(root: Path, name: str) -> Path:
     """Move committed step ``root/name`` aside while it is re-saved (rename, fsync root)."""
     target = root / f"{OLD_PREFIX}{name}.{uuid.uuid4().hex[:8]}"

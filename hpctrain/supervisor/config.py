@@ -28,7 +28,8 @@ class Config:
     base: str                  # where the state directory lives: checkpoint dir, else submit dir
     submission: str = ""       # hpctrain submit's id for this submission, if it made one
     early: tuple[Caught, ...] = ()
-    where: str = ""            # "4 rank(s) on n[1-2], rendezvous n1:20014", for the log
+    where: str = ""
+    signal_lead_s: int = 0     # --signal=B:SIG@lead: the warning comes lead s before the end            # "4 rank(s) on n[1-2], rendezvous n1:20014", for the log
 
     @property
     def step_signal(self) -> str:
@@ -68,6 +69,7 @@ class Config:
             base=env.get(p.CKPT_DIR) or env.get("SLURM_SUBMIT_DIR") or env.get("PWD", "."),
             submission=env.get(p.SUBMISSION_ID, ""),
             early=parse_early(env.get(p.EARLY_SIGNALS, "")),
+            signal_lead_s=_int(env, p.SIGNAL_LEAD_S, 0),
             where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on "
                   f"{env.get('SLURM_JOB_NODELIST', '?')}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")

@@ -140,6 +140,14 @@ def slurm_event(view: JobView | None, restart_count: int) -> str:
     return "ended" if view.ending else "running"
 
 
+def warning_due(view: JobView | None, lead_s: int, now: float) -> bool:
+    """Is the time-limit warning (``--signal=B:SIG@lead``) due by Slurm's clock? Then a
+    run starting now missed it: it came while the script handed over to the supervisor
+    (ignored there), and nothing else would tell."""
+    return (view is not None and view.end_time is not None and lead_s > 0
+            and now >= view.end_time - lead_s)
+
+
 def notice_cause(caught: str, view: JobView | None, requeue_signal: str) -> str | None:
     """The cause a stop signal stands for when it arrives, for the stop notice the training
     processes read: preemption when Slurm is preempting the job, time_limit for the requeue

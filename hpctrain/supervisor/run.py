@@ -23,7 +23,8 @@ from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, REQUEUE_CAUSES, Caught, Decision,
                                           Facts, decide, limit_text, missing_requeues,
-                                          notice_cause, over_limit, runtime_word, slurm_event)
+                                          notice_cause, over_limit, runtime_word, slurm_event,
+                                          warning_due)
 from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, log_segment, log_size
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import Step, forward
@@ -99,6 +100,11 @@ class Supervisor:
         if stop is not None:
             return self.act(stop, state, None)
         self.take_signals()
+        if cfg.requeue_signal not in {c.name for c in self.caught} and \
+                warning_due(view, cfg.signal_lead_s, time.time()):
+            say(f"the time-limit warning is due (signal_lead_s={cfg.signal_lead_s} before the "
+                "job's end, by Slurm's clock): taking it as received")
+            self.caught.append(Caught(cfg.requeue_signal, time.time(), early=True))
         started = view is None or slurm_event(view, cfg.restart_count) == "running"
         if self.caught or not started:
             # a stop came before the step started: during setup, or a preemption

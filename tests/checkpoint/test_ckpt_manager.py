@@ -315,3 +315,44 @@ def test_real_model_and_adam_resume_exactly(tmp_path: Path) -> None:
             o.step()
     for a, b in zip(model2.parameters(), model3.parameters()):
         assert torch.equal(a, b)
+
+
+def test_steps_get_the_roots_permissions_whatever_the_umask(tmp_path: Path) -> None:
+    """A private root keeps its checkpoints private, and no step is ever world-writable."""
+    for mode, want_dir in ((0o700, 0o700), (0o777, 0o775), (0o750, 0o750)):
+        root = tmp_path / f"r{mode:o}"
+        root.mkdir()
+        os.chmod(root, mode)
+        old = os.umask(0)  # the writers' umask would make everything 0o777 / 0o666
+        try:
+            with _manager(root) as mgr:
+                mgr.save(1, make_state(1))
+        finally:
+            os.umask(old)
+        step = root / "step_000000001"
+        assert step.stat().st_mode & 0o777 == want_dir
+        assert {p.stat().st_mode & 0o777 for p in step.iterdir()} == {want_dir & 0o666}
+
+
+def test_extras_are_only_unpickled_from_a_root_you_own_or_trust(tmp_path: Path) -> None:
+    from hpctrain.errors import CheckpointError
+
+    require(os.geteuid() == 0, "root, to give the checkpoint root to another user")
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, make_state(1))
+    os.chown(tmp_path, 65534, 65534)  # somebody else's root: its pickles could run code
+    with _manager(tmp_path) as mgr:
+        with pytest.raises(CheckpointError, match="owned by uid 65534, not by you.*trust=True"):
+            mgr.load_latest(make_state(0))
+    with _manager(tmp_path, trust=True) as mgr:
+        got = make_state(0)
+        assert mgr.load_latest(got) == 1
+        assert_state_is(got, 1)
+    os.chown(tmp_path, 0, 0)
+    os.chmod(tmp_path, 0o777)  # anyone may plant a step
+    with _manager(tmp_path) as mgr:
+        with pytest.raises(CheckpointError, match="every user may write in it"):
+            mgr.load_latest(make_state(0))
+    os.chmod(tmp_path, 0o1777)  # sticky, like /tmp: only the owner replaces its files
+    with _manager(tmp_path) as mgr:
+        assert mgr.load_latest(make_state(0)) == 1
