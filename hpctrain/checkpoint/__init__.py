@@ -16,6 +16,7 @@ _LAZY = {
     "read_manifest": "hpctrain.checkpoint.hashing",
     "save_deepspeed": "hpctrain.checkpoint.deepspeed_io",
     "load_deepspeed": "hpctrain.checkpoint.deepspeed_io",
+    "read_tensors": "hpctrain.checkpoint.export",
 }
 
 __all__ = sorted(_LAZY)

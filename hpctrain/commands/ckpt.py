@@ -1,4 +1,5 @@
-"""``hpctrain ckpt list|verify|prune``: inspect and tidy a checkpoint root (no torch import)."""
+"""``hpctrain ckpt list|verify|prune|export``: inspect, tidy and export a checkpoint root
+(no torch import, except ``export``, which builds tensors)."""
 
 from __future__ import annotations
 
@@ -86,6 +87,34 @@ def prune(root: Path, keep: int, keep_every: int | None) -> None:
     finally:
         lock.release()
     click.echo(f"deleted {len(deleted)} step(s): {deleted}" if deleted else "nothing to delete")
+
+
+@ckpt.command()
+@root_arg
+@click.option("--step", type=int, default=None, help="The step to export [default: the newest "
+              "valid one].")
+@click.option("--to", "fmt", type=click.Choice(["torch", "safetensors", "dcp"]), required=True,
+              help="torch: one file for torch.load; safetensors: one .safetensors file; "
+                   "dcp: a torch.distributed.checkpoint directory.")
+@click.option("--only", default=None, metavar="KEY",
+              help="Only the tensors under this top-level key, named without it "
+                   "(--only model: names as in model.state_dict()).")
+@click.argument("out", type=click.Path(path_type=Path))
+def export(root: Path, step: int | None, fmt: str, only: str | None, out: Path) -> None:
+    """Write a step's tensors, whole (reassembled from every rank's shards), to OUT."""
+    from hpctrain.checkpoint.catalog import list_steps
+    from hpctrain.checkpoint.export import export as write
+    from hpctrain.checkpoint.manifest import step_dirname
+
+    infos = list_steps(root)
+    valid = [i.step for i in infos if i.valid]
+    if step is None and not valid:
+        raise CheckpointError(f"no valid checkpoint in {root} to export")
+    if step is not None and step not in [i.step for i in infos]:
+        raise CheckpointError(f"no checkpoint for step {step} in {root}: choose one of {valid}")
+    step = valid[-1] if step is None else step
+    count = write(root / step_dirname(step), fmt, out, only=only)
+    click.echo(f"exported {count} tensor(s) of step {step} to {out} ({fmt})")
 
 
 def _size(n: int) -> str:

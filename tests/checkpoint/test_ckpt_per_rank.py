@@ -63,6 +63,46 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int) -> None:
     check_own(state, 0)
     if world == 2:  # the world grows to 4: ranks 2 and 3 have no own values
         mp.spawn(grown_world, args=(4, str(roots[1]), _free_port()), nprocs=4, join=True)
+    _export_round_trips(roots[0], world, tmp_path / "out")
+
+
+def _expected(world: int) -> dict:
+    """Whole tensors as `ckpt export` names them: shared ones once, own ones per rank."""
+    import torch
+
+    out = {"model.bias": torch.arange(8.0), "model.w": torch.arange(64.0).reshape(16, 4)}
+    for rank in range(world):
+        state = own_state(rank, 1)
+        out[f"optim.state.0.exp_avg.rank{rank}"] = state["optim"]["state"][0]["exp_avg"]
+        out[f"rng.rank{rank}"] = state["rng"]
+    return out
+
+
+def _export_round_trips(root: Path, world: int, out: Path) -> None:
+    """Export to torch, safetensors and DCP; each loads back with its own tool, bitwise."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+
+    from hpctrain.checkpoint import read_tensors
+    from hpctrain.checkpoint.export import export
+
+    want = _expected(world)
+    step = root / "step_000000003"
+    assert {name for name, _ in read_tensors(step)} == set(want)
+    out.mkdir()
+    assert export(step, "torch", out / "all.pt") == len(want)
+    assert export(step, "safetensors", out / "all.safetensors") == len(want)
+    assert export(step, "dcp", out / "dcp") == len(want)
+    back = {"torch": torch.load(out / "all.pt"),
+            "safetensors": load_file(str(out / "all.safetensors"))}
+    from_dcp = {k: torch.empty_like(v) for k, v in want.items()}
+    dcp.load(from_dcp, checkpoint_id=str(out / "dcp"))
+    back["dcp"] = from_dcp
+    for fmt, got in back.items():
+        assert set(got) == set(want), fmt
+        for name, tensor in want.items():
+            assert got[name].dtype == tensor.dtype and torch.equal(got[name], tensor), (fmt, name)
 
 
 def test_replicated_state_still_writes_one_copy(tmp_path: Path) -> None:
@@ -91,3 +131,34 @@ def _save_replicas(rank: int, world: int, root: str, port: int) -> None:
             mgr.save(3, {"w": torch.arange(1000.0), "step": 3})
     finally:
         dist.destroy_process_group()
+
+
+def test_export_from_the_command_line_for_a_model(tmp_path: Path) -> None:
+    """`ckpt export --only model` gives names a model's load_state_dict takes, and refuses
+    to overwrite or to export a key that is not there."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ckpt_util import run_cli
+    from hpctrain.checkpoint import CheckpointManager
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to(torch.bfloat16)
+    (tmp_path / "ckpt").mkdir()
+    with CheckpointManager(tmp_path / "ckpt") as mgr:
+        mgr.save(7, {"model": model.state_dict(), "step": 7})
+    out = tmp_path / "model.safetensors"
+    res = run_cli("ckpt", "export", str(tmp_path / "ckpt"), "--to", "safetensors",
+                  "--only", "model", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "exported 4 tensor(s) of step 7" in res.stdout
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to(torch.bfloat16)
+    fresh.load_state_dict(load_file(str(out)))  # strict: exactly the model's keys
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                 model.state_dict().values()))
+    again = run_cli("ckpt", "export", str(tmp_path / "ckpt"), "--to", "torch", str(out))
+    assert again.returncode == 5 and "exists: choose a new path" in again.stderr
+    wrong = run_cli("ckpt", "export", str(tmp_path / "ckpt"), "--to", "torch", "--only",
+                    "modle", str(tmp_path / "x.pt"))
+    assert wrong.returncode == 5 and "no tensors under 'modle'" in wrong.stderr
+    assert "['model']" in wrong.stderr
