@@ -52,8 +52,11 @@ def spec(root: Path, name: str) -> str:
 def submit(root: Path, name: str) -> str:
     root.mkdir(parents=True)
     (root / "job.toml").write_text(spec(root, name))
+    # submitted from its own directory: a job without a checkpoint dir keeps its state
+    # (.hpctrain/jobs/<id>) in the submit dir
     out = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(root / "job.toml"),
-                          "--json"], capture_output=True, text=True, check=True, timeout=120)
+                          "--json"], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=root)
     return json.loads(out.stdout)["job_id"]
 
 
