@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -84,3 +85,10 @@ def loop_ext4(where: Path, size_mb: int) -> Iterator[Path | None]:
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
         image.unlink(missing_ok=True)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a local process group's rendezvous)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

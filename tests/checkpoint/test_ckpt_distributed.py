@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
 from ckpt_dist_worker import full_weight, worker
+from ckpt_util import free_port
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_world_size_2_save_then_load_with_world_size_1(tmp_path: Path) -> None:
@@ -25,7 +20,7 @@ def test_world_size_2_save_then_load_with_world_size_1(tmp_path: Path) -> None:
 
     from hpctrain.checkpoint import CheckpointManager
 
-    mp.spawn(worker, args=(2, str(tmp_path), _free_port()), nprocs=2, join=True)
+    mp.spawn(worker, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
     step_dir = tmp_path / "step_000000005"
     man = json.loads((step_dir / "manifest.json").read_text())
     assert man["world_size"] == 2

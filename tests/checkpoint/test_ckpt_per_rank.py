@@ -10,20 +10,15 @@ fails with the fix instead of handing over another rank's value.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
 from ckpt_rank_worker import check_own, grown_world, own_state, save_and_load
+from ckpt_util import free_port, run_cli
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _manifest(root: Path) -> dict:
@@ -43,7 +38,7 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int) -> None:
     roots = [tmp_path / "sync", tmp_path / "async"]
     for root in roots:
         root.mkdir()
-    mp.spawn(save_and_load, args=(world, [str(r) for r in roots], _free_port()),
+    mp.spawn(save_and_load, args=(world, [str(r) for r in roots], free_port()),
              nprocs=world, join=True)
     for root in roots:
         man = _manifest(root)
@@ -62,7 +57,7 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int) -> None:
         assert mgr.load_latest(state) == 3
     check_own(state, 0)
     if world == 2:  # the world grows to 4: ranks 2 and 3 have no own values
-        mp.spawn(grown_world, args=(4, str(roots[1]), _free_port()), nprocs=4, join=True)
+        mp.spawn(grown_world, args=(4, str(roots[1]), free_port()), nprocs=4, join=True)
     _export_round_trips(roots[0], world, tmp_path / "out")
 
 
@@ -109,7 +104,7 @@ def test_replicated_state_still_writes_one_copy(tmp_path: Path) -> None:
     """A model every rank holds the same (DDP) costs no extra bytes: format 1, one copy."""
     import torch.multiprocessing as mp
 
-    mp.spawn(_save_replicas, args=(2, str(tmp_path), _free_port()), nprocs=2, join=True)
+    mp.spawn(_save_replicas, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
     man = _manifest(tmp_path)
     assert man["format_version"] == 1
     assert len(man["tensors"]) == 1 and "rank" not in man["tensors"][0]
@@ -139,7 +134,6 @@ def test_export_from_the_command_line_for_a_model(tmp_path: Path) -> None:
     import torch
     from safetensors.torch import load_file
 
-    from ckpt_util import run_cli
     from hpctrain.checkpoint import CheckpointManager
 
     torch.manual_seed(0)
