@@ -198,6 +198,18 @@ def test_a_stop_signal_during_setup_reaches_the_supervisor(tmp_path: Path, sig: 
     assert verdict["cause"] == ("time_limit" if requeued else "cancelled")
 
 
+def test_a_warning_lost_in_the_hand_over_is_taken_from_slurms_end_time(tmp_path: Path) -> None:
+    """The warning can come in the instant the script hands over (signals ignored): the
+    supervisor sees by Slurm's end time that it is due and requeues before starting."""
+    data = base(tmp_path)
+    lead = data["requeue"]["signal_lead_s"]
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path,
+                     STANDIN_END_IN_S=str(lead - 5))
+    assert run.read("srun.argv") == ""            # the training step never started
+    assert "the time-limit warning is due" in run.stderr
+    assert "requeue 4242" in run.read("scontrol.calls"), run.stderr
+
+
 def test_the_step_gets_the_supervisors_environment(tmp_path: Path) -> None:
     """What a plain script can rely on: its restart count under both names, and where the
     runtime's files are; the hand-over's own variable does not leak into the step."""
