@@ -82,7 +82,7 @@ class Environment:
             run_id=env.get(protocol.RUN_ID) or None,
             node=env.get("SLURMD_NODENAME") or None,
             job_end_time=_float(env, "SLURM_JOB_END_TIME"),
-            signal_lead_s=_float(env, "HPCTRAIN_SIGNAL_LEAD_S"),
+            signal_lead_s=_float(env, protocol.SIGNAL_LEAD_S),
         )
 
 

@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from types import FrameType
+from typing import TypeVar
 
 from hpctrain import protocol as p
 from hpctrain.errors import HpctrainError, SlurmError
@@ -34,6 +36,7 @@ SETTLE_S = 3.0               # a failed step Slurm has no word on yet: wait this
 ASK_DEADLINE_S = 60.0        # keep asking an unreachable controller this long for the verdict
 REQUEUE_DEADLINE_S = 300.0   # ...and this long to requeue (a controller failover)
 RETRY_S = 2.0
+T = TypeVar("T")
 
 
 def say(message: str) -> None:
@@ -71,20 +74,9 @@ class Supervisor:
     def ask(self, deadline_s: float = 0.0) -> JobView | None:
         """Slurm's view of this job; None when it cannot be asked (after ``deadline_s`` of
         retries) or no longer knows the job."""
-        end = time.monotonic() + deadline_s
-        told = False
-        while True:
-            try:
-                return control.show_job(self.cfg.key)
-            except SlurmError as exc:
-                if time.monotonic() >= end or not control.is_unreachable(exc):
-                    say(f"cannot ask Slurm about job {self.cfg.key}: {exc}")
-                    return None
-                if not told:
-                    say(f"Slurm's controller does not answer ({exc}); asking again for up to "
-                        f"{deadline_s:.0f} s")
-                    told = True
-                time.sleep(RETRY_S)
+        what = f"scontrol show job {self.cfg.key}"
+        done, view = until_answered(lambda: control.show_job(self.cfg.key), what, deadline_s)
+        return view if done else None
 
     # ---- the run ---------------------------------------------------------------------------
     def run(self) -> int:
@@ -296,22 +288,12 @@ class Supervisor:
 
     def requeue(self) -> bool:
         """``scontrol requeue``, retried while the controller is unreachable."""
-        end = time.monotonic() + REQUEUE_DEADLINE_S
-        told = False
-        while True:
-            try:
-                if control.requeue(self.cfg.key) == "already":
-                    say(f"job {self.cfg.key} was already requeued")
-                return True
-            except SlurmError as exc:
-                if not control.is_unreachable(exc) or time.monotonic() >= end:
-                    say(f"scontrol requeue {self.cfg.key} failed: {exc}")
-                    return False
-                if not told:
-                    say(f"scontrol requeue {self.cfg.key}: the controller does not answer "
-                        f"({exc}); trying again for up to {REQUEUE_DEADLINE_S:.0f} s")
-                    told = True
-                time.sleep(RETRY_S)
+        key = self.cfg.key
+        done, how = until_answered(lambda: control.requeue(key), f"scontrol requeue {key}",
+                                   REQUEUE_DEADLINE_S)
+        if how == "already":
+            say(f"job {key} was already requeued")
+        return done
 
     def forbid_requeue(self) -> None:
         """A limit ended the job: PreemptMode=REQUEUE must not requeue it anyway."""
@@ -319,6 +301,25 @@ class Supervisor:
             control.forbid_requeue(self.cfg.key)
         except SlurmError as exc:
             say(f"could not clear job {self.cfg.key}'s Requeue flag: {exc}")
+
+
+def until_answered(call: Callable[[], T], what: str, deadline_s: float) -> tuple[bool, T | None]:
+    """``(True, call())``, retrying for up to ``deadline_s`` while the controller does not
+    answer (a failover, a restart); ``(False, None)`` once it gives up or Slurm refuses."""
+    end = time.monotonic() + deadline_s
+    told = False
+    while True:
+        try:
+            return True, call()
+        except SlurmError as exc:
+            if time.monotonic() >= end or not control.is_unreachable(exc):
+                say(f"{what} failed: {exc}")
+                return False, None
+            if not told:
+                say(f"{what}: the controller does not answer ({exc}); trying again for up "
+                    f"to {deadline_s:.0f} s")
+                told = True
+            time.sleep(RETRY_S)
 
 
 def main(argv: list[str] | None = None) -> int:
