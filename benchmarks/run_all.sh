@@ -4,7 +4,8 @@
 # e.g. `./dev.sh bench --size 256M` for a quicker checkpoint run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for bench in benchmarks/cli_bench.py benchmarks/plan_bench.py benchmarks/requeue_bench.py; do
+for bench in benchmarks/cli_bench.py benchmarks/plan_bench.py benchmarks/requeue_bench.py \
+             benchmarks/hang_bench.py; do
     [ -f "$bench" ] || continue
     echo "== $bench"
     python "$bench"

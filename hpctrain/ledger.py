@@ -1,9 +1,12 @@
-"""The requeue ledger: how often a job was requeued, by cause.
+"""The requeue ledger: how often a job was requeued or restarted in place, by cause.
 
 The job supervisor keeps it in the job's state directory (``ledger``, see
-:mod:`hpctrain.protocol`). One line per requeue, and one when a limit ended the job::
+:mod:`hpctrain.protocol`). One line per requeue, per restart of the step inside the
+allocation, per node the job was told to avoid, and one when a limit ended the job::
 
     requeue cause=preemption restart_count=1 by=supervisor
+    restart cause=hang restart_count=1 attempt=1
+    exclude node=n2 cause=hang restart_count=1
     requeue cause=node_fail restart_count=2 by=slurm
     stop cause=preemption restart_count=2 limit=max_preemptions=1
 
@@ -28,10 +31,20 @@ class Ledger:
     stop: dict[str, str] = field(default_factory=dict)   # the "stop" line's fields
     last_restart: int = 0                                 # restart_count of the newest requeue
     last_cause: str | None = None                         # its cause
+    restarts: dict[str, int] = field(default_factory=dict)  # in-allocation restarts by cause
+    excluded: dict[str, str] = field(default_factory=dict)  # node -> why it is avoided
 
     @property
     def total(self) -> int:
         return sum(self.requeues.values())
+
+    @property
+    def step_restarts(self) -> int:
+        return sum(self.restarts.values())
+
+    def recoveries(self, cause: str) -> int:
+        """Requeues plus in-place restarts for ``cause`` (a crash's budget counts both)."""
+        return self.requeues.get(cause, 0) + self.restarts.get(cause, 0)
 
     @property
     def limit(self) -> str | None:
@@ -51,6 +64,8 @@ def _fields(words: list[str]) -> dict[str, str]:
 def parse_ledger(text: str) -> Ledger:
     """The ledger in ``text``; unknown and damaged lines are ignored."""
     requeues: dict[str, int] = {}
+    restarts: dict[str, int] = {}
+    excluded: dict[str, str] = {}
     stop: dict[str, str] = {}
     last_restart, last_cause = 0, None
     for line in text.splitlines():
@@ -61,9 +76,13 @@ def parse_ledger(text: str) -> Ledger:
             restart = fields.get("restart_count", "")
             if restart.isdigit() and int(restart) >= last_restart:
                 last_restart, last_cause = int(restart), fields["cause"]
+        elif kind == "restart" and fields.get("cause"):
+            restarts[fields["cause"]] = restarts.get(fields["cause"], 0) + 1
+        elif kind == "exclude" and fields.get("node"):
+            excluded[fields["node"]] = fields.get("cause", "")
         elif kind == "stop" and fields.get("limit"):
             stop = fields
-    return Ledger(requeues, stop, last_restart, last_cause)
+    return Ledger(requeues, stop, last_restart, last_cause, restarts, excluded)
 
 
 def line(kind: str, **fields: object) -> str:

@@ -14,6 +14,9 @@ A job's state directory, on storage every node sees (``state_dir``)::
         stop       the supervisor's stop notice to the training processes (why a signal came)
         exit       the runtime's exit record (a requeue request, or a crash and its error)
         outcome    the supervisor's verdict on the last run (cause, action, rank, node, error)
+        progress/rank-N   each rank's progress: step, phase, heartbeat (the hang watchdog's)
+        dump       the supervisor's request for every rank's Python stacks (a hang)
+        stacks/rank-N     a rank's answer to it
 
 The job key is the Slurm job id, or ``<array job id>_<task id>`` for an array task (the
 bare id of an array task can equal the array's id, which Slurm reads as every task).
@@ -46,10 +49,25 @@ MAX_TIME_LIMITS = "HPCTRAIN_MAX_TIME_LIMITS"
 MAX_NODE_FAILURES = "HPCTRAIN_MAX_NODE_FAILURES"
 MAX_CRASH_RESTARTS = "HPCTRAIN_MAX_CRASH_RESTARTS"
 MAX_STORAGE_RETRIES = "HPCTRAIN_MAX_STORAGE_RETRIES"
+MAX_HANGS = "HPCTRAIN_MAX_HANGS"
+STEP_ATTEMPT = "HPCTRAIN_STEP_ATTEMPT"        # in-allocation restarts of this run so far
+HEARTBEAT_S = "HPCTRAIN_HEARTBEAT_S"          # how often a rank rewrites its progress record
+HANG_TIMEOUT_S = "HPCTRAIN_HANG_TIMEOUT_S"    # the [watchdog] table, for the supervisor
+STARTUP_TIMEOUT_S = "HPCTRAIN_STARTUP_TIMEOUT_S"
+SAVE_TIMEOUT_S = "HPCTRAIN_SAVE_TIMEOUT_S"
+MAX_STEP_RESTARTS = "HPCTRAIN_MAX_STEP_RESTARTS"
+EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
 
 # ---- the state directory ------------------------------------------------------------------
 STATE_SUBDIR = (".hpctrain", "jobs")
 IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"
+PROGRESS, DUMP, STACKS = "progress", "dump", "stacks"
+DEFAULT_HEARTBEAT_S = 2.0
+
+
+def rank_file(state: str | os.PathLike[str], kind: str, rank: int) -> Path:
+    """``<state>/progress/rank-3`` (kind PROGRESS) or ``<state>/stacks/rank-3`` (STACKS)."""
+    return Path(state) / kind / f"rank-{rank}"
 
 
 def job_key(env: Mapping[str, str]) -> str | None:

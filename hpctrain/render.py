@@ -267,10 +267,18 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.MAX_NODE_FAILURES, rq.max_node_failures),
         (protocol.MAX_CRASH_RESTARTS, rq.max_crash_restarts),
         (protocol.MAX_STORAGE_RETRIES, rq.max_storage_retries),
+        (protocol.MAX_HANGS, rq.max_hangs),
         (protocol.REQUEUE_SIGNAL, rq.signal),
         (protocol.SIGNAL_LEAD_S, rq.signal_lead_s),
         ("HPCTRAIN_TIME_LIMIT_S", plan.time_s if plan.time_s is not None else 0),
     ]
+    wd = spec.watchdog
+    pairs += [(protocol.MAX_STEP_RESTARTS, wd.max_step_restarts),
+              (protocol.EXCLUDE_BAD_NODES, int(wd.exclude_bad_nodes))]
+    pairs += [(name, value) for name, value in (
+        (protocol.HANG_TIMEOUT_S, wd.hang_timeout_s),
+        (protocol.STARTUP_TIMEOUT_S, wd.startup_timeout_s),
+        (protocol.SAVE_TIMEOUT_S, wd.save_timeout_s)) if value is not None]
     if ck.dir is not None:
         pairs.append((protocol.CKPT_DIR, ck.dir))
     return [(k, str(v)) for k, v in pairs]

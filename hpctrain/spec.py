@@ -178,6 +178,7 @@ class RequeueSpec:
     max_node_failures: int = 3      # default: 3, at most max_requeues
     max_crash_restarts: int = 0     # a crash (the step failed on its own) is not retried
     max_storage_retries: int = 3    # the checkpoint storage unavailable (a dead node's lock)
+    max_hangs: int = 3              # requeues after a hang, once in-place restarts are spent
 
     @classmethod
     def from_dict(cls, data: Any) -> "RequeueSpec":
@@ -196,11 +197,39 @@ class RequeueSpec:
                    max_time_limits=per_cause("max_time_limits", total),
                    max_node_failures=per_cause("max_node_failures", min(3, total)),
                    max_crash_restarts=per_cause("max_crash_restarts", 0),
-                   max_storage_retries=per_cause("max_storage_retries", min(3, total)))
+                   max_storage_retries=per_cause("max_storage_retries", min(3, total)),
+                   max_hangs=per_cause("max_hangs", min(3, total)))
+
+
+@dataclass(frozen=True)
+class WatchdogSpec:
+    """The supervisor's hang watchdog and in-allocation restarts (docs/fault-recovery.md,
+    "Hangs"). A timeout left out takes its default: with hpctrain.runtime, 300 s without
+    a step (``hang_timeout_s``), 1800 s for start-up and for a save; a script that does not
+    use the runtime is watched (by its output) only when ``hang_timeout_s`` is given. 0
+    turns a timeout off."""
+
+    hang_timeout_s: int | None = None
+    startup_timeout_s: int | None = None
+    save_timeout_s: int | None = None
+    max_step_restarts: int = 2      # restarts inside the allocation, for the whole job
+    exclude_bad_nodes: bool = True  # requeue without a node that failed or froze
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "WatchdogSpec":
+        d = _table(data, "watchdog", cls)
+        timeouts = {key: _opt_int(d.get(key), f"watchdog.{key}", 0)
+                    for key in ("hang_timeout_s", "startup_timeout_s", "save_timeout_s")}
+        exclude = d.get("exclude_bad_nodes", True)
+        if not isinstance(exclude, bool):
+            raise SpecError(f"watchdog.exclude_bad_nodes={exclude!r} must be true or false")
+        return cls(**timeouts, exclude_bad_nodes=exclude,
+                   max_step_restarts=_int(d.get("max_step_restarts", 2),
+                                          "watchdog.max_step_restarts", 0, 1000))
 
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
-             "requeue": RequeueSpec}
+             "requeue": RequeueSpec, "watchdog": WatchdogSpec}
 _DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
 
 
@@ -226,6 +255,7 @@ class JobSpec:
     layout: LayoutSpec = LayoutSpec()
     checkpoint: CheckpointSpec = CheckpointSpec()
     requeue: RequeueSpec = RequeueSpec()
+    watchdog: WatchdogSpec = WatchdogSpec()
     sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     # ---- construction ------------------------------------------------------------------

@@ -29,7 +29,7 @@ FORBIDDEN = {
 PURE = ("hpctrain.layout", "hpctrain.render", "hpctrain.spec", "hpctrain.planner",
         "hpctrain.sweep", "hpctrain.devcluster.config", "hpctrain.slurm.parse",
         "hpctrain.slurm.states", "hpctrain.slurm.view", "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
-        "hpctrain.supervisor.diagnosis")
+        "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog")
 # modules allowed to start processes, and why
 PROCESS_STARTERS = {
     "hpctrain.slurm.client": "the one runner of SLURM binaries",

@@ -19,7 +19,7 @@ def conf_lines(shape: Shape) -> list[str]:
 
 
 def test_nodes_have_own_ports_gres_and_resolve_to_loopback() -> None:
-    nodes = [parse_kv_line(line) for line in conf_lines(Shape(nodes=3, gpus_per_node=4))
+    nodes = [parse_kv_line(line) for line in conf_lines(Shape(nodes=3, gpus_per_node=4, spare=0))
              if line.startswith("NodeName=")]
     assert [n["NodeName"] for n in nodes] == ["n1", "n2", "n3"]
     assert [n["Port"] for n in nodes] == ["17001", "17002", "17003"]
@@ -34,7 +34,9 @@ def test_partitions_debug_default_low_urgent_preempts_with_requeue() -> None:
     assert int(parts["urgent"]["PriorityTier"]) > int(parts["debug"]["PriorityTier"])
     assert parts["debug"]["PreemptMode"] == "REQUEUE"
     assert 0 < int(parts["debug"]["GraceTime"]) <= 30
-    assert parts["debug"]["Nodes"] == "n[1-2]"
+    assert parts["debug"]["Nodes"] == parts["urgent"]["Nodes"] == "n[1-2]"
+    # `wide` has the spare node too: room to requeue a job without a bad node
+    assert parts["wide"]["Nodes"] == "n[1-3]" and parts["wide"]["PreemptMode"] == "REQUEUE"
 
 
 def test_fast_failure_detection_and_fast_requeue() -> None:
@@ -61,10 +63,10 @@ def test_no_gres_line_when_no_gpus() -> None:
 
 def test_hosts_update_is_idempotent_and_removable() -> None:
     base = "127.0.0.1 localhost\n"
-    once = config.updated_hosts(base, Shape(nodes=2))
-    assert once == config.updated_hosts(once, Shape(nodes=2))
+    once = config.updated_hosts(base, Shape(nodes=2, spare=0))
+    assert once == config.updated_hosts(once, Shape(nodes=2, spare=0))
     assert "127.0.0.1 n1 n2 # hpctrain-devcluster" in once
-    three = config.updated_hosts(once, Shape(nodes=3))
+    three = config.updated_hosts(once, Shape(nodes=3, spare=0))
     assert three.count(config.HOSTS_MARKER) == 1 and " n3 " in three
     assert config.updated_hosts(three, None) == base
 

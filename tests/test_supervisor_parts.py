@@ -32,7 +32,15 @@ def test_config_from_the_rendered_scripts_exports() -> None:
     assert cfg.argv == ("srun", "python", "t.py") and cfg.key == "4242"
     assert (cfg.restart_count, cfg.cluster, cfg.base) == (0, "hpcdev", "/shared/ckpt")
     assert cfg.budget == Budget(5, {"preemption": 4, "time_limit": 5, "node_fail": 3,
-                                    "user_crash": 0, "storage": 3})
+                                    "user_crash": 0, "storage": 3, "hang": 3})
+    # the watchdog: defaults for runtime jobs, plain scripts unwatched, 2 in-place restarts
+    assert (cfg.limits.hang_s, cfg.limits.startup_s, cfg.limits.plain) == (300, 1800, False)
+    assert (cfg.max_step_restarts, cfg.exclude_bad_nodes) == (2, True)
+    set_ = Config.from_env(["srun"], {**ENV, "HPCTRAIN_HANG_TIMEOUT_S": "20",
+                                      "HPCTRAIN_SAVE_TIMEOUT_S": "0",
+                                      "HPCTRAIN_EXCLUDE_BAD_NODES": "0"})
+    assert (set_.limits.hang_s, set_.limits.save_s, set_.limits.plain) == (20, None, True)
+    assert not set_.exclude_bad_nodes
     array = Config.from_env(["srun"], {**ENV, "SLURM_ARRAY_JOB_ID": "4240",
                                        "SLURM_ARRAY_TASK_ID": "2", "SLURM_RESTART_COUNT": "3"})
     assert array.key == "4240_2" and array.restart_count == 3   # never the bare task id

@@ -18,6 +18,7 @@ from hpctrain.checkpoint import storage
 from hpctrain.checkpoint.hashing import read_manifest, verify_step
 from hpctrain.checkpoint.manifest import MANIFEST, step_dirname
 from hpctrain.errors import CheckpointError
+from hpctrain.runtime import progress
 
 TAG = "ds"
 BLOCK = 64 << 20  # one crc32 per 64 MiB: a damaged byte is located to within a block
@@ -66,7 +67,8 @@ def save_deepspeed(manager: Any, step: int, engine: Any,
         fsync_tree(tmp)  # each rank flushes what it wrote (Lustre: per-client dirty pages)
         return [], [], []
 
-    manager._persist(step, write, {"kind": "deepspeed", "tag": TAG}, hash_tree=True)
+    with progress.phase("saving"):
+        manager._persist(step, write, {"kind": "deepspeed", "tag": TAG}, hash_tree=True)
 
 
 def load_deepspeed(manager: Any, engine: Any, step: int | None = None,

@@ -33,6 +33,7 @@ from hpctrain.checkpoint.hashing import read_manifest
 from hpctrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest, step_dirname
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointError
+from hpctrain.runtime import progress
 
 WriteFn = Callable[[Path], tuple[list[dict], list[dict], list[dict]]]
 
@@ -103,7 +104,12 @@ class CheckpointManager:
 
         Sync: returns when the step is committed and durable. Async: returns once the
         state is copied to staging buffers; a failure surfaces at the next save/wait.
+        The hang watchdog gives the blocking part its save timeout.
         """
+        with progress.phase("saving"):
+            self._save(step, state)
+
+    def _save(self, step: int, state: dict) -> None:
         from hpctrain.checkpoint.tree import flatten
         from hpctrain.checkpoint.writer import payload_direct, write_payload
 
@@ -146,7 +152,8 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until an in-flight async save is durable; raise its failure if it failed."""
         if self._bg is not None:
-            self._bg.collect()
+            with progress.phase("saving"):
+                self._bg.collect()
 
     def _persist(self, step: int, write: WriteFn, layout: dict, hash_tree: bool = False) -> None:
         tmp = self.root / f"{storage.TMP_PREFIX}{step_dirname(step)}"
@@ -235,6 +242,10 @@ class CheckpointManager:
         A step that fails verification is skipped with a warning and the previous one
         is tried. Collective under torch.distributed (all ranks agree on the step).
         """
+        with progress.phase("loading"):
+            return self._load_latest(state, verify)
+
+    def _load_latest(self, state: dict, verify: bool | None) -> int | None:
         from hpctrain.checkpoint.loader import CorruptCheckpoint
 
         self.wait()
@@ -274,7 +285,8 @@ class CheckpointManager:
     def load(self, step: int, state: dict, verify: bool | None = None) -> None:
         """Load ``step`` into ``state`` in place; CheckpointError if absent or damaged."""
         self.wait()
-        self._load(step, state, verify)
+        with progress.phase("loading"):
+            self._load(step, state, verify)
 
     def _load(self, step: int, state: dict, verify: bool | None, listed: bool = False) -> None:
         from hpctrain.checkpoint.loader import CorruptCheckpoint, load_step

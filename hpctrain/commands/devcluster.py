@@ -26,14 +26,18 @@ def devcluster() -> None:
               help="Fake GPUs (real GRES) per node.")
 @click.option("--cpus-per-node", default=Shape.cpus_per_node, show_default=True,
               help="CPUs each node declares (may exceed this machine's).")
+@click.option("--spare", default=Shape.spare, show_default=True,
+              help="Extra nodes only partition `wide` has (room to exclude a bad node).")
 @state_dir_option
-def up(nodes: int, gpus_per_node: int, cpus_per_node: int, state_dir: str | None) -> None:
+def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int,
+       state_dir: str | None) -> None:
     """Install (as root), configure and start the cluster; when already up, only resume
     nodes an earlier run left DOWN or DRAIN."""
     dev = DevCluster(state_dir)
-    result = dev.up(Shape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node))
-    click.echo(f"devcluster {result.outcome}: {nodes} nodes x {gpus_per_node} GPUs, "
-               f"partitions debug (default) and urgent")
+    result = dev.up(Shape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
+                          spare=spare))
+    click.echo(f"devcluster {result.outcome}: {nodes} nodes x {gpus_per_node} GPUs "
+               f"(+{spare} spare), partitions debug (default), urgent and wide (all nodes)")
     for note in result.resumed:
         click.echo(f"  resumed node {note}")
     click.echo(f"  Slurm config:   {dev.paths.slurm_conf}  (export SLURM_CONF={dev.paths.slurm_conf}"

@@ -37,6 +37,8 @@ def format_cause(verdict: dict[str, str]) -> str:
         return f"requeue limit {verdict['limit']} reached"
     if action == "requeue_failed":
         return f"{cause}{at}: the requeue failed"
+    if action == "restart":
+        return f"restarted in place after a {cause}{at}"
     where = ", ".join(x for x in (f"rank {verdict['rank']}" if verdict.get("rank") else "",
                                   verdict.get("node", "")) if x)
     error = verdict.get("error") or ""

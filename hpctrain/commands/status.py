@@ -94,12 +94,21 @@ def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
     ledger = read_ledger(job_id, *dirs)
     requeues = requeues_by_cause(info.requeues, ledger)
     limit = ledger.limit if ledger is not None else None
+    in_place = ledger.restarts if ledger is not None else {}
+    excluded = ledger.excluded if ledger is not None else {}
     cause = f"requeue limit {limit} reached" if limit else format_cause(verdict)
+    cell = format_requeues(requeues)
+    if in_place:   # restarts of the step inside the allocation (the hang watchdog's)
+        cell = ("" if cell == "-" else cell + " ") + "in-place " + format_requeues(in_place)
+    nodes = info.nodes or "-"
+    if excluded:
+        nodes += f" (excluded {','.join(excluded)})"
     return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
-               info.nodes or "-", format_requeues(requeues),
-               "-" if step is None else str(step), cause,
+               nodes, cell, "-" if step is None else str(step), cause,
                {"job_id": job_id, "name": info.name or rec.name, "kind": rec.kind,
                 **info_json(info), "requeues": requeues, "requeue_limit": limit,
+                "restarts_in_place": in_place, "excluded_nodes": excluded,
+                "hangs": (ledger.recoveries("hang") if ledger is not None else 0),
                 "last_checkpoint_step": step, "folder": rec.folder,
                 "cause": verdict.get("cause"), "verdict": verdict})
 

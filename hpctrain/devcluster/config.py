@@ -27,10 +27,13 @@ class Shape:
     gpus_per_node: int = 2
     cpus_per_node: int = 4
     mem_per_node_mb: int = 4000
+    # nodes only partition `wide` has (besides all the others): room to leave a bad node
+    # out, while `debug` and `urgent` stay full enough that an urgent job must preempt
+    spare: int = 1
 
     def __post_init__(self) -> None:
         limits = {"nodes": (1, 64), "gpus_per_node": (0, 16), "cpus_per_node": (1, 256),
-                  "mem_per_node_mb": (100, 1 << 22)}
+                  "mem_per_node_mb": (100, 1 << 22), "spare": (0, 8)}
         for key, (low, high) in limits.items():
             value = getattr(self, key)
             if not isinstance(value, int) or not low <= value <= high:
@@ -38,7 +41,8 @@ class Shape:
 
     @property
     def node_names(self) -> list[str]:
-        return [f"n{i}" for i in range(1, self.nodes + 1)]
+        """Every emulated node, the spare ones last."""
+        return [f"n{i}" for i in range(1, self.nodes + self.spare + 1)]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -90,8 +94,8 @@ class Paths:
         return [self.fake_gpus / f"{node}-gpu{i}" for i in range(count)]
 
 
-def _node_range(shape: Shape) -> str:
-    return f"n[1-{shape.nodes}]" if shape.nodes > 1 else "n1"
+def _node_range(count: int) -> str:
+    return f"n[1-{count}]" if count > 1 else "n1"
 
 
 def slurm_conf(shape: Shape, paths: Paths, ports: Ports, hostname: str) -> str:
@@ -162,8 +166,9 @@ JobAcctGatherType=jobacct_gather/linux
 JobAcctGatherFrequency=30
 JobCompType=jobcomp/none
 {nodes}
-PartitionName=debug Nodes={_node_range(shape)} Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
-PartitionName=urgent Nodes={_node_range(shape)} PriorityTier=10 PreemptMode=OFF MaxTime=04:00:00 State=UP
+PartitionName=debug Nodes={_node_range(shape.nodes)} Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
+PartitionName=urgent Nodes={_node_range(shape.nodes)} PriorityTier=10 PreemptMode=OFF MaxTime=04:00:00 State=UP
+PartitionName=wide Nodes={_node_range(shape.nodes + shape.spare)} PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
 """
 
 

@@ -14,10 +14,12 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from hpctrain.runtime import progress
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
 from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
+from hpctrain.runtime.progress import Reporter
 from hpctrain.runtime.signals import DEFAULT_SIGNALS, StopFlag, parse_signals
 
 if TYPE_CHECKING:
@@ -31,14 +33,15 @@ class Context:
     """A training process's view of the job; built by :func:`init`."""
 
     def __init__(self, env: Environment, device: torch.device, mesh: DeviceMesh,
-                 flag: StopFlag, owns_process_group: bool) -> None:
+                 flag: StopFlag, owns_process_group: bool,
+                 reporter: Reporter | None = None) -> None:
         self.env = env
+        self.reporter = reporter  # progress for the supervisor's hang watchdog (or None)
         self.device = device
         self.mesh = mesh
         self.flag = flag
         self.stop_cause: str | None = None  # agreed cause once stop_requested() is True
-        # the step in progress; the training loop sets it so a crash record can name it
-        self.step: int | None = None
+        self._step: int | None = None
         self._owns_pg = owns_process_group
         self.last_exit_cause: str | None = (
             env.last_exit_cause or previous_cause(read_record(env.exit_file), env.restart_count))
@@ -65,15 +68,30 @@ class Context:
         """The process group of mesh dimension ``dim`` ("pp", "dp" or "tp")."""
         return self.mesh.get_group(dim)
 
+    # -- progress -----------------------------------------------------------------------
+    @property
+    def step(self) -> int | None:
+        """The step in progress. Set it in the training loop (``ctx.step = n``): a crash
+        record names it, and the hang watchdog sees the job advance."""
+        return self._step
+
+    @step.setter
+    def step(self, value: int | None) -> None:
+        self._step = value
+        if self.reporter is not None:
+            self.reporter.set_step(value)
+
     # -- stopping -----------------------------------------------------------------------
     def stop_requested(self) -> bool:
         """Collective (call on every rank at the same step boundary): True on all ranks
         once any rank received a stop signal. The most urgent cause wins (all_reduce MAX)
-        and is kept in :attr:`stop_cause`."""
+        and is kept in :attr:`stop_cause`. Each call is also progress for the watchdog."""
         import torch
         import torch.distributed as dist
 
-        local = 0
+        if self.reporter is not None:
+            self.reporter.boundary()   # before the collective: a rank that never gets here
+        local = 0                      # is the one the others wait for
         if self.flag:
             local = cause_of_stop(self.flag.signum, read_record(self.env.stop_file),
                                   self.env.restart_count, now=self.flag.received_at,
@@ -100,6 +118,9 @@ class Context:
                              "returned True, or pass cause='preemption' or 'time_limit'")
         # an async emergency save still needs the process group: let it finish first
         from hpctrain.checkpoint.manager import wait_all
+
+        if self.reporter is not None:
+            self.reporter.set_phase("exiting")
 
         for failure in wait_all():
             print(f"hpctrain: rank {self.rank}: checkpoint save failed before exit: {failure}",
@@ -172,6 +193,9 @@ def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
         signals = parse_signals(raw) if raw else DEFAULT_SIGNALS
     # Install first: a signal arriving during the (slow) rendezvous is kept, not fatal.
     flag = StopFlag().install(signals)
+    # Report start-up before the rendezvous: a rank that never arrives is then told apart
+    # from those waiting for it.
+    reporter = progress.start_from_env(environ, parsed.rank, parsed.node)
 
     use_cuda = torch.cuda.is_available() and backend != "gloo"
     device = torch.device("cuda", parsed.local_rank % torch.cuda.device_count()) \
@@ -189,7 +213,7 @@ def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
                                 world_size=parsed.world_size, timeout=timedelta(seconds=timeout_s))
     mesh = init_device_mesh(device.type, (parsed.pp, parsed.dp, parsed.tp),
                             mesh_dim_names=MESH_DIMS)
-    ctx = Context(parsed, device, mesh, flag, owns)
+    ctx = Context(parsed, device, mesh, flag, owns, reporter)
     # an uncaught exception ends the job FAILED (not requeued); say why in the record
     install_excepthook(ctx.record_crash)
     return ctx

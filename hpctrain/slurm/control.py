@@ -77,3 +77,73 @@ def is_unreachable(exc: BaseException) -> bool:
     """Did this error mean the controller could not be asked (try again later)?"""
     return isinstance(exc, SlurmTimeout) or any(m in str(exc) for m in client.TRANSIENT_MARKERS)
 
+
+
+# ---- in-allocation restarts and bad nodes (the hang watchdog) ----------------------------
+def step_ids(key: str, *, timeout: float = 5.0) -> list[str]:
+    """The job's running steps other than the batch and extern steps: ``["123.0"]``."""
+    res = client.run(["squeue", "-h", "-s", "-j", key, "-o", "%i"], timeout=timeout,
+                     retries=1)
+    return [s for s in res.stdout.split() if s.rsplit(".", 1)[-1].isdigit()]
+
+
+def kill_steps(key: str, *, timeout: float = 5.0) -> list[str]:
+    """SIGKILL every process of the job's training steps, on every node, never the batch
+    step (the supervisor): a hung step cannot stop itself. The steps killed."""
+    steps = step_ids(key, timeout=timeout)
+    for step in steps:
+        client.run(["scancel", "--signal=KILL", step], timeout=timeout, retries=1)
+    return steps
+
+
+def hostnames(nodelist: str, *, timeout: float = 5.0) -> list[str]:
+    """``n[1-3]`` -> ``["n1", "n2", "n3"]`` (Slurm's own hostlist expansion)."""
+    if not nodelist:
+        return []
+    res = client.run(["scontrol", "show", "hostnames", nodelist], timeout=timeout, retries=1)
+    return res.stdout.split()
+
+
+def node_states(nodes: list[str], *, timeout: float = 5.0) -> dict[str, str]:
+    """Slurm's state of each node: ``{"n1": "ALLOCATED", "n2": "DOWN*"}`` (``*``: not
+    responding)."""
+    if not nodes:
+        return {}
+    res = client.run(["sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T"],
+                     timeout=timeout, retries=1)
+    out = {}
+    for line in res.stdout.splitlines():
+        name, _, state = line.partition("|")
+        if name.strip():
+            out[name.strip()] = state.strip().upper()
+    return out
+
+
+def partition_nodes(partition: str, *, timeout: float = 5.0) -> list[str]:
+    """Every node of ``partition`` (whatever its state)."""
+    res = client.run(["sinfo", "-h", "-N", "-p", partition, "-o", "%N"], timeout=timeout,
+                     retries=1)
+    return sorted(set(res.stdout.split()))
+
+
+def requeue_excluding(key: str, nodes: list[str], *, running: bool = True,
+                      timeout: float = 10.0) -> None:
+    """Requeue the job (when ``running``; else it is pending already) so it never runs on
+    ``nodes`` again: hold it, set ExcNodeList, release it. The hold closes the race with
+    the scheduler, and a release is always attempted, so the job is never left held."""
+    hold = ["scontrol", "requeuehold", key] if running else ["scontrol", "hold", key]
+    client.run(hold, timeout=timeout, retries=0)
+    try:
+        client.run(["scontrol", "update", f"jobid={key}", f"ExcNodeList={','.join(nodes)}"],
+                   timeout=timeout, retries=1)
+    finally:
+        client.run(["scontrol", "release", key], timeout=timeout, retries=3, retry_delay_s=2.0)
+
+
+def run_on_nodes(argv: list[str], nodes: int, *, timeout: float = 60.0) -> str:
+    """Run ``argv`` once per node of this job's allocation, beside the running step
+    (``srun --overlap``: from inside the batch step); what it printed, failures included."""
+    res = client.run(["srun", "--overlap", f"--nodes={nodes}", "--ntasks-per-node=1",
+                      "--kill-on-bad-exit=0", "--quiet", *argv], timeout=timeout, retries=0,
+                     check=False)
+    return res.stdout + res.stderr

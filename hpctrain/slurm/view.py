@@ -27,6 +27,10 @@ class JobView:
     requeue: bool               # Requeue=1: Slurm may requeue it
     std_err: str = ""           # the job's stderr file (the batch log)
     node_list: str = ""
+    std_out: str = ""
+    partition: str = ""
+    num_nodes: int = 0
+    excluded: str = ""          # ExcNodeList: nodes the job must not run on
 
     @property
     def time_limit_reached(self) -> bool:
@@ -56,4 +60,13 @@ def job_view(key: str, record: dict[str, str]) -> JobView:
         preempt_time=slurm_time(record.get("PreemptTime", "")),
         end_time=slurm_time(record.get("EndTime", "")),
         requeue=record.get("Requeue", "1") != "0",
-        std_err=record.get("StdErr", ""), node_list=record.get("NodeList", ""))
+        std_err=record.get("StdErr", ""), node_list=record.get("NodeList", ""),
+        std_out=record.get("StdOut", ""), partition=record.get("Partition", ""),
+        num_nodes=_leading_int(record.get("NumNodes", "")),
+        excluded="" if record.get("ExcNodeList") in (None, "(null)") else record["ExcNodeList"])
+
+
+def _leading_int(text: str) -> int:
+    """``2`` or ``2-2`` (a pending job's range) -> 2; 0 when there is no number."""
+    head = text.split("-")[0]
+    return int(head) if head.isdigit() else 0

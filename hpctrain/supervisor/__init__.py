@@ -9,6 +9,9 @@ keeps the job's state directory (ledger, stop notice, verdict; :mod:`hpctrain.pr
 
 Modules: ``config`` (what it is told), ``decision`` (the pure decision table), ``statedir``
 (the state directory), ``diagnosis`` (which rank failed first), ``step`` (the child process
-and signal forwarding), ``run`` (one run, start to verdict). In-job code: it imports nothing
+and signal forwarding), ``watchdog`` (the pure hang judgement) and ``hang`` (watching the
+ranks' progress, their stacks, killing a hung step), ``nodes`` (bad nodes, exclusion),
+``joblog`` (its lines in the job log), ``run`` (one run, start to verdict, with its
+in-place restarts). In-job code: it imports nothing
 from the submission side but :mod:`hpctrain.slurm` (to ask Slurm), and never torch.
 """

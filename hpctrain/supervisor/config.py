@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hpctrain import protocol as p
 from hpctrain.errors import SupervisorError
 from hpctrain.supervisor.decision import Budget, Caught
+from hpctrain.supervisor.watchdog import Limits
 
 # signals whose default action ends a process: a plain script stops on them
 TERMINATING = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM")
@@ -29,7 +30,12 @@ class Config:
     submission: str = ""       # hpctrain submit's id for this submission, if it made one
     early: tuple[Caught, ...] = ()
     where: str = ""
-    signal_lead_s: int = 0     # --signal=B:SIG@lead: the warning comes lead s before the end            # "4 rank(s) on n[1-2], rendezvous n1:20014", for the log
+    signal_lead_s: int = 0     # --signal=B:SIG@lead: the warning comes lead s before the end
+    limits: Limits = Limits()  # the hang watchdog's timeouts ([watchdog])
+    max_step_restarts: int = 2  # in-allocation restarts for the whole job
+    exclude_bad_nodes: bool = True
+    world: int = 1             # ranks of the step (HPCTRAIN_WORLD_SIZE)
+    nodes: int = 1             # nodes of the step (HPCTRAIN_NODES)
 
     @property
     def step_signal(self) -> str:
@@ -59,7 +65,12 @@ class Config:
             "time_limit": _int(env, p.MAX_TIME_LIMITS, total),
             "node_fail": _int(env, p.MAX_NODE_FAILURES, min(3, total)),
             "user_crash": _int(env, p.MAX_CRASH_RESTARTS, 0),
-            "storage": _int(env, p.MAX_STORAGE_RETRIES, min(3, total))})
+            "storage": _int(env, p.MAX_STORAGE_RETRIES, min(3, total)),
+            "hang": _int(env, p.MAX_HANGS, min(3, total))})
+        limits = Limits.from_spec(_opt_int(env, p.HANG_TIMEOUT_S),
+                                  _opt_int(env, p.STARTUP_TIMEOUT_S),
+                                  _opt_int(env, p.SAVE_TIMEOUT_S),
+                                  _float(env, p.HEARTBEAT_S, p.DEFAULT_HEARTBEAT_S))
         return cls(
             argv=tuple(args), key=key, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             cluster=env.get("SLURM_CLUSTER_NAME", ""),
@@ -70,6 +81,9 @@ class Config:
             submission=env.get(p.SUBMISSION_ID, ""),
             early=parse_early(env.get(p.EARLY_SIGNALS, "")),
             signal_lead_s=_int(env, p.SIGNAL_LEAD_S, 0),
+            limits=limits, max_step_restarts=_int(env, p.MAX_STEP_RESTARTS, 2),
+            exclude_bad_nodes=env.get(p.EXCLUDE_BAD_NODES, "1") not in ("0", "false"),
+            world=_int(env, "HPCTRAIN_WORLD_SIZE", 1), nodes=_int(env, "HPCTRAIN_NODES", 1),
             where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on "
                   f"{env.get('SLURM_JOB_NODELIST', '?')}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")
@@ -96,3 +110,15 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     except ValueError:
         raise SupervisorError(f"{name}={raw!r} is not a whole number: render the script "
                               "again with `hpctrain render` (it sets the spec's values)") from None
+
+
+def _opt_int(env: Mapping[str, str], name: str) -> int | None:
+    """An integer setting that may be absent (None: the default applies)."""
+    return None if env.get(name, "") == "" else _int(env, name, 0)
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    try:
+        return float(env.get(name) or default)
+    except ValueError:
+        raise SupervisorError(f"{name}={env.get(name)!r} is not a number of seconds") from None

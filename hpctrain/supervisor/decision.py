@@ -14,15 +14,21 @@ table decides how a run ended and what to do about it (:func:`decide`); its rows
 6   the batch step caught the requeue signal           time_limit      requeue
 7   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
     (Slurm unreachable: cause ``unknown``, finish)
-8   the runtime asked for a requeue (75/76, record;    its cause       requeue
+8   the watchdog stopped a hung step                   hang            restart in place, else
+                                                                       requeue (max_hangs)
+9   the runtime asked for a requeue (75/76, record;    its cause       requeue
     storage trouble)
-9   the step failed                                    user_crash      finish, or requeue
-                                                                       within
-                                                                       max_crash_restarts
+10  the step failed                                    user_crash      finish, or (within
+                                                                       max_crash_restarts)
+                                                                       restart in place, else
+                                                                       requeue
 ==  ================================================  ==============  =====================
 
 "requeue" is within the budget (``max_requeues`` and the cause's own limit), else "stop":
-the job ends and says which limit. The same rows decide a run that never started its step
+the job ends and says which limit. "restart in place" runs the step again in the same
+allocation (no queue wait) while ``max_step_restarts`` lasts, the allocation's nodes are
+healthy and enough time is left (:class:`InPlace`); a crash's limit counts its in-place
+restarts and its requeues together. The same rows decide a run that never started its step
 (a stop signal or a preemption during start-up): then the step's exit status is unknown.
 """
 
@@ -35,14 +41,15 @@ from dataclasses import dataclass, field
 from hpctrain.runtime.causes import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT
 from hpctrain.slurm.view import JobView
 
-REQUEUE_CAUSES = ("preemption", "time_limit", "node_fail", "user_crash", "storage", "requeued")
+REQUEUE_CAUSES = ("preemption", "time_limit", "node_fail", "user_crash", "storage", "hang",
+                  "requeued")
 # how sacct names the end of a run that Slurm requeued, as a requeue cause
 CAUSE_OF_RUN_STATE = {"PREEMPTED": "preemption", "TIMEOUT": "time_limit",
                       "NODE_FAIL": "node_fail", "REQUEUED": "requeued"}
 RUNTIME_CODES = {EXIT_REQUEUE_PREEMPTION: "preemption", EXIT_REQUEUE_TIME_LIMIT: "time_limit"}
 LIMIT_NAMES = {"preemption": "max_preemptions", "time_limit": "max_time_limits",
                "node_fail": "max_node_failures", "user_crash": "max_crash_restarts",
-               "storage": "max_storage_retries"}
+               "storage": "max_storage_retries", "hang": "max_hangs"}
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,8 @@ def limit_text(limit: str, cause: str, count: int, restart: int) -> str:
     """``max_preemptions=1 reached (this is preemption requeue 2)``."""
     if limit.startswith("max_requeues="):
         return f"{limit} reached (this is restart {restart})"
-    return f"{limit} reached (this is {cause} requeue {count})"
+    what = "recovery (in place or requeue)" if cause == "user_crash" else "requeue"
+    return f"{limit} reached (this is {cause} {what} {count})"
 
 
 def budget_text(budget: Budget, cause: str, count: int, restart: int) -> str:
@@ -97,6 +105,25 @@ class Caught:
 
 
 @dataclass(frozen=True)
+class InPlace:
+    """Whether the step may be restarted inside this allocation: its budget
+    (``max_step_restarts``, for the whole job) and what stands against it now."""
+
+    max: int = 0
+    used: int = 0
+    obstacle: str = ""     # "node n2 is DOWN", "43 s left of the allocation"; "" if none
+
+    @property
+    def allowed(self) -> bool:
+        return self.used < self.max and not self.obstacle
+
+    def why_not(self) -> str:
+        if self.used >= self.max:
+            return f"max_step_restarts={self.max} spent"
+        return self.obstacle
+
+
+@dataclass(frozen=True)
 class Facts:
     """Everything :func:`decide` looks at, gathered once the step has ended (or before it
     started, when a stop came first)."""
@@ -111,15 +138,19 @@ class Facts:
     caught: Sequence[Caught] = ()
     record: Mapping[str, str] = field(default_factory=dict)  # the runtime's, this run's
     requeued_as: str | None = None              # sacct's end state of this run, as a cause
+    hang: str | None = None                     # the watchdog stopped the step: what it saw
+    restarts: Mapping[str, int] = field(default_factory=dict)  # in-place restarts by cause
+    inplace: InPlace = InPlace()
 
 
 @dataclass(frozen=True)
 class Decision:
     """What to do with the job, why, and what the batch step exits with."""
 
-    action: str        # requeue | finish | stop (a limit ended it) | leave (Slurm requeued)
+    action: str        # requeue | restart (in place) | finish | stop (a limit ended it)
+    #                    | leave (Slurm requeued)
     cause: str         # completed, preemption, time_limit, node_fail, user_crash, cancelled,
-    #                    requeued, unknown
+    #                    hang, requeued, unknown
     exit_code: int
     why: str
     limit: str | None = None
@@ -181,7 +212,7 @@ def signal_name(status: int | None) -> str:
 
 
 def cause_of_run(f: Facts) -> tuple[str, str]:
-    """Rows 2-9 of the table: (cause, why)."""
+    """Rows 2-10 of the table: (cause, why)."""
     event = slurm_event(f.view, f.restart_count)
     names = [c.name for c in f.caught]
     if event == "preemption":
@@ -201,6 +232,8 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     if stops:
         return "cancelled", f"caught SIG{stops[0]} without a preemption, time limit or " \
                             "cancellation in Slurm: a stop request"
+    if f.hang:
+        return "hang", f"the watchdog stopped the hung step: {f.hang}"
     word = runtime_word(f.record, f.status)
     if word is not None:
         return word, f"the training process asked for a requeue ({word})"
@@ -221,13 +254,29 @@ def decide(f: Facts) -> Decision:
     if cause in ("cancelled", "unknown") or (cause == "user_crash" and
                                              f.budget.limit_of(cause) == ("max_crash_restarts", 0)):
         return Decision("finish", cause, step_code or 1, why)
+    if cause == "user_crash":
+        # a crash's limit counts every recovery from a crash, in place or by requeue
+        count = f.requeues.get(cause, 0) + f.restarts.get(cause, 0) + 1
+        limit = over_limit(f.budget, cause, count, 0)
+        if limit is not None:
+            return Decision("stop", cause, step_code or 1, why, limit=limit,
+                            detail=limit_text(limit, cause, count, f.restart_count))
+    if cause in ("hang", "user_crash") and f.inplace.allowed:
+        return Decision("restart", cause, 0, why,
+                        detail=f"in-place restart {f.inplace.used + 1} of "
+                               f"max_step_restarts={f.inplace.max}")
     count = f.requeues.get(cause, 0) + 1
+    if cause == "user_crash":
+        count += f.restarts.get(cause, 0)
     restart = f.restart_count + 1
     limit = over_limit(f.budget, cause, count, restart)
     if limit is not None:
         return Decision("stop", cause, step_code or 1, why, limit=limit,
                         detail=limit_text(limit, cause, count, restart))
-    return Decision("requeue", cause, 0, why, detail=budget_text(f.budget, cause, count, restart))
+    detail = budget_text(f.budget, cause, count, restart)
+    if cause in ("hang", "user_crash") and f.inplace.max:
+        detail += f"; not in place: {f.inplace.why_not()}"
+    return Decision("requeue", cause, 0, why, detail=detail)
 
 
 # ---- the start of a run: requeues that happened without a supervisor to count them ----------

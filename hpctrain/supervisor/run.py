@@ -1,5 +1,7 @@
 """One run of a job under the supervisor: claim the state, start the step, pass stop
-signals on, then decide from Slurm's facts (:mod:`hpctrain.supervisor.decision`) and act.
+signals on and watch it for hangs (:mod:`hpctrain.supervisor.hang`), then decide from
+Slurm's facts (:mod:`hpctrain.supervisor.decision`) and act: finish, requeue (without the
+bad nodes, :mod:`hpctrain.supervisor.nodes`), or start the step again in this allocation.
 
 The rendered script ends with ``exec python -m hpctrain.supervisor -- <launcher argv>``,
 so this process *is* the batch step: Slurm's signals to the batch shell come here. Until
@@ -24,12 +26,16 @@ from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, REQUEUE_CAUSES, Caught, Decision,
-                                          Facts, decide, limit_text, missing_requeues,
+                                          Facts, InPlace, decide, limit_text, missing_requeues,
                                           notice_cause, over_limit, runtime_word, slurm_event,
                                           warning_due)
 from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, log_segment, log_size
+from hpctrain.supervisor.hang import Watch
+from hpctrain.supervisor.nodes import BadNodes
+from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import Step, forward
+from hpctrain.supervisor.watchdog import Hang
 
 POLL_S = 0.1                 # how often the step and the signal log are looked at
 SETTLE_S = 3.0               # a failed step Slurm has no word on yet: wait this long for one
@@ -38,10 +44,6 @@ REQUEUE_DEADLINE_S = 300.0   # ...and this long to requeue (a controller failove
 RETRY_S = 2.0
 T = TypeVar("T")
 
-
-def say(message: str) -> None:
-    """One line for the job log, marked as the supervisor's."""
-    print(f"hpctrain: {message}", file=sys.stderr, flush=True)
 
 
 class Supervisor:
@@ -54,6 +56,9 @@ class Supervisor:
         self._forwarded = False
         self._acted: Decision | None = None     # a requeue made before the step ended
         self._requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
+        self.bad = BadNodes(cfg.key, os.environ.get("SLURM_JOB_NODELIST", ""),
+                            cfg.exclude_bad_nodes)  # excluded when the job is requeued
+        self._hang: Hang | None = None          # what the watchdog found in this attempt
 
     # ---- signals -------------------------------------------------------------------------
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -101,33 +106,55 @@ class Supervisor:
         if self.caught or not started:
             # a stop came before the step started: during setup, or a preemption
             return self.act(decide(self.facts(view, None)), state, self.facts(view, None))
+        return self.run_step(state, view, last_cause)
+
+    def run_step(self, state: StateDir, view: JobView | None, last_cause: str | None) -> int:
+        """Start the training step and see it to its end, restarting it in this allocation
+        while the decision table says so; the batch step's exit code."""
+        cfg = self.cfg
         logfile = view.std_err if view is not None else ""
-        offset = log_size(logfile) if logfile else 0
-        after = f", after a {last_cause}" if last_cause else ""
-        say(f"starting the training step of job {cfg.key}: {cfg.where}, "
-            f"restart {cfg.restart_count}{after}")
-        step = Step(cfg.argv, self.step_env(state, view, last_cause))
-        status = self.supervise(step, state)
-        say(f"training step exited with status {status}")
-        facts = self.gather(state, status)
-        if self._acted is not None:
-            code = self._acted.exit_code
-        else:
+        logs = (logfile, view.std_out if view is not None else "")
+        attempt = 0
+        while True:
+            offset = log_size(logfile) if logfile else 0
+            after = f", after a {last_cause}" if last_cause else ""
+            again = f", in-place restart {attempt}" if attempt else ""
+            say(f"starting the training step of job {cfg.key}: {cfg.where}, "
+                f"restart {cfg.restart_count}{again}{after}")
+            step = Step(cfg.argv, self.step_env(state, view, last_cause, attempt))
+            watch = Watch(state, cfg.limits, cfg.world, cfg.restart_count, attempt, logs,
+                          cfg.nodes)
+            status, hang = self.supervise(step, state, watch)
+            self._hang = hang
+            say(f"training step exited with status {status}")
+            facts = self.gather(state, status, hang)
+            if self._acted is not None:
+                return self._acted.exit_code
             decision = decide(facts)
             diagnosis = None
             if decision.cause in ("user_crash", "unknown") and logfile:
                 diagnosis = diagnose(log_segment(logfile, offset), cfg.launcher, facts.record)
-            code = self.act(decision, state, facts, diagnosis)
-        return code
+            if decision.action != "restart":
+                return self.act(decision, state, facts, diagnosis)
+            attempt += 1
+            last_cause = decision.cause
+            self.restart_in_place(decision, state, facts, attempt, diagnosis)
 
-    def supervise(self, step: Step, state: StateDir) -> int:
-        """Wait for the step, passing stop signals on; its exit status."""
+    def supervise(self, step: Step, state: StateDir, watch: Watch) -> tuple[int, Hang | None]:
+        """Wait for the step, passing stop signals on and watching for a hang; (its exit
+        status, the hang that made the supervisor kill it or None)."""
+        self._forwarded = False
         while True:
             status = step.poll()
             for caught in self.take_signals():
                 self.on_stop(caught, step, state)
             if status is not None:
-                return status
+                return status, None
+            # once a stop was passed on, the ranks save and leave: Slurm's grace bounds that
+            hang = None if self._forwarded else watch.look()
+            if hang is not None:
+                status, hang = watch.handle(hang, step, self.cfg.key)
+                return status, hang
             time.sleep(POLL_S)
 
     def on_stop(self, caught: Caught, step: Step, state: StateDir) -> None:
@@ -147,6 +174,9 @@ class Supervisor:
             if decision.action == "requeue":
                 self.act(decision, state, facts)
                 self._acted = decision
+        if event == "requeued":
+            # a node failure: the lost node is DOWN now; note it before anyone returns it
+            self.bad.check(view)
         if event in ("requeued", "ended", "time_limit") or self._forwarded:
             say(f"caught SIG{caught.name} ({cause or event}); Slurm is ending the step itself"
                 if not self._forwarded else f"caught SIG{caught.name} ({cause or event})")
@@ -159,19 +189,29 @@ class Supervisor:
 
     # ---- facts -----------------------------------------------------------------------------
     def facts(self, view: JobView | None, status: int | None,
-              record: dict[str, str] | None = None, requeued_as: str | None = None) -> Facts:
+              record: dict[str, str] | None = None, requeued_as: str | None = None,
+              hang: Hang | None = None, state: StateDir | None = None) -> Facts:
         cfg = self.cfg
+        ledger = state.ledger() if state is not None else None
+        restarts = ledger.restarts if ledger is not None else {}
+        inplace = InPlace()
+        if state is not None and status not in (None, 0):
+            inplace = InPlace(cfg.max_step_restarts, sum(restarts.values()),
+                              self.bad.obstacle(view, hang, cfg.signal_lead_s))
         return Facts(restart_count=cfg.restart_count, requeue_signal=cfg.requeue_signal,
                      budget=cfg.budget, requeues=self._requeues, view=view, now=time.time(),
                      status=status, caught=tuple(self.caught), record=record or {},
-                     requeued_as=requeued_as)
+                     requeued_as=requeued_as, hang=hang.text() if hang else None,
+                     restarts=restarts, inplace=inplace)
 
-    def gather(self, state: StateDir, status: int) -> Facts:
+    def gather(self, state: StateDir, status: int, hang: Hang | None = None) -> Facts:
         """The facts once the step has ended. A failure Slurm has no word on yet (say, a
         node it has not noticed losing) gets SETTLE_S for Slurm to speak."""
         cfg = self.cfg
         view = self.ask(ASK_DEADLINE_S)
-        if status != 0 and not self.caught and slurm_event(view, cfg.restart_count) == "running":
+        # (a hang's step was killed by the supervisor itself: nothing for Slurm to add)
+        if status != 0 and not self.caught and hang is None and \
+                slurm_event(view, cfg.restart_count) == "running":
             end = time.monotonic() + SETTLE_S
             while time.monotonic() < end and not self.take_signals():
                 time.sleep(POLL_S)
@@ -186,7 +226,34 @@ class Supervisor:
             notice = state.read(p.STOP, cfg.restart_count).get("cause")
             requeued_as = (seen if seen not in (None, "requeued") else None) or notice \
                 or runtime_word(record, status) or seen
-        return self.facts(view, status, record, requeued_as)
+            if requeued_as == "node_fail":
+                self.bad.check(view)
+        return self.facts(view, status, record, requeued_as, hang, state)
+
+    # ---- in-place restarts and bad nodes -------------------------------------------------
+    def restart_in_place(self, d: Decision, state: StateDir, facts: Facts, attempt: int,
+                         diagnosis: Diagnosis | None) -> None:
+        """Record an in-place restart and clear the attempt's records for the next one."""
+        cfg = self.cfg
+        failure = f"; first failure: {diagnosis.text()}" if diagnosis is not None else ""
+        say(f"restarting the training step in this allocation after a {d.cause} "
+            f"({d.detail}): {d.why}{failure}")
+        state.append_ledger(line("restart", cause=d.cause, restart_count=cfg.restart_count,
+                                 attempt=attempt, at=f"{time.time():.1f}", **self.hang_fields()))
+        state.write(p.OUTCOME, {"cause": d.cause, "action": "restart",
+                                "restart_count": cfg.restart_count, "attempt": attempt,
+                                "job": cfg.key, "status": facts.status or "",
+                                "step": facts.record.get("step", ""), "why": d.why,
+                                "at": f"{time.time():.0f}"})
+        state.clear(p.EXIT, p.STOP, p.DUMP)
+
+    def hang_fields(self) -> dict[str, str]:
+        """What the watchdog found, for the ledger line of the restart or requeue."""
+        hang = self._hang
+        if hang is None:
+            return {}
+        return {"detected_at": f"{hang.detected_at:.1f}", "idle_s": f"{hang.idle_s:.1f}",
+                "phase": hang.phase, "ranks": ",".join(map(str, hang.ranks)) or "-"}
 
     # ---- the start of a run ------------------------------------------------------------------
     def account_restarts(self, state: StateDir) -> tuple[str | None, Decision | None]:
@@ -226,14 +293,15 @@ class Supervisor:
         notice = state.read(p.STOP, before).get("cause")
         return word or (notice if notice in ("preemption", "time_limit") else None)
 
-    def step_env(self, state: StateDir, view: JobView | None,
-                 last_cause: str | None) -> dict[str, str]:
+    def step_env(self, state: StateDir, view: JobView | None, last_cause: str | None,
+                 attempt: int = 0) -> dict[str, str]:
         """The step's environment: the batch step's, plus what the ranks read."""
         cfg = self.cfg
         env = {k: v for k, v in os.environ.items() if k != p.EARLY_SIGNALS}
         env.update({p.STATE_DIR: str(state.path), p.EXIT_FILE: str(state.file(p.EXIT)),
                     p.STOP_FILE: str(state.file(p.STOP)), p.RUN_ID: state.run_id,
-                    p.RESTART_COUNT: str(cfg.restart_count),
+                    p.RESTART_COUNT: str(cfg.restart_count), p.STEP_ATTEMPT: str(attempt),
+                    p.HEARTBEAT_S: f"{cfg.limits.beat_s:g}",
                     p.STOP_SIGNALS: ",".join(dict.fromkeys((cfg.requeue_signal, "TERM"))),
                     # submitit's in-task handler (function jobs) takes the same signal
                     "SUBMITIT_PREEMPT_SIGNAL": cfg.requeue_signal})
@@ -264,11 +332,14 @@ class Supervisor:
         state.write(p.OUTCOME, verdict)
         if d.action == "requeue":
             say(f"requeueing job {cfg.key} after a {d.cause} ({d.detail}): {d.why}")
-            if not self.requeue():
+            view = facts.view if facts is not None else None
+            if not self.bad.exclude(state, view, cfg.restart_count, running=True) \
+                    and not self.requeue():
                 state.write(p.OUTCOME, {**verdict, "action": "requeue_failed"})
                 return 1
             state.append_ledger(line("requeue", cause=d.cause,
-                                     restart_count=cfg.restart_count + 1, by="supervisor"))
+                                     restart_count=cfg.restart_count + 1, by="supervisor",
+                                     **self.hang_fields()))
         elif d.action == "stop":
             if facts is not None:
                 say(f"not requeueing job {cfg.key} after a {d.cause}: {d.detail}")
@@ -279,6 +350,8 @@ class Supervisor:
             say(f"job {cfg.key} was requeued by Slurm ({d.cause}); the next run goes on")
             state.append_ledger(line("requeue", cause=d.cause,
                                      restart_count=cfg.restart_count + 1, by="slurm"))
+            self.bad.exclude(state, facts.view if facts is not None else None,
+                             cfg.restart_count, running=False)
         elif d.cause == "completed":
             say(f"job {cfg.key} completed")
         else:

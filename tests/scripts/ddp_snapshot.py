@@ -5,7 +5,8 @@ model wrapped in DistributedDataParallel, and rank 0 saving a snapshot (model st
 epochs run) every few epochs, loaded again on start when it exists. No signal handling:
 a SIGTERM simply kills it, and it resumes from its last snapshot when run again.
 
-A first start (no snapshot yet) "prepares data" for --startup-sleep seconds first, the
+--hang-at-epoch N makes --hang-rank stop there once (the others then wait in DDP's
+gradient all-reduce). A first start (no snapshot yet) "prepares data" for --startup-sleep seconds first, the
 window in which a job is most often preempted on a busy cluster. Rank 0 appends one JSON
 line per event to --events (start, epoch, done), which is what the tests read
 (not --log: torchrun would take it for an abbreviation of its own --log-dir).
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--startup-sleep", type=float, default=0.0)
     ap.add_argument("--crash-at-epoch", type=int, default=-1)
     ap.add_argument("--crash-rank", type=int, default=1)
+    ap.add_argument("--hang-at-epoch", type=int, default=-1)
+    ap.add_argument("--hang-rank", type=int, default=1)
     args = ap.parse_args()
 
     rank = int(os.environ["RANK"])
@@ -62,11 +65,16 @@ def main() -> None:
             raise RuntimeError(f"bad batch in epoch {epoch}")
         x = torch.randn(8, 16)
         loss = model(x).pow(2).mean()
+        hung = args.snapshot + ".hung"
+        if epoch == args.hang_at_epoch and rank == args.hang_rank and not os.path.exists(hung):
+            open(hung, "w").close()     # once: the run after the hang goes through
+            time.sleep(100000)          # the others wait in backward's gradient all-reduce
         opt.zero_grad()
         loss.backward()
         opt.step()
         time.sleep(args.epoch_sleep)
         if rank == 0:
+            print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
             log(args.events, event="epoch", epoch=epoch)
             if (epoch + 1) % args.save_every == 0:
                 tmp = args.snapshot + ".tmp"

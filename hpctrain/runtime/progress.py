@@ -1,0 +1,171 @@
+"""Progress events: every rank says how far it got, locally, with no collective.
+
+A daemon thread rewrites ``<state dir>/progress/rank-N`` (:mod:`hpctrain.protocol`) every
+heartbeat: the step (``ctx.step = n``), how many step boundaries it reached (each
+``stop_requested()`` call), the phase (``startup``, ``training``, ``loading``, ``saving``,
+``exiting``), when any of them last changed, and the heartbeat itself. The training loop
+only sets fields (no I/O on its path); the supervisor's hang watchdog reads the files
+without torch.
+
+The same thread answers the supervisor's stack request (written when it sees a hang) with
+every thread's Python stack in ``stacks/rank-N``. It can while the main thread waits in a
+collective or a read (both release the GIL). A process frozen while holding the GIL, or
+stopped, answers nothing and its heartbeat ages: that is news to the supervisor too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from hpctrain import protocol as p
+
+PHASES = ("startup", "training", "loading", "saving", "exiting")
+ANSWER_POLL_S = 0.5   # how often the thread looks for a stack request
+
+_current: Reporter | None = None
+
+
+class Reporter:
+    """One rank's progress record and its heartbeat thread."""
+
+    def __init__(self, state_dir: str, rank: int, *, node: str = "", run_id: str = "",
+                 restart_count: int = 0, attempt: int = 0,
+                 beat_s: float = p.DEFAULT_HEARTBEAT_S) -> None:
+        self.path = p.rank_file(state_dir, p.PROGRESS, rank)
+        self.stacks = p.rank_file(state_dir, p.STACKS, rank)
+        self.dump = Path(state_dir) / p.DUMP
+        self.beat_s = beat_s
+        self.ident = {"run_id": run_id, "restart_count": restart_count, "attempt": attempt,
+                      "rank": rank, "node": node, "pid": os.getpid()}
+        self.step: int | None = None
+        self.boundaries = 0
+        self.phase = "startup"
+        self.changed_at = time.time()
+        self._answered = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hpctrain-progress", daemon=True)
+
+    # ---- the training loop's side: set fields only ------------------------------------
+    def set_step(self, step: int | None) -> None:
+        if step != self.step:
+            self.step, self.changed_at = step, time.time()
+
+    def boundary(self) -> None:
+        """A step boundary was reached (``stop_requested()`` was called)."""
+        self.boundaries += 1
+        self.changed_at = time.time()
+        if self.phase == "startup":
+            self.phase = "training"
+
+    def set_phase(self, phase: str) -> str:
+        """Enter ``phase``; the phase before (to go back to)."""
+        before, self.phase, self.changed_at = self.phase, phase, time.time()
+        return before
+
+    # ---- the thread ----------------------------------------------------------------------
+    def start(self) -> Reporter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.write()
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def record(self) -> dict[str, object]:
+        return {**self.ident, "step": "" if self.step is None else self.step,
+                "boundaries": self.boundaries, "phase": self.phase,
+                "changed_at": f"{self.changed_at:.3f}", "beat_at": f"{time.time():.3f}"}
+
+    def write(self) -> None:
+        try:
+            p.write_record(self.path, self.record())
+        except OSError:
+            pass   # the shared file system hiccups: the next beat tries again
+
+    def _loop(self) -> None:
+        next_beat = time.monotonic() + self.beat_s
+        while not self._stop.wait(min(ANSWER_POLL_S, self.beat_s)):
+            self._answer()
+            if time.monotonic() >= next_beat:
+                self.write()
+                next_beat = time.monotonic() + self.beat_s
+
+    def _answer(self) -> None:
+        """Write this process's stacks once per stack request of this attempt."""
+        request = p.read_record(self.dump)
+        seq = request.get("seq", "")
+        if not seq or seq == self._answered or not all(
+                request.get(k) == str(self.ident[k]) for k in ("run_id", "restart_count",
+                                                               "attempt")):
+            return
+        self._answered = seq
+        try:
+            self.stacks.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.stacks.with_name(f".{self.stacks.name}.tmp")
+            tmp.write_text(f"seq={seq}\n" + self.format_stacks())
+            os.replace(tmp, self.stacks)
+        except OSError:
+            pass
+
+    def format_stacks(self) -> str:
+        """Every thread's Python stack, the main thread first (the one the hang is in)."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        main = threading.main_thread().ident
+        frames = sorted(sys._current_frames().items(), key=lambda kv: kv[0] != main)
+        head = (f"rank {self.ident['rank']} on {self.ident['node'] or '?'} "
+                f"(pid {self.ident['pid']}), step {self.step if self.step is not None else '?'}"
+                f", {self.boundaries} step boundaries, phase {self.phase}\n")
+        parts = [head]
+        for ident, frame in frames:
+            if ident == threading.get_ident():
+                continue   # this thread: it only reports
+            label = "main thread" if ident == main else f"thread {names.get(ident, ident)}"
+            parts.append(f"--- {label} ---\n" + "".join(traceback.format_stack(frame)))
+        return "".join(parts)
+
+
+def start_from_env(env: Mapping[str, str], rank: int, node: str | None) -> Reporter | None:
+    """Start this rank's reporter when the supervisor runs the job (it sets the state dir);
+    None otherwise (a script run by hand)."""
+    global _current
+    state = env.get(p.STATE_DIR)
+    if not state:
+        return None
+    try:
+        beat = float(env.get(p.HEARTBEAT_S) or p.DEFAULT_HEARTBEAT_S)
+        attempt = int(env.get(p.STEP_ATTEMPT) or 0)
+        restart = int(env.get(p.RESTART_COUNT) or env.get("SLURM_RESTART_COUNT") or 0)
+    except ValueError:
+        beat, attempt, restart = p.DEFAULT_HEARTBEAT_S, 0, 0
+    if _current is not None:
+        _current.close()
+    _current = Reporter(state, rank, node=node or "", run_id=env.get(p.RUN_ID, ""),
+                        restart_count=restart, attempt=attempt, beat_s=beat).start()
+    return _current
+
+
+def current() -> Reporter | None:
+    return _current
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Report ``name`` (``saving``, ``loading``) while the block runs: the watchdog gives
+    it its own timeout. Does nothing without a reporter."""
+    reporter = _current
+    if reporter is None:
+        yield
+        return
+    before = reporter.set_phase(name)
+    try:
+        yield
+    finally:
+        reporter.set_phase(before)

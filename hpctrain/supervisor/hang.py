@@ -1,0 +1,248 @@
+"""The supervisor's hang watchdog at work: read the ranks' progress (or the job log's
+growth), judge it (:mod:`hpctrain.supervisor.watchdog`, pure), and when the step is
+hung collect every rank's Python stacks into the job log, name the rank(s) that stopped
+first, and kill the step so it can be restarted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from hpctrain import protocol as p
+from hpctrain.errors import SlurmError
+from hpctrain.slurm import control
+from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.step import Step
+from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, assess, culprits,
+                                          node_of)
+
+LOOK_S = 1.0            # how often progress is looked at
+KILL_WAIT_S = 60.0      # how long a killed step may take to end
+STACK_LINES = 60        # lines of one rank's stacks printed into the job log
+FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: one line each)
+
+
+
+class Watch:
+    """One attempt of the step, watched: ``look()`` returns a :class:`Hang` or None."""
+
+    def __init__(self, state: StateDir, limits: Limits, world: int, restart_count: int,
+                 attempt: int, logs: tuple[str, ...], nodes: int = 1) -> None:
+        self.state, self.limits, self.world, self.nodes = state, limits, world, nodes
+        self.restart_count, self.attempt = restart_count, attempt
+        self.started_at = time.time()
+        self.logs = tuple(log for log in dict.fromkeys(logs) if log)
+        self._sizes = self._log_sizes()
+        self.output_at: float | None = None
+        self._next = time.monotonic() + LOOK_S
+
+    def progress(self) -> dict[int, RankProgress]:
+        """This attempt's progress records by rank."""
+        out = {}
+        folder = self.state.file(p.PROGRESS)
+        try:
+            files = list(folder.iterdir())
+        except OSError:
+            return {}
+        for path in files:
+            record = p.read_record(path)
+            if record.get("run_id") != self.state.run_id or \
+                    record.get("restart_count") != str(self.restart_count) or \
+                    record.get("attempt") != str(self.attempt):
+                continue
+            parsed = RankProgress.parse(record)
+            if parsed is not None:
+                out[parsed.rank] = parsed
+        return out
+
+    def _log_sizes(self) -> tuple[int, ...]:
+        sizes = []
+        for log in self.logs:
+            try:
+                sizes.append(Path(log).stat().st_size)
+            except OSError:
+                sizes.append(-1)
+        return tuple(sizes)
+
+    def look(self) -> Hang | None:
+        """At most every LOOK_S: a hang, or None."""
+        if not self.limits.any or time.monotonic() < self._next:
+            return None
+        self._next = time.monotonic() + LOOK_S
+        now = time.time()
+        sizes = self._log_sizes()
+        if sizes != self._sizes:
+            self._sizes, self.output_at = sizes, now
+        return assess(self.progress(), self.world, self.started_at, now, self.limits,
+                      self.output_at)
+
+    # ---- a hang: stacks, names, kill --------------------------------------------------
+    def collect_stacks(self, ranks: list[int], wait_s: float) -> dict[int, str]:
+        """Ask ranks for their stacks (the runtime's progress thread answers) and wait up
+        to ``wait_s`` for the answers: {rank: stacks}."""
+        seq = f"{time.time():.3f}"
+        self.state.write(p.DUMP, {"restart_count": self.restart_count,
+                                  "attempt": self.attempt, "seq": seq})
+        end = time.monotonic() + wait_s
+        answers: dict[int, str] = {}
+        while time.monotonic() < end and len(answers) < len(ranks):
+            for rank in ranks:
+                if rank in answers:
+                    continue
+                try:
+                    text = p.rank_file(self.state.path, p.STACKS, rank).read_text(
+                        errors="replace")
+                except OSError:
+                    continue
+                head, _, body = text.partition("\n")
+                if head == f"seq={seq}":
+                    answers[rank] = body
+            time.sleep(0.2)
+        return answers
+
+    def handle(self, hang: Hang, step: Step, key: str) -> tuple[int, Hang]:
+        """Dump the stacks into the log, name the stuck rank(s), kill the step; (exit
+        status, the hang as finally understood)."""
+        say(f"HANG: {hang.text()}")
+        progress = self.progress()
+        if progress:
+            # only ranks that reported can answer (the progress thread does)
+            stacks = self.collect_stacks(sorted(progress), max(3 * self.limits.beat_s, 5.0))
+            print_stacks(stacks, self.world, hang.ranks)
+            ranks, why = culprits(stacks, self.world, known=set(progress))
+            if ranks:
+                mute = [r for r in ranks if r not in stacks]
+                frozen = tuple(progress[r].node for r in mute if progress[r].node)
+                hang = replace(hang, ranks=ranks, why=why,
+                               nodes=tuple(dict.fromkeys(progress[r].node for r in ranks
+                                                         if progress[r].node)),
+                               frozen_nodes=tuple(dict.fromkeys((*hang.frozen_nodes, *frozen))))
+        else:
+            stacks = spy_stacks(key, self.nodes)
+            if not stacks:
+                say("no stacks: py-spy found no Python process of the step")
+            else:
+                print_stacks(stacks, self.world, ())
+                ranks, why = culprits(stacks, self.world, known=set(stacks))
+                nodes = tuple(dict.fromkeys(n for r in ranks if (n := node_of(stacks[r]))))
+                hang = replace(hang, ranks=ranks, why=why, nodes=nodes) if ranks else hang
+        if hang.ranks:
+            where = f" on {','.join(hang.nodes)}" if hang.nodes else ""
+            say(f"HANG: stopped first: rank(s) {','.join(map(str, hang.ranks))}{where} "
+                f"({hang.why})")
+        return kill(step, key), hang
+
+
+# Run on every node beside the hung step: each Python process of the step (found by its
+# environment, so only this node's), dumped by py-spy. Constant text: the values come as
+# arguments ($1 py-spy, $2 the step id), never spliced in.
+SPY_SCRIPT = r"""
+spy=$1 step=$2
+for d in /proc/[0-9]*; do
+  env=$( { tr '\0' '\n' < "$d/environ"; } 2>/dev/null ) || continue
+  grep -qx "SLURM_JOB_ID=$SLURM_JOB_ID" <<< "$env" || continue
+  grep -qx "SLURM_STEP_ID=$step" <<< "$env" || continue
+  grep -qx "SLURMD_NODENAME=$SLURMD_NODENAME" <<< "$env" || continue
+  case $(basename "$(readlink "$d/exe")") in python*) ;; *) continue ;; esac
+  rank=$(grep -m1 '^RANK=' <<< "$env" | cut -d= -f2)
+  echo "==== ${rank:-launcher} ${SLURMD_NODENAME} ${d#/proc/}"
+  "$spy" dump --pid "${d#/proc/}" 2>&1
+done
+"""
+
+
+def find_py_spy() -> str | None:
+    """py-spy beside this Python (the job's environment), else on PATH."""
+    here = os.path.dirname(sys.executable)
+    return shutil.which("py-spy", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+
+
+def spy_stacks(key: str, nodes: int) -> dict[int, str]:
+    """The stacks of a step that does not report progress: py-spy on every node, when
+    it is installed; {rank: stacks in the runtime's format}."""
+    spy = find_py_spy()
+    if spy is None:
+        say("no stacks: the step does not report through hpctrain.runtime and py-spy is "
+            "not installed")
+        return {}
+    try:
+        steps = control.step_ids(key)
+        if not steps:
+            return {}
+        out = control.run_on_nodes(["bash", "-c", SPY_SCRIPT, "hpctrain-spy", spy,
+                                    steps[0].rsplit(".", 1)[1]], nodes)
+    except SlurmError as exc:
+        say(f"no stacks: py-spy could not be run beside the step: {exc}")
+        return {}
+    return parse_spy(out)
+
+
+def parse_spy(text: str) -> dict[int, str]:
+    """py-spy dumps, each after a ``==== RANK NODE PID`` line, as {rank: stacks} in the
+    runtime's format (``--- main thread ---`` blocks); launchers, with no rank, are left out."""
+    found: dict[int, str] = {}
+    for block in text.split("==== ")[1:]:
+        head, _, body = block.partition("\n")
+        words = head.split()
+        if len(words) < 3 or not words[0].isdigit():
+            continue
+        rank, node, pid = int(words[0]), words[1], words[2]
+        threads = []
+        for line in body.splitlines():
+            if line.startswith("Thread "):   # Thread 42 (idle): "MainThread"
+                name = line.rsplit(":", 1)[-1].strip().strip('"')
+                threads.append("--- main thread ---" if name == "MainThread"
+                               else f"--- thread {name} ---")
+            elif line.startswith("    ") and threads:   # a frame: "    main (t.py:3)"
+                threads.append(line)
+        found[rank] = f"rank {rank} on {node} (pid {pid}), by py-spy\n" + "\n".join(threads)
+    return found
+
+
+def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...]) -> None:
+    """Every rank's stacks into the job log: the named ranks first and whole (up to
+    FULL_STACKS), the rest by their innermost frame; and who did not answer."""
+    from hpctrain.supervisor.watchdog import innermost
+
+    order = [*first, *(r for r in range(world) if r not in first)]
+    shown = 0
+    for rank in order:
+        if rank not in stacks:
+            say(f"rank {rank}: no stacks (it did not answer: frozen holding the GIL, "
+                "stopped, or its node is gone)")
+            continue
+        if shown < FULL_STACKS:
+            lines = stacks[rank].splitlines()
+            text = "\n".join(lines[:STACK_LINES]) + ("\n  ..." if len(lines) > STACK_LINES
+                                                     else "")
+            print(f"hpctrain: ---- stacks of {text}", file=sys.stderr, flush=True)
+            shown += 1
+        else:
+            say(f"rank {rank}: at {innermost(stacks[rank]) or '?'}")
+
+
+def kill(step: Step, key: str) -> int:
+    """SIGKILL the step's processes on every node (Slurm), else the local launcher; wait
+    for it to end. Its exit status."""
+    try:
+        killed = control.kill_steps(key)
+        say(f"killing the hung step ({', '.join(killed) or 'no step found'}): SIGKILL on "
+            "every node")
+        if not killed:
+            step.kill_local("KILL")
+    except SlurmError as exc:
+        say(f"could not kill the step through Slurm ({exc}): killing the local launcher")
+        step.kill_local("KILL")
+    end = time.monotonic() + KILL_WAIT_S
+    while (status := step.poll()) is None:
+        if time.monotonic() > end:
+            step.kill_local("KILL")
+            end = time.monotonic() + KILL_WAIT_S
+        time.sleep(0.2)
+    return status

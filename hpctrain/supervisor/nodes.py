@@ -1,0 +1,91 @@
+"""The allocation's nodes, as the supervisor judges them: which are bad (Slurm calls them
+unhealthy, or their ranks froze in a hang), whether the step may be restarted in place,
+and keeping a requeued job off its bad nodes (``ExcNodeList``) when the partition has
+room without them.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hpctrain.errors import SlurmError
+from hpctrain.ledger import line
+from hpctrain.slurm import control
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.watchdog import Hang
+
+MIN_LEFT_S = 30.0            # an in-place restart needs this much beyond the warning's lead
+UNHEALTHY = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "POWER")
+
+
+
+def unhealthy(state: str) -> bool:
+    """Is a node in this Slurm state (``sinfo %T``) unfit to run on? ``*``: not responding."""
+    return state.endswith("*") or any(word in state for word in UNHEALTHY)
+
+
+class BadNodes:
+    """The bad nodes of one run of a job, noted as they become known."""
+
+    def __init__(self, key: str, nodelist: str, enabled: bool) -> None:
+        self.key, self.nodelist, self.enabled = key, nodelist, enabled
+        self.found: dict[str, str] = {}    # node -> why (node_fail, hang, drain, ...)
+
+    def check(self, view: JobView | None) -> dict[str, str]:
+        """This run's nodes Slurm calls unhealthy ({node: state}); noted as bad."""
+        nodelist = self.nodelist or (view.node_list if view else "")
+        try:
+            states = control.node_states(control.hostnames(nodelist))
+        except SlurmError as exc:
+            say(f"could not ask Slurm about the nodes {nodelist}: {exc}")
+            return {}
+        bad = {n: s for n, s in states.items() if unhealthy(s)}
+        for node, state in bad.items():
+            down = "DOWN" in state or state.endswith("*")
+            self.found.setdefault(node, "node_fail" if down else state.lower())
+        return bad
+
+    def obstacle(self, view: JobView | None, hang: Hang | None, lead_s: int) -> str:
+        """What forbids restarting the step in this allocation ('' when nothing does): ranks
+        that stopped answering, a node Slurm calls unhealthy, too little time left."""
+        if hang is not None and hang.frozen_nodes:
+            for node in hang.frozen_nodes:
+                self.found.setdefault(node, "hang")
+            return f"rank(s) on {','.join(hang.frozen_nodes)} stopped answering"
+        bad = self.check(view)
+        if bad:
+            return "node(s) " + ", ".join(f"{n} {s}" for n, s in bad.items())
+        if view is not None and view.end_time is not None:
+            left = view.end_time - time.time()
+            if left < lead_s + MIN_LEFT_S:
+                return f"only {max(left, 0):.0f} s of the allocation left"
+        return ""
+
+    def exclude(self, state: StateDir, view: JobView | None, restart_count: int,
+                running: bool) -> bool:
+        """Requeue (``running``) or hold-and-release the job with its bad nodes added to
+        ExcNodeList, when the partition keeps enough nodes without them; False when
+        nothing was done (then the caller requeues plainly)."""
+        if not self.found or not self.enabled or view is None:
+            return False
+        try:
+            excluded = set(control.hostnames(view.excluded)) if view.excluded else set()
+            nodes = {n: why for n, why in self.found.items() if n not in excluded}
+            if not nodes:
+                return False
+            room = set(control.partition_nodes(view.partition)) - excluded - set(nodes)
+            if len(room) < max(view.num_nodes, 1):
+                say(f"not excluding {','.join(nodes)}: partition {view.partition} would keep "
+                    f"{len(room)} node(s), the job needs {view.num_nodes}")
+                return False
+            control.requeue_excluding(self.key, sorted(excluded | set(nodes)), running=running)
+        except SlurmError as exc:
+            say(f"could not exclude {','.join(self.found)}: {exc}")
+            return False
+        for node, why in nodes.items():
+            say(f"job {self.key} will not run on {node} again ({why})")
+            state.append_ledger(line("exclude", node=node, cause=why,
+                                     restart_count=restart_count))
+        return True

@@ -1,0 +1,244 @@
+"""The hang watchdog's judgement, as pure functions of what the ranks reported.
+
+Two sources of progress, best first:
+
+- the runtime's progress records (:mod:`hpctrain.runtime.progress`): per rank, its step,
+  step boundaries, phase and heartbeat. A rank is hung when it has not advanced for its
+  phase's timeout: ``startup`` and ``loading`` get ``startup_s`` (counted from the step's
+  start), ``saving``/``exiting`` ``save_s``, ``training`` ``hang_s``.
+- for a script that does not use the runtime: the job log's growth. Weaker: it cannot
+  tell start-up from training, nor name a rank, and a script that prints nothing for a
+  while looks hung. So it is off unless ``hang_timeout_s`` is set in the spec.
+
+Which ranks stopped first: those that never reported, those whose heartbeat stopped (the
+process is frozen or its node gone), those behind the others, and, once the stacks are in,
+those that are not inside a ``torch.distributed`` call while the others wait in one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+AUTO_HANG_S = 300       # the runtime is used and the spec says nothing: these defaults
+AUTO_STARTUP_S = 1800
+AUTO_SAVE_S = 1800
+STALE_BEATS = 5         # a heartbeat older than this many beats: the process stopped
+OUTPUT = "output"       # the phase of a hang seen in the log (no progress records)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Timeouts in seconds; None is off. ``plain`` applies them to log output as well."""
+
+    hang_s: float | None = AUTO_HANG_S
+    startup_s: float | None = AUTO_STARTUP_S
+    save_s: float | None = AUTO_SAVE_S
+    plain: bool = False           # hang_timeout_s was given: watch plain scripts' output too
+    beat_s: float = 2.0
+
+    @classmethod
+    def from_spec(cls, hang_s: int | None, startup_s: int | None, save_s: int | None,
+                  beat_s: float) -> Limits:
+        """The spec's ``[watchdog]`` (None: the default, 0: off)."""
+        def pick(value: int | None, default: float | None) -> float | None:
+            return default if value is None else (float(value) or None)
+
+        hang = pick(hang_s, AUTO_HANG_S)
+        return cls(hang, pick(startup_s, AUTO_STARTUP_S if hang else None),
+                   pick(save_s, AUTO_SAVE_S if hang else None),
+                   plain=bool(hang_s), beat_s=beat_s)
+
+    def of(self, phase: str) -> float | None:
+        if phase in ("startup", "loading"):
+            return self.startup_s
+        if phase in ("saving", "exiting"):
+            return self.save_s
+        return self.hang_s
+
+    @property
+    def any(self) -> bool:
+        return any(x is not None for x in (self.hang_s, self.startup_s, self.save_s))
+
+
+@dataclass(frozen=True)
+class RankProgress:
+    """One rank's progress record, parsed."""
+
+    rank: int
+    node: str
+    step: str
+    boundaries: int
+    phase: str
+    changed_at: float
+    beat_at: float
+
+    @classmethod
+    def parse(cls, record: Mapping[str, str]) -> RankProgress | None:
+        try:
+            return cls(int(record["rank"]), record.get("node", ""), record.get("step", ""),
+                       int(record.get("boundaries") or 0), record.get("phase", "training"),
+                       float(record["changed_at"]), float(record["beat_at"]))
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def mark(self) -> tuple[int, int]:
+        """How far it got, comparable between ranks."""
+        return self.boundaries, int(self.step) if self.step.isdigit() else -1
+
+
+@dataclass(frozen=True)
+class Hang:
+    """What the watchdog found: no progress for longer than the phase allows."""
+
+    phase: str
+    idle_s: float
+    limit_s: float
+    ranks: tuple[int, ...] = ()      # the rank(s) that stopped first, as far as known
+    nodes: tuple[str, ...] = ()
+    why: str = ""                    # how those ranks were told apart
+    frozen_nodes: tuple[str, ...] = ()  # nodes whose ranks stopped answering at all
+    detected_at: float = 0.0
+
+    def text(self) -> str:
+        """``no progress in phase training for 11 s (limit 10 s); stopped first: rank(s) 3
+        on n1 (behind the other ranks)``."""
+        who = f"; stopped first: rank(s) {_ranks(self.ranks)}" if self.ranks else ""
+        where = f" on {','.join(self.nodes)}" if self.nodes else ""
+        why = f" ({self.why})" if self.why and self.ranks else ""
+        if self.phase == OUTPUT:
+            return (f"no output from the step for {self.idle_s:.0f} s (limit "
+                    f"{self.limit_s:.0f} s; it does not report progress through "
+                    f"hpctrain.runtime){who}{where}{why}")
+        return (f"no progress in phase {self.phase} for {self.idle_s:.0f} s "
+                f"(limit {self.limit_s:.0f} s){who}{where}{why}")
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return ",".join(map(str, ranks))
+
+
+def assess(progress: Mapping[int, RankProgress], world: int, started_at: float, now: float,
+           limits: Limits, output_at: float | None = None) -> Hang | None:
+    """A :class:`Hang` when some rank has not progressed for its phase's limit, else None.
+
+    ``progress``: this attempt's records by rank; ``started_at``: when the step started;
+    ``output_at``: the job log's last growth (plain scripts: no records at all)."""
+    if not progress:
+        return _assess_output(started_at, now, limits, output_at)
+    overdue: list[tuple[float, int]] = []
+    for rank in range(world):
+        rec = progress.get(rank)
+        phase = rec.phase if rec else "startup"
+        last = max(rec.changed_at, started_at) if rec else started_at
+        limit = limits.of(phase)
+        if limit is not None and now - last > limit:
+            overdue.append((now - last, rank))
+    if not overdue:
+        return None
+    idle, first = max(overdue)
+    rec = progress.get(first)
+    phase = rec.phase if rec else "startup"
+    ranks, why = suspects(progress, world, now, limits.beat_s)
+    nodes = tuple(dict.fromkeys(progress[r].node for r in ranks if r in progress
+                                and progress[r].node))
+    frozen = tuple(dict.fromkeys(progress[r].node for r in ranks
+                                 if r in progress and _stale(progress[r], now, limits.beat_s)
+                                 and progress[r].node))
+    return Hang(phase, idle, limits.of(phase) or 0.0, ranks, nodes, why, frozen, now)
+
+
+def _assess_output(started_at: float, now: float, limits: Limits,
+                   output_at: float | None) -> Hang | None:
+    if not limits.plain or limits.hang_s is None:
+        return None
+    last = max(output_at or started_at, started_at)
+    limit = limits.hang_s if output_at and output_at > started_at else \
+        max(limits.hang_s, limits.startup_s or 0)
+    if now - last <= limit:
+        return None
+    return Hang(OUTPUT, now - last, limit, detected_at=now)
+
+
+def _stale(rec: RankProgress, now: float, beat_s: float) -> bool:
+    return now - rec.beat_at > max(STALE_BEATS * beat_s, 10.0)
+
+
+def suspects(progress: Mapping[int, RankProgress], world: int, now: float,
+             beat_s: float) -> tuple[tuple[int, ...], str]:
+    """(ranks, how told apart) of the rank(s) that stopped progressing first, from the
+    records alone; ((), "") when every rank stands at the same place."""
+    silent = tuple(r for r in range(world) if r not in progress)
+    if silent and len(silent) < world:
+        return silent, "never reported: still starting, or stuck before hpctrain.runtime.init()"
+    frozen = tuple(r for r in sorted(progress) if _stale(progress[r], now, beat_s))
+    if frozen and len(frozen) < len(progress):
+        return frozen, "heartbeat stopped: the process is frozen or its node is gone"
+    marks = {r: rec.mark for r, rec in progress.items()}
+    low = min(marks.values())
+    behind = tuple(r for r in sorted(marks) if marks[r] == low)
+    if len(behind) < len(marks):
+        return behind, "behind the other ranks"
+    return (), ""
+
+
+# ---- stacks -----------------------------------------------------------------------------
+_MAIN = re.compile(r"^--- main thread ---$", re.M)
+# frames of a rank waiting for the others: a torch.distributed or DeepSpeed call, or
+# backward() (DDP's gradient all-reduce runs inside it, where Python shows only autograd)
+_COLLECTIVE = ("torch/distributed/", "deepspeed/comm/", "torch/autograd/")
+
+
+def main_stack(stacks: str) -> str:
+    """The main thread's part of one rank's stack dump."""
+    m = _MAIN.search(stacks)
+    if not m:
+        return ""
+    rest = stacks[m.end():]
+    nxt = rest.find("\n--- ")
+    return rest if nxt < 0 else rest[:nxt]
+
+
+def node_of(stacks: str) -> str:
+    """The node in a stack dump's first line (``rank 3 on n2 (pid 7), ...``); '' if none."""
+    m = re.match(r"rank \d+ on (\S+)", stacks)
+    return m.group(1) if m and m.group(1) != "?" else ""
+
+
+def in_collective(stacks: str) -> bool:
+    """Is the main thread inside a torch.distributed (or DeepSpeed comm) call?"""
+    return any(marker in main_stack(stacks) for marker in _COLLECTIVE)
+
+
+def innermost(stacks: str) -> str:
+    """The main thread's innermost frame: ``File "train.py", line 42, in step`` (Python's
+    order, innermost last), or py-spy's ``step (train.py:42)`` (innermost first)."""
+    lines = [ln.strip() for ln in main_stack(stacks).splitlines() if ln.strip()]
+    frames = [ln for ln in lines if ln.startswith("File ")]
+    if frames:
+        return frames[-1]
+    return lines[0] if lines else ""
+
+
+def culprits(stacks: Mapping[int, str], world: int, known: set[int] | None = None
+             ) -> tuple[tuple[int, ...], str]:
+    """(ranks, why) from the ranks' stack dumps: those that did not answer (of the
+    ``known`` ones, which have reported progress: the others could not answer anyway),
+    else those outside any collective while others wait in one; ((), "") when that tells
+    nothing."""
+    answered = set(stacks)
+    mute = tuple(r for r in range(world) if r not in answered
+                 and (known is None or r in known))
+    if mute and answered:
+        return mute, "did not answer the stack request (frozen holding the GIL, stopped, " \
+                     "or its node is gone)"
+    waiting = {r for r, text in stacks.items() if in_collective(text)}
+    outside = tuple(sorted(answered - waiting))
+    if waiting and outside:
+        where = innermost(stacks[outside[0]])
+        return outside, ("not in a collective while rank(s) "
+                         f"{_ranks(tuple(sorted(waiting)))} wait in one"
+                         + (f"; rank {outside[0]} is at {where}" if where else ""))
+    return (), ""

@@ -1,0 +1,189 @@
+"""Hangs, in-allocation restarts and bad nodes on the real devcluster, as a matrix of
+script kind x fault:
+
+- a 2x2 torchrun job written against hpctrain.runtime: one rank sleeps instead of joining
+  an all-reduce (the other three wait inside theirs) -> found by its progress records,
+  every rank's stacks in the log naming the stuck rank, restarted in the allocation from
+  the last checkpoint, completes;
+- a runtime job (srun launcher): one rank never gets to init() (a start-up hang), then a
+  crash -> both restarted in place, completes, no requeue;
+- a plain bash step that has never heard of hpctrain: it goes silent (a hang only its
+  output shows), then crashes twice -> restarted in place twice, then the crash limit ends
+  it (a crash loop stops at its limit);
+- a plain torchrun DDP script: one rank stops before backward() -> found by the log going
+  silent, its stacks read with py-spy name it, restarted in place, resumes its snapshot;
+- a node lost from a 2-node plain job on partition `wide` (3 nodes): Slurm requeues it,
+  the supervisor excludes the node, and the job completes on the other two although the
+  lost node is back.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.slurm import client
+from hpctrain.slurm.parse import parse_kv_records
+from jobs_util import isolate
+from node_loss import lose_node, report_down
+from slurm_util import sacct_states, wait_done, wait_until
+from test_supervisor_cluster import events, job_log, status, submit
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+HANG_S = 10
+
+
+def spec(root: Path, command: list[str], *, launcher: str = "srun", nodes: int = 1,
+         gpus: int = 2, partition: str = "debug", watchdog: str = "", requeue: str = "",
+         checkpoint: bool = True) -> str:
+    lines = ['name = "wd"', f'partition = "{partition}"', f"nodes = {nodes}",
+             f"gpus_per_node = {gpus}", 'time = "00:10:00"', f'output = "{root}/job-%j.out"',
+             f'workdir = "{root}"', "[run]", f'launcher = "{launcher}"',
+             f"command = {json.dumps(command)}", 'env = { OMP_NUM_THREADS = "1" }',
+             "[requeue]", "signal_lead_s = 30", requeue, "[watchdog]", watchdog]
+    if checkpoint:
+        lines += ["[checkpoint]", f'dir = "{root}/ckpt"']
+    return "\n".join(lines) + "\n"
+
+
+def ledger(root: Path, job: str, base: str = "ckpt") -> list[dict[str, str]]:
+    text = (root / base / ".hpctrain" / "jobs" / job / "ledger").read_text()
+    return [{"kind": words[0], **dict(w.split("=", 1) for w in words[1:])}
+            for words in (line.split() for line in text.splitlines()) if words]
+
+
+def allreduce_command(root: Path, *faults: str) -> list[str]:
+    return [sys.executable, str(SCRIPTS / "allreduce_steps.py"), "--steps", "12",
+            "--save-every", "3", "--ckpt-dir", str(root / "ckpt"),
+            "--events", str(root / "events.jsonl"), *faults]
+
+
+@pytest.mark.torch
+def test_a_rank_stuck_outside_an_all_reduce_is_named_and_the_step_restarted_in_place(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    job = submit(root, spec(root, allreduce_command(root, "--hang", "3:5:0"),
+                            launcher="torchrun", nodes=2, watchdog=f"hang_timeout_s = {HANG_S}"))
+    assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
+    log = job_log(root, job)
+    assert sacct_states(job) == ["COMPLETED"], "restarted in place, never requeued"
+    # every rank's stacks are in the log; rank 3 is named, and where it is
+    assert all(f"stacks of rank {r} " in log for r in range(4)), log
+    assert "HANG: stopped first: rank(s) 3 on " in log, log
+    assert "not in a collective while rank(s) 0,1,2 wait in one" in log, log
+    assert "allreduce_steps.py\", line" in log and "time.sleep(3600)" in log
+    # detected within the timeout (+ the watchdog's 1 s look, + slack for this machine)
+    restart = next(e for e in ledger(root, job) if e["kind"] == "restart")
+    assert restart["cause"] == "hang" and restart["ranks"] == "3", restart
+    last_step = max(e["time"] for e in events(root, "step") if e["attempt"] == 0)
+    assert float(restart["detected_at"]) - last_step <= HANG_S + 10, (restart, last_step)
+    # resumed from the last checkpoint (step 3: saved every 3, hung in step 5), all done
+    starts = events(root, "start")
+    assert [(s["attempt"], s["step"], s["last"]) for s in starts] == [(0, 0, None),
+                                                                      (1, 3, "hang")]
+    assert events(root, "done"), log
+    row = status(job)
+    assert row["restarts_in_place"] == {"hang": 1} and row["hangs"] == 1, row
+
+
+@pytest.mark.torch
+def test_a_start_up_hang_and_a_crash_are_restarted_in_place(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    command = allreduce_command(root, "--startup-hang", "1:0", "--crash", "0:2:1")
+    job = submit(root, spec(root, command, watchdog="hang_timeout_s = 20\n"
+                                                    "startup_timeout_s = 8",
+                            requeue="max_crash_restarts = 1"))
+    assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
+    log = job_log(root, job)
+    assert sacct_states(job) == ["COMPLETED"], log
+    assert "no progress in phase startup" in log, log
+    assert "stopped first: rank(s) 1 (never reported" in log, log
+    assert "RuntimeError: simulated crash at step 2" in log
+    assert [(e["kind"], e["cause"], e["attempt"]) for e in ledger(root, job)] == [
+        ("restart", "hang", "1"), ("restart", "user_crash", "2")]
+    assert [(s["attempt"], s["last"]) for s in events(root, "start")] == [
+        (1, "hang"), (2, "user_crash")]   # attempt 0's rank 0 never got past init()
+    assert status(job)["restarts_in_place"] == {"hang": 1, "user_crash": 1}
+
+
+def test_a_plain_script_silent_then_crashing_is_restarted_until_the_crash_limit(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    command = ["bash", str(SCRIPTS / "plain_faults.sh"), str(root / "starts"),
+               "hang,crash,crash"]
+    job = submit(root, spec(root, command, gpus=1, watchdog="hang_timeout_s = 6\n"
+                                                            "max_step_restarts = 3",
+                            requeue="max_crash_restarts = 1"))
+    assert wait_done(job, 180) == "FAILED", job_log(root, job)
+    log = job_log(root, job)
+    assert sacct_states(job) == ["FAILED"], "never requeued"
+    assert (root / "starts").read_text().strip() == "3", log
+    assert "HANG: no output from the step for 6 s" in log, log
+    assert "no stacks: py-spy found no Python process of the step" in log   # bash
+    assert "cannot read shard 2" in log
+    assert [(e["kind"], e["cause"]) for e in ledger(root, job)] == [
+        ("restart", "hang"), ("restart", "user_crash"), ("stop", "user_crash")]
+    assert "max_crash_restarts=1 reached" in log, log
+    row = status(job)
+    assert row["requeue_limit"] == "max_crash_restarts=1", row
+    assert row["restarts_in_place"] == {"hang": 1, "user_crash": 1}, row
+
+
+@pytest.mark.torch
+def test_a_plain_ddp_script_hung_in_backward_is_named_from_py_spy_stacks(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    command = [sys.executable, str(SCRIPTS / "ddp_snapshot.py"), "--epochs", "8",
+               "--save-every", "2", "--epoch-sleep", "0.3", "--snapshot",
+               str(root / "snapshot.pt"), "--events", str(root / "events.jsonl"),
+               "--hang-at-epoch", "3", "--hang-rank", "1"]
+    job = submit(root, spec(root, command, launcher="torchrun",
+                            watchdog="hang_timeout_s = 15"))
+    assert wait_done(job, 180) == "COMPLETED", job_log(root, job)
+    log = job_log(root, job)
+    assert "stacks of rank 1 on n1" in log and "by py-spy" in log, log
+    assert "hpctrain-spy:" not in log, "the dump's own noise stays out of the log"
+    assert "HANG: stopped first: rank(s) 1 on n1 (not in a collective while rank(s) 0 wait" \
+        in log, log
+    assert [e["epoch"] for e in events(root, "start")] == [0, 2], "resumed from its snapshot"
+    assert status(job)["restarts_in_place"] == {"hang": 1}
+
+
+def _job(key: str) -> dict[str, str]:
+    return parse_kv_records(client.run(["scontrol", "show", "job", "-o", key]).stdout)[0]
+
+
+def test_a_lost_node_is_excluded_when_the_job_is_requeued(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    command = ["bash", str(SCRIPTS / "counter.sh"), "16", str(root / "state"),
+               str(root / "events.jsonl"), "0.5"]
+    job = submit(root, spec(root, command, nodes=2, gpus=1, partition="wide"))
+    wait_until(lambda: len(events(root, "step")) >= 2, 90, "two steps done")
+    first = _job(job)
+    nodes = client.run(["scontrol", "show", "hostnames", first["NodeList"]]).stdout.split()
+    lost = next(n for n in nodes if n != first["BatchHost"])   # the supervisor survives
+    lose_node(cluster, lost, job)
+    report_down(lost)
+    wait_until(lambda: _job(job).get("Restarts") == "1", 60, "Slurm requeued the job")
+    wait_until(lambda: "will not run on" in job_log(root, job), 60, "the node was excluded")
+    # the node comes back before the job starts again: only the exclusion keeps it off
+    client.run(["scontrol", "hold", job])
+    try:
+        cluster.make_nodes_usable()
+    finally:
+        client.run(["scontrol", "release", job])
+    assert wait_done(job, 180) == "COMPLETED", job_log(root, job)
+    again = _job(job)
+    assert lost in client.run(["scontrol", "show", "hostnames", again["ExcNodeList"]]).stdout
+    assert lost not in client.run(["scontrol", "show", "hostnames",
+                                   again["NodeList"]]).stdout.split(), again
+    assert {"kind": "exclude", "node": lost, "cause": "node_fail",
+            "restart_count": "0"} in ledger(root, job)
+    assert f"job {job} will not run on {lost} again (node_fail)" in job_log(root, job)
+    assert status(job)["excluded_nodes"] == {lost: "node_fail"}
