@@ -121,7 +121,6 @@ class Context:
 
         if self.reporter is not None:
             self.reporter.set_phase("exiting")
-
         for failure in wait_all():
             print(f"hpctrain: rank {self.rank}: checkpoint save failed before exit: {failure}",
                   file=sys.stderr, flush=True)

@@ -71,7 +71,10 @@ class Reporter:
 
     # ---- the thread ----------------------------------------------------------------------
     def start(self) -> Reporter:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass   # storage trouble must not stop training: writes are retried each beat
         self.write()
         self._thread.start()
         return self

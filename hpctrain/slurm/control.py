@@ -78,7 +78,6 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, SlurmTimeout) or any(m in str(exc) for m in client.TRANSIENT_MARKERS)
 
 
-
 # ---- in-allocation restarts and bad nodes (the hang watchdog) ----------------------------
 def step_ids(key: str, *, timeout: float = 5.0) -> list[str]:
     """The job's running steps other than the batch and extern steps: ``["123.0"]``."""

@@ -31,8 +31,8 @@ from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, REQUEUE_CAUSES, Ca
                                           warning_due)
 from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, log_segment, log_size
 from hpctrain.supervisor.hang import Watch
-from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import Step, forward
 from hpctrain.supervisor.watchdog import Hang
@@ -43,7 +43,6 @@ ASK_DEADLINE_S = 60.0        # keep asking an unreachable controller this long f
 REQUEUE_DEADLINE_S = 300.0   # ...and this long to requeue (a controller failover)
 RETRY_S = 2.0
 T = TypeVar("T")
-
 
 
 class Supervisor:
