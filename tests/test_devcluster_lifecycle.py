@@ -62,9 +62,9 @@ def test_status_json_shows_idle_nodes_gres_partitions_and_daemons(cluster: DevCl
     result = hpctrain("devcluster", "status", "--json")
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
-    assert {n["name"] for n in info["nodes"]} == {"n1", "n2"}
+    assert {n["name"] for n in info["nodes"]} == {"n1", "n2", "n3"}   # n3: the spare
     assert all(n["gres"] == "gpu:2" for n in info["nodes"])
-    assert {p["name"] for p in info["partitions"]} == {"debug", "urgent"}
+    assert {p["name"] for p in info["partitions"]} == {"debug", "urgent", "wide"}
     assert {d["name"] for d in info["daemons"]} >= {"munged", "mariadbd", "slurmdbd",
                                                     "slurmctld", "slurmd-n1", "slurmd-n2"}
     assert all(d["alive"] for d in info["daemons"])
@@ -72,7 +72,8 @@ def test_status_json_shows_idle_nodes_gres_partitions_and_daemons(cluster: DevCl
 
 def test_reshape_to_three_nodes_and_back(cluster: DevCluster) -> None:
     try:
-        result = hpctrain("devcluster", "up", "--nodes", "3", "--gpus-per-node", "1")
+        result = hpctrain("devcluster", "up", "--nodes", "3", "--gpus-per-node", "1",
+                          "--spare", "0")
         assert result.returncode == 0, result.stderr
         assert "reshaped" in result.stdout
         nodes = {n["name"]: n for n in cluster.status()["nodes"]}
@@ -82,7 +83,7 @@ def test_reshape_to_three_nodes_and_back(cluster: DevCluster) -> None:
         assert wait_done(job) == "COMPLETED"
     finally:
         cluster.up(Shape())
-    assert {n["name"] for n in cluster.status()["nodes"]} == {"n1", "n2"}
+    assert {n["name"] for n in cluster.status()["nodes"]} == {"n1", "n2", "n3"}
 
 
 def test_down_stops_only_its_own_daemons_and_up_works_again(cluster: DevCluster) -> None:
