@@ -57,6 +57,8 @@ STARTUP_TIMEOUT_S = "HPCTRAIN_STARTUP_TIMEOUT_S"
 SAVE_TIMEOUT_S = "HPCTRAIN_SAVE_TIMEOUT_S"
 MAX_STEP_RESTARTS = "HPCTRAIN_MAX_STEP_RESTARTS"
 EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
+HEALTH_CHECK = "HPCTRAIN_HEALTH_CHECK"        # the partition's node check: a JSON argv list
+HEALTH_CHECK_TIMEOUT_S = "HPCTRAIN_HEALTH_CHECK_TIMEOUT_S"
 
 # ---- the state directory ------------------------------------------------------------------
 STATE_SUBDIR = (".hpctrain", "jobs")
