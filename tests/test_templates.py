@@ -65,7 +65,7 @@ def test_check_reports_broken_site_templates(tmp_path: Path, capsys) -> None:
     assert "FAIL  urgent     deepspeed" in captured.out
     assert "render: " in captured.out and "without a quoting filter" in captured.out
     assert "ok    debug      torchrun" in captured.out
-    assert "16 of 24 case(s) failed" in captured.err
+    assert "24 of 36 case(s) failed" in captured.err   # 3 partitions x 12 cases
 
 
 def test_check_reports_broken_partition_facts(tmp_path: Path, capsys) -> None:
@@ -81,7 +81,7 @@ def test_check_skips_partitions_without_gpus(tmp_path: Path, capsys) -> None:
         'name = "cpu"\ngpus_per_node = 0\ncpus_per_node = 64\nmem_per_node_gb = 256\n')
     assert main(["templates", "check", "--templates", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "skip  cpu        (no GPUs" in out and "24 passed, 0 failed, 1 partition(s) skipped" in out
+    assert "skip  cpu        (no GPUs" in out and "36 passed, 0 failed, 1 partition(s) skipped" in out
 
 
 def test_show_base_by_short_name(capsys) -> None:

@@ -31,8 +31,11 @@ def unhealthy(state: str) -> bool:
 class BadNodes:
     """The bad nodes of one run of a job, noted as they become known."""
 
-    def __init__(self, key: str, nodelist: str, enabled: bool) -> None:
+    def __init__(self, key: str, nodelist: str, enabled: bool, needed: int) -> None:
         self.key, self.nodelist, self.enabled = key, nodelist, enabled
+        # how many nodes the job needs: from the run's start, never from Slurm's view of a
+        # run that lost a node (a completing job's NumNodes drops to the nodes it kept)
+        self.needed = needed
         self.found: dict[str, str] = {}    # node -> why (node_fail, hang, drain, ...)
 
     def check(self, view: JobView | None) -> dict[str, str]:
@@ -96,9 +99,10 @@ class BadNodes:
             if not nodes:
                 return False
             room = set(control.partition_nodes(view.partition)) - excluded - set(nodes)
-            if len(room) < max(view.num_nodes, 1):
+            needed = max(self.needed, view.num_nodes, 1)
+            if len(room) < needed:
                 say(f"not excluding {','.join(nodes)}: partition {view.partition} would keep "
-                    f"{len(room)} node(s), the job needs {view.num_nodes}")
+                    f"{len(room)} node(s), the job needs {needed}")
                 return False
             control.requeue_excluding(self.key, sorted(excluded | set(nodes)), running=running)
         except SlurmError as exc:

@@ -56,7 +56,8 @@ class Supervisor:
         self._acted: Decision | None = None     # a requeue made before the step ended
         self._requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
         self.bad = BadNodes(cfg.key, os.environ.get("SLURM_JOB_NODELIST", ""),
-                            cfg.exclude_bad_nodes)  # excluded when the job is requeued
+                            cfg.exclude_bad_nodes,  # excluded when the job is requeued
+                            max(cfg.nodes, _int_env("SLURM_JOB_NUM_NODES")))
         self._hang: Hang | None = None          # what the watchdog found in this attempt
 
     # ---- signals -------------------------------------------------------------------------
@@ -401,6 +402,11 @@ class Supervisor:
             control.forbid_requeue(self.cfg.key)
         except SlurmError as exc:
             say(f"could not clear job {self.cfg.key}'s Requeue flag: {exc}")
+
+
+def _int_env(name: str) -> int:
+    raw = os.environ.get(name, "")
+    return int(raw) if raw.isdigit() else 0
 
 
 def until_answered(call: Callable[[], T], what: str, deadline_s: float) -> tuple[bool, T | None]:
