@@ -160,6 +160,26 @@ def test_the_reporter_writes_progress_and_answers_a_stack_request(tmp_path: Path
         reporter.close()
 
 
+def test_rank_0_keeps_a_history_of_steps_and_phases(tmp_path: Path) -> None:
+    import json
+
+    first = Reporter(str(tmp_path), 0, run_id="r1", restart_count=2, attempt=1, beat_s=0.2)
+    other = Reporter(str(tmp_path), 1, run_id="r1", restart_count=2, attempt=1, beat_s=0.2)
+    for reporter in (first, other):
+        reporter.start()
+        reporter.set_step(4)
+        reporter.boundary()
+        reporter.set_phase("saving")
+        reporter.set_phase("training")
+        reporter.close()
+    lines = [json.loads(x) for x in (tmp_path / p.HISTORY).read_text().splitlines()]
+    assert [(e["event"], e.get("phase"), e.get("step")) for e in lines] == [
+        ("phase", "startup", None), ("phase", "training", None), ("step", None, 4),
+        ("phase", "saving", None), ("phase", "training", None)]   # rank 0's only
+    assert {(e["restart"], e["attempt"]) for e in lines} == {(2, 1)}
+    assert all(lines[i]["t"] <= lines[i + 1]["t"] for i in range(len(lines) - 1))
+
+
 # ---- decisions --------------------------------------------------------------------------------
 VIEW = JobView("42", "RUNNING", "None", 0, None, NOW + 3000, True)
 BUDGET = Budget(10, {"user_crash": 1, "hang": 2})
