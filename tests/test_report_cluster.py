@@ -78,3 +78,7 @@ def test_the_report_of_a_job_that_hung_once_and_was_preempted_once(
     plain = subprocess.run([sys.executable, "-m", "hpctrain", "report", job],
                            capture_output=True, text=True, timeout=60).stdout
     assert "run 0:" in plain and "run 1:" in plain and "goodput:" in plain, plain
+    # status --watch stops by itself once the job has ended
+    watched = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--watch", "1"],
+                             capture_output=True, text=True, timeout=60)
+    assert watched.returncode == 0 and "COMPLETED" in watched.stdout, watched
