@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("hpctrain.commands.submit:submit", "Render a job spec and submit it (or --dry-run)."),
     "status": ("hpctrain.commands.status:status", "States of your jobs and sweeps (one Slurm call)."),
     "logs": ("hpctrain.commands.logs:logs", "Print or follow a job's output."),
+    "report": ("hpctrain.commands.report:report", "Where a job's GPU-time went: runs, lost work, goodput."),
     "cancel": ("hpctrain.commands.cancel:cancel", "Cancel jobs, array tasks or sweeps."),
     "sweep": ("hpctrain.commands.sweep:sweep", "Submit a grid of overrides as one job array."),
 }

@@ -87,3 +87,7 @@ class SupervisorError(HpctrainError):
     script handed it a malformed setting."""
 
     exit_code = 2
+
+
+class ReportError(HpctrainError):
+    """``hpctrain report`` cannot gather a job's facts (no state directory, no sacct)."""

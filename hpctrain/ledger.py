@@ -61,6 +61,16 @@ def _fields(words: list[str]) -> dict[str, str]:
     return out
 
 
+def entries(text: str) -> list[tuple[str, dict[str, str]]]:
+    """Every line of a ledger as (kind, fields), in order; blank lines skipped."""
+    out = []
+    for line in text.splitlines():
+        kind, *words = line.split() or [""]
+        if kind:
+            out.append((kind, _fields(words)))
+    return out
+
+
 def parse_ledger(text: str) -> Ledger:
     """The ledger in ``text``; unknown and damaged lines are ignored."""
     requeues: dict[str, int] = {}
@@ -68,9 +78,7 @@ def parse_ledger(text: str) -> Ledger:
     excluded: dict[str, str] = {}
     stop: dict[str, str] = {}
     last_restart, last_cause = 0, None
-    for line in text.splitlines():
-        kind, *words = line.split() or [""]
-        fields = _fields(words)
+    for kind, fields in entries(text):
         if kind == "requeue" and fields.get("cause"):
             requeues[fields["cause"]] = requeues.get(fields["cause"], 0) + 1
             restart = fields.get("restart_count", "")

@@ -43,6 +43,10 @@ class Partition:
     scaling: dict[str, float] = field(default_factory=dict)
     # how rendered scripts ask for GPUs: "gpus-per-node" (--gpus-per-node=N) or "gres" (--gres=gpu:N)
     gpu_request: str = "gpus-per-node"
+    # a site's node check (argv, no shell) the job supervisor runs once per node before
+    # the training step: a node where it fails is left out and the job requeued for free
+    health_check: tuple[str, ...] = ()
+    health_check_timeout_s: int = 120
     source: str = ""                     # the file it was read from
 
     @classmethod
@@ -57,12 +61,18 @@ class Partition:
                 raise PartitionError(f"{source}: missing required key {key!r}")
         values = dict(data)
         values["modules"] = tuple(values.get("modules", ()))
+        check = values.get("health_check", ())
+        if not isinstance(check, (list, tuple)) or not all(
+                isinstance(w, str) and w for w in check):
+            raise PartitionError(f"{source}: health_check={check!r} must be a command as a list "
+                                 'of words, e.g. ["/opt/site/gpu-check", "--quick"]')
+        values["health_check"] = tuple(check)
         values["env"] = {str(k): str(v) for k, v in values.get("env", {}).items()}
         try:
             part = cls(**values, source=source)
         except TypeError as exc:  # pragma: no cover - guarded by the key checks
             raise PartitionError(f"{source}: {exc}") from None
-        for key in ("gpus_per_node", "cpus_per_node"):
+        for key in ("gpus_per_node", "cpus_per_node", "health_check_timeout_s"):
             value = getattr(part, key)
             if not isinstance(value, int) or value < 0:
                 raise PartitionError(f"{source}: {key}={value!r} must be a whole number >= 0")

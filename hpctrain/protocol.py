@@ -17,6 +17,8 @@ A job's state directory, on storage every node sees (``state_dir``)::
         progress/rank-N   each rank's progress: step, phase, heartbeat (the hang watchdog's)
         dump       the supervisor's request for every rank's Python stacks (a hang)
         stacks/rank-N     a rank's answer to it
+        history    rank 0's progress over time, one JSON line per step boundary and phase
+                   change (``hpctrain report`` reads it)
 
 The job key is the Slurm job id, or ``<array job id>_<task id>`` for an array task (the
 bare id of an array task can equal the array's id, which Slurm reads as every task).
@@ -57,11 +59,13 @@ STARTUP_TIMEOUT_S = "HPCTRAIN_STARTUP_TIMEOUT_S"
 SAVE_TIMEOUT_S = "HPCTRAIN_SAVE_TIMEOUT_S"
 MAX_STEP_RESTARTS = "HPCTRAIN_MAX_STEP_RESTARTS"
 EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
+HEALTH_CHECK = "HPCTRAIN_HEALTH_CHECK"        # the partition's node check: a JSON argv list
+HEALTH_CHECK_TIMEOUT_S = "HPCTRAIN_HEALTH_CHECK_TIMEOUT_S"
 
 # ---- the state directory ------------------------------------------------------------------
 STATE_SUBDIR = (".hpctrain", "jobs")
 IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"
-PROGRESS, DUMP, STACKS = "progress", "dump", "stacks"
+PROGRESS, DUMP, STACKS, HISTORY = "progress", "dump", "stacks", "history"
 DEFAULT_HEARTBEAT_S = 2.0
 
 

@@ -17,7 +17,7 @@ is given and nothing else (no environment, no subprocess, no file writes).
 from __future__ import annotations
 
 import functools
-
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -209,7 +209,7 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         "plan": plan,
         "partition": partition,
         "directives": sbatch_directives(spec, plan, partition),
-        "exports": job_exports(spec, plan),
+        "exports": job_exports(spec, plan) + health_check_exports(partition),
         "launcher_template": f"launchers/{plan.launcher}.j2",
         "supervisor": [python, "-m", SUPERVISOR_MODULE],
         # the batch step's stop signals: the time-limit warning (--signal=B:...) and TERM
@@ -282,6 +282,14 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
     if ck.dir is not None:
         pairs.append((protocol.CKPT_DIR, ck.dir))
     return [(k, str(v)) for k, v in pairs]
+
+
+def health_check_exports(partition: Partition) -> list[tuple[str, str]]:
+    """The partition's node check for the supervisor (none: nothing exported)."""
+    if not partition.health_check:
+        return []
+    return [(protocol.HEALTH_CHECK, json.dumps(list(partition.health_check))),
+            (protocol.HEALTH_CHECK_TIMEOUT_S, str(partition.health_check_timeout_s))]
 
 
 def torchrun_argv(command: Sequence[str]) -> dict[str, list[str]]:

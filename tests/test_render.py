@@ -89,6 +89,23 @@ def test_partition_defaults_and_gres_request(tmp_path: Path) -> None:
     assert "HPCTRAIN_PREEMPTIBLE" not in script
 
 
+def test_a_partition_health_check_is_exported_as_words_never_as_shell(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    (site / "partitions").mkdir(parents=True)
+    base = 'name = "big"\ngpus_per_node = 8\ncpus_per_node = 64\nmem_per_node_gb = 512\n'
+    (site / "partitions" / "big.toml").write_text(
+        base + 'health_check = ["/opt/site/gpu check", "$(reboot)"]\n'
+        "health_check_timeout_s = 30\n")
+    script = render_script(spec(partition="big", layout={"tp": 8}), [site])
+    line = next(x for x in script.splitlines() if x.startswith("export HPCTRAIN_HEALTH_CHECK="))
+    assert line == """export HPCTRAIN_HEALTH_CHECK='["/opt/site/gpu check", "$(reboot)"]'"""
+    assert "export HPCTRAIN_HEALTH_CHECK_TIMEOUT_S=30" in script
+    assert "HPCTRAIN_HEALTH_CHECK" not in render_script(spec())   # none by default
+    (site / "partitions" / "big.toml").write_text(base + 'health_check = "gpu-check -q"\n')
+    with pytest.raises(PartitionError, match="must be a command as a list of words"):
+        render_script(spec(partition="big", layout={"tp": 8}), [site])
+
+
 def test_partition_template_extends_base() -> None:
     debug = render(spec())
     urgent = render(spec(partition="urgent"))

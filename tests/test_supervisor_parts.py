@@ -40,7 +40,12 @@ def test_config_from_the_rendered_scripts_exports() -> None:
                                       "HPCTRAIN_SAVE_TIMEOUT_S": "0",
                                       "HPCTRAIN_EXCLUDE_BAD_NODES": "0"})
     assert (set_.limits.hang_s, set_.limits.save_s, set_.limits.plain) == (20, None, True)
-    assert not set_.exclude_bad_nodes
+    assert not set_.exclude_bad_nodes and set_.health_check == ()
+    checked = Config.from_env(["srun"], {**ENV, "HPCTRAIN_HEALTH_CHECK": '["gpu-check", "-q"]',
+                                         "HPCTRAIN_HEALTH_CHECK_TIMEOUT_S": "30"})
+    assert (checked.health_check, checked.health_check_timeout_s) == (("gpu-check", "-q"), 30)
+    with pytest.raises(SupervisorError, match="HPCTRAIN_HEALTH_CHECK="):
+        Config.from_env(["srun"], {**ENV, "HPCTRAIN_HEALTH_CHECK": "gpu-check -q"})
     array = Config.from_env(["srun"], {**ENV, "SLURM_ARRAY_JOB_ID": "4240",
                                        "SLURM_ARRAY_TASK_ID": "2", "SLURM_RESTART_COUNT": "3"})
     assert array.key == "4240_2" and array.restart_count == 3   # never the bare task id

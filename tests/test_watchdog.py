@@ -160,6 +160,26 @@ def test_the_reporter_writes_progress_and_answers_a_stack_request(tmp_path: Path
         reporter.close()
 
 
+def test_rank_0_keeps_a_history_of_steps_and_phases(tmp_path: Path) -> None:
+    import json
+
+    first = Reporter(str(tmp_path), 0, run_id="r1", restart_count=2, attempt=1, beat_s=0.2)
+    other = Reporter(str(tmp_path), 1, run_id="r1", restart_count=2, attempt=1, beat_s=0.2)
+    for reporter in (first, other):
+        reporter.start()
+        reporter.set_step(4)
+        reporter.boundary()
+        reporter.set_phase("saving")
+        reporter.set_phase("training")
+        reporter.close()
+    lines = [json.loads(x) for x in (tmp_path / p.HISTORY).read_text().splitlines()]
+    assert [(e["event"], e.get("phase"), e.get("step")) for e in lines] == [
+        ("phase", "startup", None), ("phase", "training", None), ("step", None, 4),
+        ("phase", "saving", None), ("phase", "training", None)]   # rank 0's only
+    assert {(e["restart"], e["attempt"]) for e in lines} == {(2, 1)}
+    assert all(lines[i]["t"] <= lines[i + 1]["t"] for i in range(len(lines) - 1))
+
+
 # ---- decisions --------------------------------------------------------------------------------
 VIEW = JobView("42", "RUNNING", "None", 0, None, NOW + 3000, True)
 BUDGET = Budget(10, {"user_crash": 1, "hang": 2})
@@ -244,3 +264,25 @@ def test_py_spy_dumps_become_rank_stacks_and_name_the_culprit() -> None:
     ranks, why = culprits(stacks, 2)
     assert ranks == (1,) and "rank 1 is at main (train.py:68)" in why
     assert node_of(stacks[1]) == "n2" and node_of(WAITING) == "n1" and node_of("x") == ""
+
+
+# ---- the partition's health check ------------------------------------------------------------
+def test_a_health_check_requeue_is_free_of_the_requeue_budget() -> None:
+    tight = Budget(1, {"user_crash": 1, "hang": 1})
+    # one earlier requeue was the health check's: a hang may still requeue once
+    d = decide(facts(budget=tight, restart_count=1, requeues={"health_check": 1},
+                     hang="x", inplace=InPlace(0, 0)))
+    assert d.action == "requeue", d
+    counted = decide(facts(budget=tight, restart_count=1, requeues={"preemption": 1},
+                           hang="x", inplace=InPlace(0, 0)))
+    assert (counted.action, counted.limit) == ("stop", "max_requeues=1")
+
+
+def test_srun_names_every_node_where_the_check_failed() -> None:
+    from hpctrain.supervisor.diagnosis import srun_failures
+
+    out = ("gpu-check: GPU 1 fell off the bus\n"
+           "srun: error: n2: task 1: Exited with exit code 1\n"
+           "srun: error: n4: task 3: Exited with exit code 2\n"
+           "srun: error: n1: task 0: Killed\n")
+    assert [(f["node"], f["tasks"]) for f in srun_failures(out)] == [("n2", "1"), ("n4", "3")]

@@ -14,7 +14,9 @@ script kind x fault:
   silent, its stacks read with py-spy name it, restarted in place, resumes its snapshot;
 - a node lost from a 2-node plain job on partition `wide` (3 nodes): Slurm requeues it,
   the supervisor excludes the node, and the job completes on the other two although the
-  lost node is back.
+  lost node is back;
+- a site's health check (partition file) that fails on n2: the job is requeued without
+  n2 before its step starts, for free (max_requeues = 0), and completes on n1 and n3.
 """
 
 from __future__ import annotations
@@ -187,3 +189,30 @@ def test_a_lost_node_is_excluded_when_the_job_is_requeued(
             "restart_count": "0"} in ledger(root, job)
     assert f"job {job} will not run on {lost} again (node_fail)" in job_log(root, job)
     assert status(job)["excluded_nodes"] == {lost: "node_fail"}
+
+
+def test_a_node_failing_the_partitions_health_check_is_left_out_for_free(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    site = root / "site"
+    (site / "partitions").mkdir(parents=True)
+    builtin = Path(__file__).resolve().parent.parent / "templates" / "partitions" / "wide.toml"
+    check = "[ $SLURMD_NODENAME != n2 ] || { echo gpu-check: GPU 1 fell off the bus; exit 1; }"
+    facts = builtin.read_text().replace(
+        "[env]", f"health_check = {json.dumps(['bash', '-c', check])}\n"
+                 "health_check_timeout_s = 30\n\n[env]", 1)
+    (site / "partitions" / "wide.toml").write_text(facts)
+    monkeypatch.setenv("HPCTRAIN_TEMPLATES", str(site))
+    command = ["bash", str(SCRIPTS / "counter.sh"), "3", str(root / "state"),
+               str(root / "events.jsonl"), "0.2"]
+    job = submit(root, spec(root, command, nodes=2, gpus=1, partition="wide",
+                            requeue="max_requeues = 0"))
+    assert wait_done(job, 180) == "COMPLETED", job_log(root, job)
+    log = job_log(root, job)
+    assert "gpu-check: GPU 1 fell off the bus" in log and "not counted against" in log, log
+    assert sacct_states(job) == ["REQUEUED", "COMPLETED"], log
+    assert [(e["kind"], e.get("node", ""), e["cause"]) for e in ledger(root, job)] == [
+        ("exclude", "n2", "health_check"), ("requeue", "", "health_check")]
+    nodes = client.run(["scontrol", "show", "hostnames", _job(job)["NodeList"]]).stdout.split()
+    assert nodes == ["n1", "n3"]
+    assert len(events(root, "start")) == 1 and events(root, "done"), "the step ran once"

@@ -65,9 +65,50 @@ def progress_line(job: Any, info: Any) -> str:
     from hpctrain.watcher import last_checkpoint_step
 
     step = last_checkpoint_step(job.record.checkpoint_dir)
+    live = live_progress(job.job_id, job.record.checkpoint_dir,
+                         job.record.extra.get("submit_dir", ""))
     return (f"job {job.job_id}: {info.state}  elapsed {format_elapsed(info.elapsed_s)}  "
-            f"requeues {format_requeues(info.requeues)}  "
+            f"{live + '  ' if live else ''}requeues {format_requeues(info.requeues)}  "
             f"last checkpoint step {'-' if step is None else step}")
+
+
+def live_progress(key: str, *bases: str) -> str:
+    """``step 17 (training, 3.2 steps/s)`` from rank 0's progress record and the tail of
+    its history (a job using hpctrain.runtime); '' when there is none."""
+    import json
+
+    from hpctrain import protocol
+
+    for base in bases:
+        if not base:
+            continue
+        state = protocol.state_dir(base, key)
+        record = protocol.read_record(protocol.rank_file(state, protocol.PROGRESS, 0))
+        if not record:
+            continue
+        try:
+            with open(state / protocol.HISTORY, "rb") as fh:
+                fh.seek(0, 2)
+                fh.seek(max(0, fh.tell() - 8192))
+                tail = fh.read().decode("utf-8", errors="replace").splitlines()[1:]
+        except OSError:
+            tail = []
+        steps = []
+        for line in tail:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "step" and event.get("restart") == \
+                    int(record.get("restart_count") or 0) and \
+                    event.get("attempt") == int(record.get("attempt") or 0):
+                steps.append(event)
+        rate = ""
+        if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
+            rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
+        shown = record.get("step") or record.get("boundaries", "?")
+        return f"step {shown} ({record.get('phase', '?')}{rate})"
+    return ""
 
 
 def exit_code_for(info: Any) -> int:

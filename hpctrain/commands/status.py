@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import click
 
 from hpctrain import protocol, records, watcher
-from hpctrain.commands.jobview import format_cause, format_elapsed, format_requeues, info_json
+from hpctrain.commands.jobview import (format_cause, format_elapsed, format_requeues,
+                                       info_json, live_progress)
 from hpctrain.ledger import read_ledger, requeues_by_cause
 from hpctrain.records import JobRecord
 from hpctrain.slurm.states import ORDER
@@ -39,13 +41,35 @@ class Row:
 @click.option("--expand", is_flag=True, help="Show every task of sweeps, not one row each.")
 @click.option("--limit", default=20, show_default=True,
               help="Without JOB_IDs: how many of the most recent submissions to show.")
-def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int) -> int:
+@click.option("--watch", "watch_s", type=float, default=None, is_flag=False, flag_value=5.0,
+              metavar="[SECONDS]",
+              help="Show the table again every SECONDS (default 5) until the jobs have ended "
+                   "or Ctrl-C; in place on a terminal.")
+def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
+           watch_s: float | None) -> int:
     """State, elapsed time, nodes, requeues by cause, last checkpoint step and why the
     last run ended (the supervisor's verdict: a crash names its rank, node and error).
 
     Without JOB_IDs: the jobs this user submitted through hpctrain (local record).
     A sweep is one row with per-state counts; give its id (or --expand) for its tasks.
     """
+    if watch_s is None:
+        return _once(job_ids, as_json, expand, limit)
+    tty = sys.stdout.isatty()
+    try:
+        while True:
+            if tty:
+                click.echo("\033[H\033[J", nl=False)   # clear the screen, then the table
+            if _once(job_ids, as_json, expand, limit, watching=True):
+                return 0
+            time.sleep(max(watch_s, 1.0))
+    except KeyboardInterrupt:
+        return 0
+
+
+def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
+          watching: bool = False) -> int:
+    """One table (or JSON object). Watching: 1 once every job has ended, else 0."""
     targets = _targets(job_ids, limit)
     expand_ids = set(job_ids) if job_ids else set()
     ids = [t.job_id for t, _ in targets]
@@ -66,6 +90,8 @@ def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int) ->
             click.echo(f"note: {snap.note}", err=True)
         click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
                    f"({records.record_path()}); submit one with `hpctrain submit SPEC`")
+    if watching:
+        return int(all(_info(g, t, snap).state.final for t, g in targets))
     return 0
 
 
@@ -97,17 +123,19 @@ def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
     in_place = ledger.restarts if ledger is not None else {}
     excluded = ledger.excluded if ledger is not None else {}
     cause = f"requeue limit {limit} reached" if limit else format_cause(verdict)
+    live = live_progress(job_id, *dirs) if str(info.state) == "RUNNING" else ""
     cell = format_requeues(requeues)
     if in_place:   # restarts of the step inside the allocation (the hang watchdog's)
         cell = ("" if cell == "-" else cell + " ") + "in-place " + format_requeues(in_place)
     nodes = info.nodes or "-"
     if excluded:
         nodes += f" (excluded {','.join(excluded)})"
-    return Row(job_id, info.name or rec.name, str(info.state), format_elapsed(info.elapsed_s),
+    state = f"{info.state} {live}" if live else str(info.state)
+    return Row(job_id, info.name or rec.name, state, format_elapsed(info.elapsed_s),
                nodes, cell, "-" if step is None else str(step), cause,
                {"job_id": job_id, "name": info.name or rec.name, "kind": rec.kind,
                 **info_json(info), "requeues": requeues, "requeue_limit": limit,
-                "restarts_in_place": in_place, "excluded_nodes": excluded,
+                "restarts_in_place": in_place, "excluded_nodes": excluded, "progress": live,
                 "hangs": (ledger.recoveries("hang") if ledger is not None else 0),
                 "last_checkpoint_step": step, "folder": rec.folder,
                 "cause": verdict.get("cause"), "verdict": verdict})

@@ -51,15 +51,23 @@ def submit(spec_file: str, sets: tuple[str, ...], template_dirs: list[Any],
 
 def _wait(job: Any, as_json: bool) -> int:
     last = [""]
+    # one line updated in place on a terminal; a new line per change otherwise (a log)
+    tty = (sys.stderr if as_json else sys.stdout).isatty()
 
     def show(info: Any) -> None:
         line = progress_line(job, info)
-        if line != last[0]:
+        if line == last[0]:
+            return
+        if tty:
+            click.echo("\r\033[K" + line, nl=False, err=as_json)
+        else:
             click.echo(line, err=as_json)
-            last[0] = line
+        last[0] = line
 
     try:
         info = job.wait(on_update=show)
+        if tty:
+            click.echo("", err=as_json)
     except KeyboardInterrupt:
         click.echo(f"stopped waiting; job {job.job_id} keeps running "
                    f"(hpctrain cancel {job.job_id} to stop it)", err=True)

@@ -7,6 +7,10 @@ heartbeat: the step (``ctx.step = n``), how many step boundaries it reached (eac
 only sets fields (no I/O on its path); the supervisor's hang watchdog reads the files
 without torch.
 
+Rank 0 also keeps the history (``<state dir>/history``): one JSON line per step boundary
+and phase change, queued by the training loop (no I/O there) and appended by the thread,
+so ``hpctrain report`` can tell start-up, training, saving and lost work apart later.
+
 The same thread answers the supervisor's stack request (written when it sees a hang) with
 every thread's Python stack in ``stacks/rank-N``. It can while the main thread waits in a
 collective or a read (both release the GIL). A process frozen while holding the GIL, or
@@ -15,11 +19,14 @@ stopped, answers nothing and its heartbeat ages: that is news to the supervisor 
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +56,9 @@ class Reporter:
         self.phase = "startup"
         self.changed_at = time.time()
         self._answered = ""
+        # rank 0's history: (time, event fields) queued by the training loop
+        self.history = Path(state_dir) / p.HISTORY if rank == 0 else None
+        self._events: deque[dict[str, object]] = deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hpctrain-progress", daemon=True)
 
@@ -62,12 +72,19 @@ class Reporter:
         self.boundaries += 1
         self.changed_at = time.time()
         if self.phase == "startup":
-            self.phase = "training"
+            self.set_phase("training")
+        self._note(event="step", step=self.step, n=self.boundaries)
 
     def set_phase(self, phase: str) -> str:
         """Enter ``phase``; the phase before (to go back to)."""
         before, self.phase, self.changed_at = self.phase, phase, time.time()
+        if phase != before:
+            self._note(event="phase", phase=phase)
         return before
+
+    def _note(self, **event: object) -> None:
+        if self.history is not None:   # deque.append is atomic: no lock on the loop's path
+            self._events.append({"t": round(time.time(), 3), **event})
 
     # ---- the thread ----------------------------------------------------------------------
     def start(self) -> Reporter:
@@ -75,12 +92,30 @@ class Reporter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError:
             pass   # storage trouble must not stop training: writes are retried each beat
+        self._note(event="phase", phase=self.phase)
+        atexit.register(self.drain)   # a normal exit (or exit_for_requeue) keeps the tail
         self.write()
         self._thread.start()
         return self
 
     def close(self) -> None:
         self._stop.set()
+        self.drain()
+
+    def drain(self) -> None:
+        """Append the queued history lines (rank 0)."""
+        if self.history is None or not self._events:
+            return
+        lines = []
+        while self._events:
+            lines.append(json.dumps({"restart": self.ident["restart_count"],
+                                     "attempt": self.ident["attempt"],
+                                     **self._events.popleft()}))
+        try:
+            with open(self.history, "a", encoding="utf-8") as fh:
+                fh.write("\n".join(lines) + "\n")
+        except OSError:
+            pass   # the report then misses these lines; training goes on
 
     def record(self) -> dict[str, object]:
         return {**self.ident, "step": "" if self.step is None else self.step,
@@ -97,6 +132,7 @@ class Reporter:
         next_beat = time.monotonic() + self.beat_s
         while not self._stop.wait(min(ANSWER_POLL_S, self.beat_s)):
             self._answer()
+            self.drain()
             if time.monotonic() >= next_beat:
                 self.write()
                 next_beat = time.monotonic() + self.beat_s

@@ -3,6 +3,7 @@ exports (the spec's requeue settings) plus Slurm's own variables. Pure parsing o
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,8 @@ class Config:
     exclude_bad_nodes: bool = True
     world: int = 1             # ranks of the step (HPCTRAIN_WORLD_SIZE)
     nodes: int = 1             # nodes of the step (HPCTRAIN_NODES)
+    health_check: tuple[str, ...] = ()   # the partition's node check (argv), run per node
+    health_check_timeout_s: int = 120
 
     @property
     def step_signal(self) -> str:
@@ -84,6 +87,8 @@ class Config:
             limits=limits, max_step_restarts=_int(env, p.MAX_STEP_RESTARTS, 2),
             exclude_bad_nodes=env.get(p.EXCLUDE_BAD_NODES, "1") not in ("0", "false"),
             world=_int(env, "HPCTRAIN_WORLD_SIZE", 1), nodes=_int(env, "HPCTRAIN_NODES", 1),
+            health_check=parse_argv(env, p.HEALTH_CHECK),
+            health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S, 120),
             where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on "
                   f"{env.get('SLURM_JOB_NODELIST', '?')}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")
@@ -122,3 +127,18 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         return float(env.get(name) or default)
     except ValueError:
         raise SupervisorError(f"{name}={env.get(name)!r} is not a number of seconds") from None
+
+
+def parse_argv(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A command exported as a JSON list of words (empty when unset)."""
+    raw = env.get(name, "")
+    if not raw:
+        return ()
+    try:
+        words = json.loads(raw)
+    except ValueError:
+        words = None
+    if not isinstance(words, list) or not all(isinstance(w, str) and w for w in words):
+        raise SupervisorError(f"{name}={raw!r} is not a JSON list of words: render the script "
+                              "again with `hpctrain render` (it comes from the partition file)")
+    return tuple(words)

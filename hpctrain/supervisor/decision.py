@@ -28,7 +28,9 @@ table decides how a run ended and what to do about it (:func:`decide`); its rows
 the job ends and says which limit. "restart in place" runs the step again in the same
 allocation (no queue wait) while ``max_step_restarts`` lasts, the allocation's nodes are
 healthy and enough time is left (:class:`InPlace`); a crash's limit counts its in-place
-restarts and its requeues together. The same rows decide a run that never started its step
+restarts and its requeues together. Not a row: before the step starts, a node failing the
+partition's health check gets the job requeued without it, and such a requeue
+(``FREE_CAUSES``) does not count against ``max_requeues``. The same rows decide a run that never started its step
 (a stop signal or a preemption during start-up): then the step's exit status is unknown.
 """
 
@@ -42,7 +44,9 @@ from hpctrain.runtime.causes import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_L
 from hpctrain.slurm.view import JobView
 
 REQUEUE_CAUSES = ("preemption", "time_limit", "node_fail", "user_crash", "storage", "hang",
-                  "requeued")
+                  "health_check", "requeued")
+# requeues that do not count against max_requeues: the site's node check failed, not the job
+FREE_CAUSES = ("health_check",)
 # how sacct names the end of a run that Slurm requeued, as a requeue cause
 CAUSE_OF_RUN_STATE = {"PREEMPTED": "preemption", "TIMEOUT": "time_limit",
                       "NODE_FAIL": "node_fail", "REQUEUED": "requeued"}
@@ -268,7 +272,7 @@ def decide(f: Facts) -> Decision:
     count = f.requeues.get(cause, 0) + 1
     if cause == "user_crash":
         count += f.restarts.get(cause, 0)
-    restart = f.restart_count + 1
+    restart = f.restart_count + 1 - sum(f.requeues.get(c, 0) for c in FREE_CAUSES)
     limit = over_limit(f.budget, cause, count, restart)
     if limit is not None:
         return Decision("stop", cause, step_code or 1, why, limit=limit,

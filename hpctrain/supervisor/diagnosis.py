@@ -101,13 +101,21 @@ def torchrun_root_cause(text: str) -> dict[str, str]:
     return {}
 
 
-def srun_first_failure(text: str) -> dict[str, str]:
-    """srun's first ``srun: error: NODE: task N: ...`` line, as fields."""
+def srun_failures(text: str) -> list[dict[str, str]]:
+    """Every ``srun: error: NODE: task N: ...`` line of a task that failed on its own (not
+    one srun terminated or killed after another failed), as fields, in order."""
+    found = []
     for line in text.splitlines():
         m = _SRUN.match(line.strip())
         if m and "Terminated" not in m.group("what") and "Killed" not in m.group("what"):
-            return m.groupdict()
-    return {}
+            found.append(m.groupdict())
+    return found
+
+
+def srun_first_failure(text: str) -> dict[str, str]:
+    """srun's first ``srun: error: NODE: task N: ...`` line, as fields."""
+    failures = srun_failures(text)
+    return failures[0] if failures else {}
 
 
 def diagnose(segment: str, launcher: str, record: Mapping[str, str]) -> Diagnosis | None:

@@ -6,12 +6,14 @@ room without them.
 
 from __future__ import annotations
 
+import sys
 import time
 
 from hpctrain.errors import SlurmError
 from hpctrain.ledger import line
 from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.diagnosis import srun_failures
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import Hang
@@ -49,6 +51,24 @@ class BadNodes:
             down = "DOWN" in state or state.endswith("*")
             self.found.setdefault(node, "node_fail" if down else state.lower())
         return bad
+
+    def run_check(self, argv: tuple[str, ...], nodes: int, timeout_s: int) -> dict[str, str]:
+        """Run the partition's health check once on every node of the allocation; the
+        nodes where it failed ({node: what srun said}), noted as bad. A check that cannot
+        be run or does not finish in time fails no node: the step runs as it would without
+        one (never worse off than without the check)."""
+        say(f"health check on {nodes} node(s): {' '.join(argv)}")
+        try:
+            out = control.run_on_nodes(list(argv), nodes, timeout=timeout_s)
+        except SlurmError as exc:
+            say(f"the health check did not complete ({exc}): running the step anyway")
+            return {}
+        failed = {f["node"]: f["what"].strip() for f in srun_failures(out)}
+        if failed:
+            print(out.rstrip(), file=sys.stderr, flush=True)   # the check's own words
+        for node in failed:
+            self.found.setdefault(node, "health_check")
+        return failed
 
     def obstacle(self, view: JobView | None, hang: Hang | None, lead_s: int) -> str:
         """What forbids restarting the step in this allocation ('' when nothing does): ranks

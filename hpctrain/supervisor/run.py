@@ -25,10 +25,10 @@ from hpctrain.ledger import line
 from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
-from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, REQUEUE_CAUSES, Caught, Decision,
-                                          Facts, InPlace, decide, limit_text, missing_requeues,
-                                          notice_cause, over_limit, runtime_word, slurm_event,
-                                          warning_due)
+from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, FREE_CAUSES, REQUEUE_CAUSES,
+                                          Caught, Decision, Facts, InPlace, decide, limit_text,
+                                          missing_requeues, notice_cause, over_limit,
+                                          runtime_word, slurm_event, warning_due)
 from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, log_segment, log_size
 from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.joblog import say
@@ -116,6 +116,11 @@ class Supervisor:
         logs = (logfile, view.std_out if view is not None else "")
         attempt = 0
         while True:
+            if cfg.health_check:
+                failed = self.bad.run_check(cfg.health_check, cfg.nodes,
+                                            cfg.health_check_timeout_s)
+                if failed:
+                    return self.leave_bad_nodes(state, view, failed)
             offset = log_size(logfile) if logfile else 0
             after = f", after a {last_cause}" if last_cause else ""
             again = f", in-place restart {attempt}" if attempt else ""
@@ -247,6 +252,28 @@ class Supervisor:
                                 "at": f"{time.time():.0f}"})
         state.clear(p.EXIT, p.STOP, p.DUMP)
 
+    def leave_bad_nodes(self, state: StateDir, view: JobView | None,
+                        failed: dict[str, str]) -> int:
+        """The partition's health check failed on ``failed``: requeue the job without them,
+        not counted against its requeue budget; when it cannot be kept off them (no room
+        in the partition, exclusion turned off), end it and say why."""
+        cfg = self.cfg
+        nodes = ",".join(failed)
+        why = f"the partition's health check failed on {nodes}"
+        if self.bad.exclude(state, view, cfg.restart_count, running=True):
+            say(f"requeued job {cfg.key} without {nodes} ({why}); not counted against "
+                "max_requeues")
+            state.append_ledger(line("requeue", cause="health_check",
+                                     restart_count=cfg.restart_count + 1, by="supervisor"))
+            state.write(p.OUTCOME, {"cause": "health_check", "action": "requeue",
+                                    "restart_count": cfg.restart_count, "job": cfg.key,
+                                    "node": nodes, "why": why, "at": f"{time.time():.0f}"})
+            return 0
+        return self.act(Decision("finish", "health_check", 1,
+                                 f"{why}, and the job cannot be kept off it (the partition has "
+                                 "no other node for it, or watchdog.exclude_bad_nodes is off): "
+                                 "ask the site to drain the node"), state, None)
+
     def hang_fields(self) -> dict[str, str]:
         """What the watchdog found, for the ledger line of the restart or requeue."""
         hang = self._hang
@@ -275,7 +302,8 @@ class Supervisor:
             return None, None
         cause = ledger.last_cause or "node_fail"
         count = ledger.requeues.get(cause, 0)
-        limit = over_limit(cfg.budget, cause, count, cfg.restart_count)
+        free = sum(ledger.requeues.get(c, 0) for c in FREE_CAUSES)
+        limit = over_limit(cfg.budget, cause, count, cfg.restart_count - free)
         if limit is None:
             return cause, None
         text = limit_text(limit, cause, count, cfg.restart_count)

@@ -1,0 +1,134 @@
+"""``hpctrain report JOB [--json] [--html FILE]``: where a job's GPU-time went, run by run.
+
+Gathers sacct's runs (one call), the job's ledger and outcome, and rank 0's progress
+history from the job's state directory, then :func:`hpctrain.report.build` (pure) does the
+accounting and :mod:`hpctrain.report_html` draws the timeline. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from hpctrain import protocol, records
+from hpctrain.errors import ReportError, SlurmError
+from hpctrain.ledger import entries
+from hpctrain.report import CATEGORIES, Report, RunFacts, build
+from hpctrain.slurm import client
+from hpctrain.slurm.parse import parse_sacct_parsable2
+from hpctrain.slurm.view import slurm_time
+
+SACCT = "State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES"
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
+              help="Also write a self-contained HTML page with the timeline to FILE.")
+@click.option("--dir", "base", type=click.Path(file_okay=False), default=None,
+              help="The job's checkpoint dir (or submit dir) when hpctrain did not submit it.")
+def report(job_id: str, as_json: bool, html: str | None, base: str | None) -> int:
+    """Runs, causes, start-up, lost work, saves and goodput of JOB_ID (123, or 123_4)."""
+    state = state_dir(job_id, base)
+    result = build(job_id, sacct_runs(job_id), read_ledger(state), read_history(state),
+                   protocol.read_record(state / protocol.OUTCOME).get("cause", ""))
+    if html:
+        from hpctrain.report_html import to_html
+
+        Path(html).write_text(to_html(result), encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(result.to_json()))
+    else:
+        click.echo(format_text(result))
+        if html:
+            click.echo(f"timeline: {html}")
+    return 0
+
+
+def state_dir(job_id: str, base: str | None) -> Path:
+    rec = records.find(job_id)
+    bases = [base] if base else []
+    if rec is not None:
+        bases += [rec.checkpoint_dir, rec.extra.get("submit_dir", "")]
+    for b in bases:
+        if b and protocol.state_dir(b, job_id).is_dir():
+            return protocol.state_dir(b, job_id)
+    raise ReportError(f"no state directory of job {job_id} found under "
+                      f"{', '.join(b for b in bases if b) or 'any known directory'}: give the "
+                      "job's checkpoint dir (or submit dir) with --dir")
+
+
+def sacct_runs(job_id: str) -> list[RunFacts]:
+    """Every run of the job, oldest first (sacct -D: one line per run)."""
+    try:
+        res = client.run(["sacct", "-X", "-D", "-P", "-j", job_id, "-o", SACCT])
+    except SlurmError as exc:
+        raise ReportError(f"sacct could not report job {job_id}: {exc}") from None
+    rows = parse_sacct_parsable2(res.stdout)
+    return [RunFacts(restart=i, state=r["State"].split()[0] if r["State"] else "",
+                     submit=slurm_time(r["Submit"]), start=slurm_time(r["Start"]),
+                     end=slurm_time(r["End"]), elapsed_s=float(r["ElapsedRaw"] or 0),
+                     nodes=r["NodeList"], gpus=_gpus(r["AllocTRES"]))
+            for i, r in enumerate(rows)]
+
+
+def _gpus(tres: str) -> int:
+    """``cpu=4,gres/gpu=4,node=2`` -> 4 (1 when the job holds no GPU: count its time once)."""
+    for item in tres.split(","):
+        key, _, value = item.partition("=")
+        if key == "gres/gpu" and value.isdigit():
+            return int(value)
+    return 1
+
+
+def read_ledger(state: Path) -> list:
+    try:
+        return entries((state / protocol.LEDGER).read_text(errors="replace"))
+    except OSError:
+        return []
+
+
+def read_history(state: Path) -> list[dict]:
+    out = []
+    try:
+        lines = (state / protocol.HISTORY).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue   # a line cut short by a kill
+        if isinstance(event, dict) and isinstance(event.get("t"), (int, float)):
+            out.append(event)
+    return out
+
+
+def format_text(r: Report) -> str:
+    """The report as a few aligned lines."""
+    lines = [f"job {r.job}: {len(r.runs)} run(s)"]
+    for run in r.runs:
+        queue = "-" if run.queue_s is None else f"{run.queue_s:.0f} s"
+        lines.append(f"  run {run.restart}: {run.state:<10} queued {queue:>7}, ran "
+                     f"{run.elapsed_s:.0f} s on {run.nodes or '-'} ({run.gpus} GPU), "
+                     f"ended: {run.cause or '-'}")
+        for att in run.attempts:
+            s = att.seconds
+            steps = (f"steps {att.first_step}..{att.last_step} ({att.steps}, {att.redone} "
+                     "re-done)" if att.steps else "no step reported")
+            lines.append(f"    attempt {att.attempt}: start-up {s.get('startup', 0):.1f} s, "
+                         f"{steps}, saving {s.get('saving', 0):.1f} s, stopping "
+                         f"{s.get('stopping', 0):.1f} s, ended: {att.cause or '-'}")
+    if r.goodput is None:
+        lines.append("goodput: unknown (no progress history: the script does not use "
+                     "hpctrain.runtime)")
+    else:
+        parts = ", ".join(f"{c} {r.gpu_s[c] / r.allocated_gpu_s:.1%}" for c in CATEGORIES
+                          if c != "kept")
+        lines.append(f"goodput: {r.goodput:.1%} of {r.allocated_gpu_s:.0f} GPU-s allocated "
+                     f"({r.kept_steps} steps kept, {r.lost_steps} lost and re-done); "
+                     f"the rest: {parts}")
+    return "\n".join(lines)

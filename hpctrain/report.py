@@ -1,0 +1,211 @@
+"""What a job did, run by run: where its allocated GPU-time went, and its goodput.
+
+Pure: :func:`build` takes what was gathered (sacct's runs, the ledger's lines, rank 0's
+progress history; ``hpctrain report`` gathers them) and returns a :class:`Report`.
+
+A *run* is one start of the job by Slurm (a requeue starts the next); an *attempt* is one
+start of the training step inside a run (the supervisor restarts it in place after a hang
+or an allowed crash). Within an attempt, rank 0's history has a line per step boundary:
+
+- **kept**: steps whose result survived (the last time each step id was completed);
+- **re-done**: steps completed again later, after an interruption lost them;
+- **start-up**: the attempt's start to its first step (imports, rendezvous, loading);
+- **saving**: blocking checkpoint saves;
+- **stopping**: the last step to the attempt's end (a hang's wait, an emergency save's
+  tail, shutting down).
+
+Goodput = kept GPU-time / allocated GPU-time (each run's elapsed time x its GPUs). A job
+whose script does not use hpctrain.runtime has no history: its runs, causes and times
+are still reported, its goodput is unknown.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+CATEGORIES = ("kept", "redone", "startup", "saving", "stopping", "other")
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One run as sacct recorded it."""
+
+    restart: int
+    state: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    elapsed_s: float
+    nodes: str
+    gpus: int
+
+
+@dataclass
+class Attempt:
+    """One start of the training step, and what it did."""
+
+    restart: int
+    attempt: int
+    begin: float
+    end: float
+    cause: str = ""                       # how it ended
+    steps: int = 0                        # step completions
+    redone: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    first_at: float | None = None         # when its first and last step completed
+    last_at: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)   # category -> s
+
+
+@dataclass
+class RunReport:
+    """One run: its queue wait, time, nodes, end and attempts."""
+
+    restart: int
+    state: str
+    queue_s: float | None
+    elapsed_s: float
+    nodes: str
+    gpus: int
+    cause: str
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    job: str
+    runs: list[RunReport]
+    allocated_gpu_s: float
+    gpu_s: dict[str, float]               # category -> GPU-seconds
+    kept_steps: int
+    lost_steps: int
+    step_s: float | None                  # median step time
+    known: bool                           # rank 0's history was there
+    points: list[tuple[float, int, bool]] = field(default_factory=list)  # (t, step, kept)
+
+    @property
+    def goodput(self) -> float | None:
+        if not self.known or not self.allocated_gpu_s:
+            return None
+        return self.gpu_s.get("kept", 0.0) / self.allocated_gpu_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "goodput": self.goodput}
+
+
+def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mapping[str, str]]],
+          history: Sequence[Mapping[str, Any]], final_cause: str = "") -> Report:
+    """The report of job ``job`` (see the module docstring)."""
+    reports = [_run(r, runs, ledger, final_cause) for r in runs]
+    events = sorted(history, key=lambda e: e.get("t", 0.0))
+    kept_at = _kept(events)
+    steps_all = []
+    for run in reports:
+        for att in run.attempts:
+            mine = [e for e in events if e.get("restart") == att.restart
+                    and e.get("attempt") == att.attempt and att.begin - 1 <= e["t"] <= att.end]
+            steps_all += _account(att, mine, kept_at)
+    step_s = statistics.median(steps_all) if steps_all else None
+    gpu_s = {c: 0.0 for c in CATEGORIES}
+    for run in reports:
+        for att in run.attempts:
+            for cat, sec in att.seconds.items():
+                gpu_s[cat] += sec * run.gpus
+    allocated = sum(r.elapsed_s * r.gpus for r in reports)
+    gpu_s["other"] = max(0.0, allocated - sum(v for k, v in gpu_s.items() if k != "other"))
+    completions = [e for e in events if e.get("event") == "step"]
+    points = [(e["t"], e["step"] if isinstance(e.get("step"), int) else e.get("n", 0),
+               kept_at.get(_step_id(e)) == e["t"]) for e in completions]
+    return Report(job, reports, allocated, gpu_s, kept_steps=len(kept_at),
+                  lost_steps=len(completions) - len(kept_at), step_s=step_s,
+                  known=bool(completions), points=points)
+
+
+def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mapping[str, str]]],
+         final_cause: str) -> RunReport:
+    """A run's report without its step accounting: attempts, queue wait, cause."""
+    before = next((r for r in runs if r.restart == run.restart - 1), None)
+    queued_from = before.end if before is not None and before.end else run.submit
+    queue_s = run.start - queued_from if run.start and queued_from else None
+    end = run.end or (run.start or 0.0) + run.elapsed_s
+    restarts = sorted((int(f.get("attempt", "0")), float(f.get("at", "0")), f.get("cause", ""))
+                      for k, f in ledger if k == "restart"
+                      and f.get("restart_count") == str(run.restart))
+    begins = [(0, run.start or end, "")] + restarts
+    attempts = []
+    for i, (number, begin, _) in enumerate(begins):
+        stop = begins[i + 1][1] if i + 1 < len(begins) else end
+        cause = begins[i + 1][2] if i + 1 < len(begins) else ""
+        attempts.append(Attempt(run.restart, number, begin, stop, cause))
+    requeue = next((f.get("cause", "") for k, f in ledger if k == "requeue"
+                    and f.get("restart_count") == str(run.restart + 1)), "")
+    cause = requeue or (final_cause if run is runs[-1] else "") or run.state.lower()
+    attempts[-1].cause = cause
+    return RunReport(run.restart, run.state, queue_s, run.elapsed_s, run.nodes, run.gpus,
+                     cause, attempts)
+
+
+def _kept(events: Sequence[Mapping[str, Any]]) -> dict[Any, float]:
+    """Step id -> the time of its last completion (the one whose result was kept)."""
+    kept: dict[Any, float] = {}
+    for e in events:
+        if e.get("event") == "step":
+            kept[_step_id(e)] = e["t"]
+    return kept
+
+
+def _step_id(e: Mapping[str, Any]) -> Any:
+    return e["step"] if e.get("step") is not None else ("n", e.get("restart"), e.get("n"))
+
+
+def _account(att: Attempt, events: Sequence[Mapping[str, Any]],
+             kept_at: Mapping[Any, float]) -> list[float]:
+    """Fill one attempt's seconds per category from its history; its step durations."""
+    saving = _saving_intervals(events, att.end)
+    steps = [e for e in events if e.get("event") == "step"]
+    secs = {c: 0.0 for c in CATEGORIES if c != "other"}
+    secs["saving"] = sum(b - a for a, b in saving)
+    if not steps:
+        secs["startup"] = max(0.0, att.end - att.begin - secs["saving"])
+        att.seconds = secs
+        return []
+    durations = []
+    for prev, e in zip(steps, steps[1:]):
+        durations.append(max(0.0, e["t"] - prev["t"] - _overlap(saving, prev["t"], e["t"])))
+    first = statistics.median(durations) if durations else 0.0
+    for i, e in enumerate(steps):
+        took = durations[i - 1] if i else first
+        kept = kept_at.get(_step_id(e)) == e["t"]
+        secs["kept" if kept else "redone"] += took
+        att.redone += not kept
+    secs["startup"] = max(0.0, steps[0]["t"] - att.begin - first
+                          - _overlap(saving, att.begin, steps[0]["t"]))
+    secs["stopping"] = max(0.0, att.end - steps[-1]["t"] - _overlap(saving, steps[-1]["t"],
+                                                                      att.end))
+    att.steps = len(steps)
+    att.first_step, att.last_step = steps[0].get("step"), steps[-1].get("step")
+    att.first_at, att.last_at = steps[0]["t"], steps[-1]["t"]
+    att.seconds = secs
+    return durations
+
+
+def _saving_intervals(events: Sequence[Mapping[str, Any]], end: float) -> list[tuple[float, float]]:
+    out, since = [], None
+    for e in events:
+        if e.get("event") != "phase":
+            continue
+        if e.get("phase") == "saving" and since is None:
+            since = e["t"]
+        elif e.get("phase") != "saving" and since is not None:
+            out.append((since, e["t"]))
+            since = None
+    if since is not None:
+        out.append((since, end))
+    return out
+
+
+def _overlap(intervals: Sequence[tuple[float, float]], a: float, b: float) -> float:
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in intervals)

@@ -1,0 +1,123 @@
+"""``hpctrain report``'s accounting (hpctrain.report, pure) and its HTML page, on a job
+whose history is written out here: a hang restarted in place, then a preemption."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+
+from hpctrain.ledger import entries
+from hpctrain.report import CATEGORIES, RunFacts, build
+from hpctrain.report_html import to_html
+
+GPUS = 4
+RUNS = [RunFacts(0, "REQUEUED", 90.0, 100.0, 145.0, 45.0, "n[1-2]", GPUS),
+        RunFacts(1, "COMPLETED", 145.0, 160.0, 173.0, 13.0, "n[1-2]", GPUS)]
+LEDGER = entries("restart cause=hang restart_count=0 attempt=1 at=127.0 detected_at=125.0\n"
+                 "requeue cause=preemption restart_count=1 by=supervisor\n")
+
+
+def ev(t: float, restart: int, attempt: int, **kw: object) -> dict:
+    return {"t": t, "restart": restart, "attempt": attempt, **kw}
+
+
+def history() -> list[dict]:
+    out = [ev(101.0, 0, 0, event="phase", phase="startup"),
+           ev(109.0, 0, 0, event="phase", phase="training")]
+    out += [ev(110.0 + s, 0, 0, event="step", step=s, n=s + 1) for s in range(6)]
+    out += [ev(113.2, 0, 0, event="phase", phase="saving"),
+            ev(113.5, 0, 0, event="phase", phase="training")]     # saved step 3 after step 2
+    # attempt 1 (in place, after the hang) resumes from step 3
+    out += [ev(128.0, 0, 1, event="phase", phase="startup")]
+    out += [ev(132.0 + s, 0, 1, event="step", step=s, n=s - 2) for s in range(3, 8)]
+    # run 1 (after the preemption: emergency save of step 8) does 8 and 9
+    out += [ev(170.0 + i, 1, 0, event="step", step=s, n=i + 1) for i, s in enumerate((8, 9))]
+    return out
+
+
+def test_runs_attempts_causes_and_lost_work() -> None:
+    r = build("42", RUNS, LEDGER, history(), final_cause="completed")
+    assert [(run.restart, run.cause, run.queue_s) for run in r.runs] == [
+        (0, "preemption", 10.0), (1, "completed", 15.0)]
+    first, second = r.runs[0].attempts
+    assert (first.attempt, first.cause, first.begin, first.end) == (0, "hang", 100.0, 127.0)
+    assert (second.attempt, second.cause, second.end) == (1, "preemption", 145.0)
+    assert (first.steps, first.redone, second.steps, second.redone) == (6, 3, 5, 0)
+    assert (r.kept_steps, r.lost_steps) == (10, 3)
+    assert r.step_s == pytest.approx(1.0)
+
+
+def test_every_allocated_gpu_second_is_in_one_category() -> None:
+    r = build("42", RUNS, LEDGER, history(), final_cause="completed")
+    assert r.allocated_gpu_s == (45 + 13) * GPUS
+    assert sum(r.gpu_s.values()) == pytest.approx(r.allocated_gpu_s)
+    # kept: 10 steps of ~1 s (step 3 of attempt 0 minus its 0.3 s save, lost anyway)
+    assert r.gpu_s["kept"] == pytest.approx(10 * GPUS, abs=0.5)
+    assert r.gpu_s["redone"] == pytest.approx(3 * GPUS - 0.3 * GPUS, abs=0.5)
+    assert r.gpu_s["saving"] == pytest.approx(0.3 * GPUS)
+    # the hang: the last step of attempt 0 (t=115) to its in-place restart (t=127)
+    first = r.runs[0].attempts[0]
+    assert first.seconds["stopping"] == pytest.approx(12.0)
+    assert first.seconds["startup"] == pytest.approx(9.0)   # 100 -> 110, minus step 0
+    assert r.goodput == pytest.approx(10 / 58, abs=0.01)
+
+
+def test_a_job_without_history_has_runs_and_causes_but_no_goodput() -> None:
+    r = build("42", RUNS, LEDGER, [], final_cause="completed")
+    assert r.goodput is None and not r.known and [run.cause for run in r.runs] == [
+        "preemption", "completed"]
+    assert set(r.gpu_s) == set(CATEGORIES)
+
+
+class Collect(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: dict[str, str] = {}
+        self.classes: list[str] = []
+        self.text: list[str] = []
+        self._stack: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        a = dict(attrs)
+        if "id" in a:
+            self.ids[a["id"]] = tag
+        if a.get("class"):
+            self.classes.append(a["class"])
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_the_html_page_carries_the_runs_causes_and_numbers_of_the_json() -> None:
+    r = build("42", RUNS, LEDGER, history(), final_cause="completed")
+    page = to_html(r)
+    parsed = Collect()
+    parsed.feed(page)
+    assert {"goodput", "runs", "spent", "timeline", "steps"} <= set(parsed.ids)
+    text = " ".join(parsed.text)
+    assert f"{r.goodput:.1%}" in text and "10 steps kept, 3 lost" in text
+    for cause in ("hang", "preemption", "completed"):
+        assert cause in text
+    assert {"queue", "startup", "training", "stopping"} <= set(parsed.classes)
+    # lost work is visible: re-done steps drawn red
+    assert len(re.findall('fill="#c0392b"/>', page)) == 3
+    assert "<script" not in page and "http://" not in page.replace(
+        "http://www.w3.org/2000/svg", "")
+
+
+def test_the_live_progress_line_reads_rank_0s_record_and_history(tmp_path) -> None:
+    import json
+
+    from hpctrain import protocol as p
+    from hpctrain.commands.jobview import live_progress
+
+    assert live_progress("42", str(tmp_path)) == ""            # no runtime: nothing to say
+    state = p.state_dir(tmp_path, "42")
+    p.write_record(p.rank_file(state, p.PROGRESS, 0), {"restart_count": 1, "attempt": 0,
+                                                       "step": 17, "phase": "training"})
+    lines = [ev(100.0 + i / 2, 1, 0, event="step", step=10 + i, n=i) for i in range(8)]
+    lines.insert(0, ev(50.0, 0, 0, event="step", step=3, n=1))   # an earlier run: not counted
+    (state / p.HISTORY).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert live_progress("42", "", str(tmp_path)) == "step 17 (training, 2.00 steps/s)"
