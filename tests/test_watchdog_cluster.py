@@ -212,7 +212,7 @@ def test_a_node_failing_the_partitions_health_check_is_left_out_for_free(
     assert "gpu-check: GPU 1 fell off the bus" in log and "not counted against" in log, log
     assert sacct_states(job) == ["REQUEUED", "COMPLETED"], log
     assert [(e["kind"], e.get("node", ""), e["cause"]) for e in ledger(root, job)] == [
-        ("exclude", "n2", "health_check"), ("requeue", "", "health_check")]
+        ("requeue", "", "health_check"), ("exclude", "n2", "health_check")]
     nodes = client.run(["scontrol", "show", "hostnames", _job(job)["NodeList"]]).stdout.split()
     assert nodes == ["n1", "n3"]
     assert len(events(root, "start")) == 1 and events(root, "done"), "the step ran once"

@@ -9,6 +9,8 @@ What the answers mean is :mod:`hpctrain.slurm.view`'s (pure).
 
 from __future__ import annotations
 
+import time
+
 from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_kv_records
@@ -125,18 +127,20 @@ def partition_nodes(partition: str, *, timeout: float = 5.0) -> list[str]:
     return sorted(set(res.stdout.split()))
 
 
-def requeue_excluding(key: str, nodes: list[str], *, running: bool = True,
-                      timeout: float = 10.0) -> None:
-    """Requeue the job (when ``running``; else it is pending already) so it never runs on
-    ``nodes`` again: hold it, set ExcNodeList, release it. The hold closes the race with
-    the scheduler, and a release is always attempted, so the job is never left held."""
-    hold = ["scontrol", "requeuehold", key] if running else ["scontrol", "hold", key]
-    client.run(hold, timeout=timeout, retries=0)
-    try:
-        client.run(["scontrol", "update", f"jobid={key}", f"ExcNodeList={','.join(nodes)}"],
-                   timeout=timeout, retries=1)
-    finally:
-        client.run(["scontrol", "release", key], timeout=timeout, retries=3, retry_delay_s=2.0)
+def set_excluded(key: str, nodes: list[str], *, timeout: float = 10.0, tries: int = 3) -> None:
+    """``scontrol update jobid=KEY ExcNodeList=...`` on a job that is pending again (Slurm
+    refuses it for a running job). Called from the batch step right after a requeue, it
+    may be hit by the requeue's SIGTERM to the batch step's processes: tried again then.
+    Until the batch step has ended the requeued job cannot start, so no hold is needed."""
+    argv = ["scontrol", "update", f"jobid={key}", f"ExcNodeList={','.join(nodes)}"]
+    for attempt in range(1, tries + 1):
+        try:
+            client.run(argv, timeout=timeout, retries=1)
+            return
+        except SlurmError as exc:
+            if attempt == tries or "exit code -" not in str(exc):   # not killed: Slurm said no
+                raise
+            time.sleep(1.0)
 
 
 def run_on_nodes(argv: list[str], nodes: int, *, timeout: float = 60.0) -> str:

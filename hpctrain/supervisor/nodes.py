@@ -86,27 +86,34 @@ class BadNodes:
                 return f"only {max(left, 0):.0f} s of the allocation left"
         return ""
 
-    def exclude(self, state: StateDir, view: JobView | None, restart_count: int,
-                running: bool) -> bool:
-        """Requeue (``running``) or hold-and-release the job with its bad nodes added to
-        ExcNodeList, when the partition keeps enough nodes without them; False when
-        nothing was done (then the caller requeues plainly)."""
+    def to_exclude(self, view: JobView | None) -> dict[str, str]:
+        """The bad nodes to add to the job's ExcNodeList ({node: why}); {} when there are
+        none, exclusion is off, or the partition would keep too few nodes without them
+        (then it says so: a job that can never run again is worse than a bad node)."""
         if not self.found or not self.enabled or view is None:
-            return False
+            return {}
         try:
             excluded = set(control.hostnames(view.excluded)) if view.excluded else set()
             nodes = {n: why for n, why in self.found.items() if n not in excluded}
-            if not nodes:
-                return False
             room = set(control.partition_nodes(view.partition)) - excluded - set(nodes)
-            needed = max(self.needed, view.num_nodes, 1)
-            if len(room) < needed:
-                say(f"not excluding {','.join(nodes)}: partition {view.partition} would keep "
-                    f"{len(room)} node(s), the job needs {needed}")
-                return False
-            control.requeue_excluding(self.key, sorted(excluded | set(nodes)), running=running)
         except SlurmError as exc:
-            say(f"could not exclude {','.join(self.found)}: {exc}")
+            say(f"could not ask Slurm whether {','.join(self.found)} can be left out: {exc}")
+            return {}
+        needed = max(self.needed, view.num_nodes, 1)
+        if nodes and len(room) < needed:
+            say(f"not excluding {','.join(nodes)}: partition {view.partition} would keep "
+                f"{len(room)} node(s), the job needs {needed}")
+            return {}
+        return nodes
+
+    def exclude(self, state: StateDir, view: JobView, nodes: dict[str, str],
+                restart_count: int) -> bool:
+        """Add ``nodes`` to the (requeued, pending) job's ExcNodeList; ledger lines."""
+        old = control.hostnames(view.excluded) if view.excluded else []
+        try:
+            control.set_excluded(self.key, sorted(set(old) | set(nodes)))
+        except SlurmError as exc:
+            say(f"could not exclude {','.join(nodes)}: {exc}")
             return False
         for node, why in nodes.items():
             say(f"job {self.key} will not run on {node} again ({why})")

@@ -260,14 +260,15 @@ class Supervisor:
         cfg = self.cfg
         nodes = ",".join(failed)
         why = f"the partition's health check failed on {nodes}"
-        if self.bad.exclude(state, view, cfg.restart_count, running=True):
-            say(f"requeued job {cfg.key} without {nodes} ({why}); not counted against "
-                "max_requeues")
+        leave_out = self.bad.to_exclude(view)
+        if leave_out and view is not None and self.requeue():
             state.append_ledger(line("requeue", cause="health_check",
                                      restart_count=cfg.restart_count + 1, by="supervisor"))
+            say(f"requeued job {cfg.key} ({why}); not counted against max_requeues")
             state.write(p.OUTCOME, {"cause": "health_check", "action": "requeue",
                                     "restart_count": cfg.restart_count, "job": cfg.key,
                                     "node": nodes, "why": why, "at": f"{time.time():.0f}"})
+            self.bad.exclude(state, view, leave_out, cfg.restart_count)
             return 0
         return self.act(Decision("finish", "health_check", 1,
                                  f"{why}, and the job cannot be kept off it (the partition has "
@@ -361,13 +362,15 @@ class Supervisor:
         if d.action == "requeue":
             say(f"requeueing job {cfg.key} after a {d.cause} ({d.detail}): {d.why}")
             view = facts.view if facts is not None else None
-            if not self.bad.exclude(state, view, cfg.restart_count, running=True) \
-                    and not self.requeue():
+            leave_out = self.bad.to_exclude(view)   # asked before the requeue's SIGTERM
+            if not self.requeue():
                 state.write(p.OUTCOME, {**verdict, "action": "requeue_failed"})
                 return 1
             state.append_ledger(line("requeue", cause=d.cause,
                                      restart_count=cfg.restart_count + 1, by="supervisor",
                                      **self.hang_fields()))
+            if leave_out and view is not None:
+                self.bad.exclude(state, view, leave_out, cfg.restart_count)
         elif d.action == "stop":
             if facts is not None:
                 say(f"not requeueing job {cfg.key} after a {d.cause}: {d.detail}")
@@ -378,8 +381,10 @@ class Supervisor:
             say(f"job {cfg.key} was requeued by Slurm ({d.cause}); the next run goes on")
             state.append_ledger(line("requeue", cause=d.cause,
                                      restart_count=cfg.restart_count + 1, by="slurm"))
-            self.bad.exclude(state, facts.view if facts is not None else None,
-                             cfg.restart_count, running=False)
+            view = facts.view if facts is not None else None
+            leave_out = self.bad.to_exclude(view)
+            if leave_out and view is not None:
+                self.bad.exclude(state, view, leave_out, cfg.restart_count)
         elif d.cause == "completed":
             say(f"job {cfg.key} completed")
         else:
