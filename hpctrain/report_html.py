@@ -12,7 +12,7 @@ from html import escape
 
 from hpctrain.report import CATEGORIES, Report
 
-WIDTH, LANE, LEFT = 960, 34, 70
+WIDTH, LANE, LEFT, RIGHT = 960, 34, 70, 90   # RIGHT: room for the last cause
 COLORS = {"queue": "#d9d9d9", "startup": "#f0b429", "training": "#3f9142",
           "stopping": "#c0392b", "kept": "#3f9142", "redone": "#c0392b"}
 
@@ -54,10 +54,27 @@ def _span(r: Report) -> tuple[float, float]:
     return (min(times), max(times)) if times else (0.0, 1.0)
 
 
+def _axis(t0: float, t1: float, y: float) -> str:
+    """Seconds since the first event, at a round interval, along ``y``."""
+    span = max(t1 - t0, 1e-9)
+    step = next((s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200,
+                             21600, 43200, 86400) if span / s <= 10), 86400 * 7)
+    scale = (WIDTH - LEFT - RIGHT) / span
+    ticks = []
+    for k in range(int(span // step) + 1):
+        x = LEFT + k * step * scale
+        label = f"{k * step // 60:.0f} min" if step >= 60 else f"{k * step:.0f} s"
+        ticks.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#666"/>'
+                     f'<text x="{x:.1f}" y="{y + 15}" font-size="10" text-anchor="middle">'
+                     f"{label}</text>")
+    return (f'<line x1="{LEFT}" y1="{y}" x2="{WIDTH - RIGHT}" y2="{y}" stroke="#666"/>'
+            + "".join(ticks))
+
+
 def timeline(r: Report) -> str:
     """One lane per run: queue, then per attempt start-up, training, stopping."""
     t0, t1 = _span(r)
-    scale = (WIDTH - LEFT - 10) / max(t1 - t0, 1e-9)
+    scale = (WIDTH - LEFT - RIGHT) / max(t1 - t0, 1e-9)
 
     def x(t: float) -> float:
         return LEFT + (t - t0) * scale
@@ -78,11 +95,13 @@ def timeline(r: Report) -> str:
                                        f"attempt {att.attempt}: {kind} {b - a:.1f} s"))
             parts.append(f'<text x="{x(att.end) + 2:.1f}" y="{y + 30}" font-size="10" '
                          f'class="cause">{escape(att.cause)}</text>')
-    height = 40 + len(r.runs) * LANE
+    axis_y = 20 + len(r.runs) * LANE + 6
+    height = axis_y + 40
     legend = " ".join(f'<tspan fill="{COLORS[k]}">&#9632; {k}</tspan>'
                       for k in ("queue", "startup", "training", "stopping"))
     return (f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-            f'height="{height}">{"".join(parts)}<text x="{LEFT}" y="{height - 4}" '
+            f'height="{height}"><rect width="100%" height="100%" fill="white"/>'
+            f'{"".join(parts)}{_axis(t0, t1, axis_y)}<text x="{LEFT}" y="{height - 4}" '
             f'font-size="11">{legend}</text></svg>')
 
 
@@ -97,11 +116,21 @@ def steps_panel(r: Report) -> str:
         return "<p>no step history (the script does not use hpctrain.runtime)</p>"
     t0, t1 = _span(r)
     top = max(s for _, s, _ in r.points) or 1
-    height = 220
-    sx = (WIDTH - LEFT - 10) / max(t1 - t0, 1e-9)
-    dots = "".join(f'<circle cx="{LEFT + (t - t0) * sx:.1f}" cy="{height - 20 - s / top * (height - 40):.1f}" '
+    height = 240
+    sx = (WIDTH - LEFT - RIGHT) / max(t1 - t0, 1e-9)
+    base = height - 40
+
+    def y(step: int) -> float:
+        return base - step / top * (base - 20)
+
+    dots = "".join(f'<circle cx="{LEFT + (t - t0) * sx:.1f}" cy="{y(s):.1f}" '
                    f'r="2" fill="{COLORS["kept" if kept else "redone"]}"/>'
                    for t, s, kept in r.points)
+    legend = (f'<tspan fill="{COLORS["kept"]}">&#9679; kept</tspan> '
+              f'<tspan fill="{COLORS["redone"]}">&#9679; done again (lost work)</tspan>')
     return (f'<svg id="steps" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '
-            f'height="{height}"><text x="4" y="14" font-size="11">step {top}</text>'
-            f'<text x="4" y="{height - 20}" font-size="11">0</text>{dots}</svg>')
+            f'height="{height}"><rect width="100%" height="100%" fill="white"/>'
+            f'<text x="4" y="{y(top) + 4:.1f}" font-size="11">step {top}</text>'
+            f'<text x="4" y="{base + 4}" font-size="11">step 0</text>{dots}'
+            f'{_axis(t0, t1, base + 6)}<text x="{LEFT}" y="{height - 4}" font-size="11">'
+            f"{legend}</text></svg>")

@@ -121,3 +121,31 @@ def test_the_live_progress_line_reads_rank_0s_record_and_history(tmp_path) -> No
     lines.insert(0, ev(50.0, 0, 0, event="step", step=3, n=1))   # an earlier run: not counted
     (state / p.HISTORY).write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert live_progress("42", "", str(tmp_path)) == "step 17 (training, 2.00 steps/s)"
+
+
+# ---- a partition over a period (sysadmins) ---------------------------------------------------
+def test_a_partitions_requeues_gpu_hours_goodput_and_emergency_saves() -> None:
+    from hpctrain.commands.report_partition import since_arg
+    from hpctrain.errors import ReportError
+    from hpctrain.report_partition import RunRow, aggregate, emergency_saves
+
+    rows = [RunRow("42", "ml", "REQUEUED", 45, 4), RunRow("42", "ml", "COMPLETED", 13, 4),
+            RunRow("7", "vision", "PREEMPTED", 3600, 8), RunRow("7", "vision", "NODE_FAIL", 60, 8),
+            RunRow("7", "vision", "COMPLETED", 600, 8)]
+    saving = [ev(140.0, 0, 1, event="phase", phase="saving"),
+              ev(142.5, 0, 1, event="phase", phase="training"),
+              ev(142.6, 0, 1, event="phase", phase="exiting"),
+              ev(150.0, 1, 0, event="phase", phase="saving"),        # a periodic save
+              ev(150.2, 1, 0, event="phase", phase="training")]
+    assert emergency_saves(saving) == [2.5]
+    rep = build("42", RUNS, LEDGER, history() + saving, final_cause="completed")
+    part = aggregate("debug", "7d", rows, {"42": LEDGER}, {"42": rep}, {"42": saving}, 10)
+    # job 42's ledger knows its requeue was a preemption; job 7's come from sacct's states
+    assert part.requeues == {"preemption": 2, "node_fail": 1}
+    assert part.gpu_hours == {"ml": pytest.approx(58 * 4 / 3600),
+                              "vision": pytest.approx(4260 * 8 / 3600)}
+    assert part.goodput["ml"] == pytest.approx(rep.goodput) and part.goodput["vision"] is None
+    assert (part.median_save_s, part.grace_s, part.jobs, part.runs) == (2.5, 10, 2, 5)
+    assert since_arg("7d") == "now-7days" and since_arg("2026-11-01") == "2026-11-01"
+    with pytest.raises(ReportError, match="--since 'last week'"):
+        since_arg("last week")

@@ -78,6 +78,14 @@ def test_the_report_of_a_job_that_hung_once_and_was_preempted_once(
     plain = subprocess.run([sys.executable, "-m", "hpctrain", "report", job],
                            capture_output=True, text=True, timeout=60).stdout
     assert "run 0:" in plain and "run 1:" in plain and "goodput:" in plain, plain
+    # the partition's report (sysadmins) counts it: its preemption, its emergency save
+    part = subprocess.run([sys.executable, "-m", "hpctrain", "report", "--partition", "debug",
+                           "--since", "2h", "--json"], capture_output=True, text=True,
+                          timeout=60)
+    assert part.returncode == 0, part.stderr
+    fleet = json.loads(part.stdout)
+    assert fleet["requeues"].get("preemption", 0) >= 1 and fleet["grace_s"] == 10, fleet
+    assert fleet["emergency_saves_s"] and fleet["median_emergency_save_s"] < 10, fleet
     # status --watch stops by itself once the job has ended
     watched = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--watch", "1"],
                              capture_output=True, text=True, timeout=60)

@@ -24,14 +24,27 @@ SACCT = "State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES"
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
               help="Also write a self-contained HTML page with the timeline to FILE.")
 @click.option("--dir", "base", type=click.Path(file_okay=False), default=None,
               help="The job's checkpoint dir (or submit dir) when hpctrain did not submit it.")
-def report(job_id: str, as_json: bool, html: str | None, base: str | None) -> int:
-    """Runs, causes, start-up, lost work, saves and goodput of JOB_ID (123, or 123_4)."""
+@click.option("--partition", default=None,
+              help="Instead of one job: a partition's requeues by cause, GPU-hours and "
+                   "goodput per account, emergency saves against GraceTime.")
+@click.option("--since", default="7d", show_default=True,
+              help="With --partition: how far back (7d, 12h, or a date 2026-11-01).")
+def report(job_id: str | None, as_json: bool, html: str | None, base: str | None,
+           partition: str | None, since: str) -> int:
+    """Runs, causes, start-up, lost work, saves and goodput of JOB_ID (123, or 123_4);
+    or, with --partition, of a partition over a period (for its sysadmins)."""
+    if partition:
+        from hpctrain.commands.report_partition import partition_report
+
+        return partition_report(partition, since, as_json)
+    if not job_id:
+        raise ReportError("give a JOB_ID (or --partition P for a partition's report)")
     state = state_dir(job_id, base)
     result = build(job_id, sacct_runs(job_id), read_ledger(state), read_history(state),
                    protocol.read_record(state / protocol.OUTCOME).get("cause", ""))
@@ -71,11 +84,11 @@ def sacct_runs(job_id: str) -> list[RunFacts]:
     return [RunFacts(restart=i, state=r["State"].split()[0] if r["State"] else "",
                      submit=slurm_time(r["Submit"]), start=slurm_time(r["Start"]),
                      end=slurm_time(r["End"]), elapsed_s=float(r["ElapsedRaw"] or 0),
-                     nodes=r["NodeList"], gpus=_gpus(r["AllocTRES"]))
+                     nodes=r["NodeList"], gpus=gpus_of(r["AllocTRES"]))
             for i, r in enumerate(rows)]
 
 
-def _gpus(tres: str) -> int:
+def gpus_of(tres: str) -> int:
     """``cpu=4,gres/gpu=4,node=2`` -> 4 (1 when the job holds no GPU: count its time once)."""
     for item in tres.split(","):
         key, _, value = item.partition("=")
