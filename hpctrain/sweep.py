@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from hpctrain.errors import SpecError
 
@@ -111,6 +111,15 @@ def plan_arrays(n_points: int, max_parallel: int | None, max_array_size: int) ->
 def task_checkpoint_dir(base: str, index: int, width: int) -> str:
     """Checkpoint subdirectory of point ``index``: ``BASE/point-007`` (zero-padded)."""
     return f"{base.rstrip('/')}/point-{index:0{width}d}"
+
+
+def point_checkpoint_dir(rec: Any, task: int) -> str:
+    """The checkpoint dir of task ``task`` of the sweep array recorded in ``rec`` (a
+    :class:`hpctrain.records.JobRecord`), '' when the sweep has none."""
+    if not rec.checkpoint_dir:
+        return ""
+    total = rec.extra.get("total_points", rec.sweep_offset + rec.num_tasks)
+    return task_checkpoint_dir(rec.checkpoint_dir, rec.sweep_offset + task, index_width(total))
 
 
 def index_width(n_points: int) -> int:

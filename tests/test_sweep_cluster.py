@@ -67,6 +67,12 @@ def test_sweep_of_12_points_runs_at_most_2_at_once_and_all_complete(
     for i in (0, 7, 11):
         assert cli.main(["logs", f"{array}_{i}"]) == 0
         assert f"point P={i} ckpt={root}/ckpt/point-{i:03d}" in capsys.readouterr().out
+    # report: one line per point (a plain bash step: runs and causes, goodput unknown)
+    assert cli.main(["report", sweep_id, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert [p["job_id"] for p in rep["points"]] == [f"{array}_{i}" for i in range(12)]
+    assert all(p["report"]["runs"][-1]["cause"] == "completed" for p in rep["points"]), rep
+    assert rep["goodput"] is None
 
 
 def test_sweep_above_the_array_limit_is_split_and_chained(

@@ -45,9 +45,10 @@ def report(job_id: str | None, as_json: bool, html: str | None, base: str | None
         return partition_report(partition, since, as_json)
     if not job_id:
         raise ReportError("give a JOB_ID (or --partition P for a partition's report)")
-    state = state_dir(job_id, base)
-    result = build(job_id, sacct_runs(job_id), read_ledger(state), read_history(state),
-                   protocol.read_record(state / protocol.OUTCOME).get("cause", ""))
+    rec = records.find(job_id)
+    if rec is not None and rec.kind == "sweep" and rec.sweep_id == job_id:
+        return sweep_report(job_id, as_json)
+    result = job_report(job_id, state_dir(job_id, base))
     if html:
         from hpctrain.report_html import to_html
 
@@ -58,6 +59,47 @@ def report(job_id: str | None, as_json: bool, html: str | None, base: str | None
         click.echo(format_text(result))
         if html:
             click.echo(f"timeline: {html}")
+    return 0
+
+
+def job_report(key: str, state: Path) -> Report:
+    """One job's (or sweep point's) report from Slurm and its state directory."""
+    return build(key, sacct_runs(key), read_ledger(state), read_history(state),
+                 protocol.read_record(state / protocol.OUTCOME).get("cause", ""))
+
+
+def sweep_report(sweep_id: str, as_json: bool) -> int:
+    """A sweep: one line per point, then the totals."""
+    from hpctrain.sweep import point_checkpoint_dir
+
+    points = []
+    for member in records.sweep_members(sweep_id):
+        for task in range(member.num_tasks):
+            key = f"{member.job_id}_{task}"
+            bases = (point_checkpoint_dir(member, task), member.extra.get("submit_dir", ""))
+            state = next((protocol.state_dir(b, key) for b in bases
+                          if b and protocol.state_dir(b, key).is_dir()), None)
+            point = member.points[task] if task < len(member.points) else {}
+            points.append((key, point, job_report(key, state) if state else None))
+    known = [r for _, _, r in points if r is not None and r.goodput is not None]
+    allocated = sum(r.allocated_gpu_s for r in known)
+    total = sum(r.gpu_s["kept"] for r in known) / allocated if allocated else None
+    if as_json:
+        click.echo(json.dumps({"sweep": sweep_id, "goodput": total, "points": [
+            {"job_id": key, "point": point, "report": r.to_json() if r else None}
+            for key, point, r in points]}))
+        return 0
+    for key, point, r in points:
+        where = ",".join(f"{k}={v}" for k, v in point.items())
+        if r is None:
+            click.echo(f"{key:<10} {where}: no state directory (never started?)")
+            continue
+        good = "unknown" if r.goodput is None else f"{r.goodput:.1%}"
+        click.echo(f"{key:<10} {where}: {len(r.runs)} run(s), ended "
+                   f"{r.runs[-1].cause if r.runs else '-'}, goodput {good}")
+    click.echo(f"sweep {sweep_id}: {len(points)} point(s), goodput "
+               f"{'unknown' if total is None else f'{total:.1%}'} over the points with a "
+               "progress history")
     return 0
 
 

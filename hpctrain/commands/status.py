@@ -16,7 +16,7 @@ from hpctrain.commands.jobview import (format_cause, format_elapsed, format_requ
 from hpctrain.ledger import read_ledger, requeues_by_cause
 from hpctrain.records import JobRecord
 from hpctrain.slurm.states import ORDER
-from hpctrain.sweep import index_width, task_checkpoint_dir
+from hpctrain.sweep import point_checkpoint_dir
 from hpctrain.watcher import JobInfo, Snapshot
 
 
@@ -159,9 +159,7 @@ def _sweep_rows(rec: JobRecord, targets: list[tuple[JobRecord, str]], snap: Snap
     if expand:
         rows = []
         for tid, m, t in tasks:
-            ckpt = (task_checkpoint_dir(m.checkpoint_dir, m.sweep_offset + t, index_width(
-                m.extra.get("total_points", m.sweep_offset + m.num_tasks)))
-                if m.checkpoint_dir else "")
+            ckpt = point_checkpoint_dir(m, t)
             row = _job_row(tid, JobRecord(**{**m.__dict__, "checkpoint_dir": ckpt}), snap)
             point = m.points[t] if t < len(m.points) else {}
             row.name = ",".join(f"{k}={v}" for k, v in point.items()) or row.name
