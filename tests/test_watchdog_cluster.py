@@ -4,7 +4,8 @@ script kind x fault:
 - a 2x2 torchrun job written against hpctrain.runtime: one rank sleeps instead of joining
   an all-reduce (the other three wait inside theirs) -> found by its progress records,
   every rank's stacks in the log naming the stuck rank, restarted in the allocation from
-  the last checkpoint, completes;
+  the last checkpoint; then preempted, requeued, completes. `hpctrain report` on it must
+  match what this test counts itself (runs, causes, lost steps, goodput);
 - a runtime job (srun launcher): one rank never gets to init() (a start-up hang), then a
   crash -> both restarted in place, completes, no requeue;
 - a plain bash step that has never heard of hpctrain: it goes silent (a hang only its
@@ -22,7 +23,10 @@ script kind x fault:
 from __future__ import annotations
 
 import json
+import statistics
+import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -32,11 +36,11 @@ from hpctrain.slurm.parse import parse_kv_records
 from jobs_util import isolate
 from node_loss import lose_node, report_down
 from slurm_util import sacct_states, wait_done, wait_until
-from test_supervisor_cluster import events, job_log, status, submit
+from test_supervisor_cluster import events, job_log, preempt, status, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-HANG_S = 10
+HANG_S, REPORT_STEPS = 10, 30
 
 
 def spec(root: Path, command: list[str], *, launcher: str = "srun", nodes: int = 1,
@@ -65,14 +69,21 @@ def allreduce_command(root: Path, *faults: str) -> list[str]:
 
 
 @pytest.mark.torch
-def test_a_rank_stuck_outside_an_all_reduce_is_named_and_the_step_restarted_in_place(
+def test_a_rank_stuck_outside_an_all_reduce_is_named_restarted_in_place_and_reported(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One 2x2 job for the hang and for `hpctrain report`: rank 3 stops joining the
+    all-reduce in step 8 (restarted in place), then the job is preempted (requeued)."""
     root = isolate(monkeypatch, tmp_path, shared=True)
-    job = submit(root, spec(root, allreduce_command(root, "--hang", "3:5:0"),
-                            launcher="torchrun", nodes=2, watchdog=f"hang_timeout_s = {HANG_S}"))
+    command = allreduce_command(root, "--hang", "3:8:0")
+    command[command.index("--steps") + 1] = str(REPORT_STEPS)
+    job = submit(root, spec(root, command, launcher="torchrun", nodes=2,
+                            watchdog=f"hang_timeout_s = {HANG_S}"))
+    wait_until(lambda: any(e.get("attempt") == 1 and e["step"] >= 16
+                           for e in events(root, "step")), 180, "the in-place restart's steps")
+    assert sacct_states(job) == ["RUNNING"], "restarted in place, not requeued"
+    preempt(job)
     assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
     log = job_log(root, job)
-    assert sacct_states(job) == ["COMPLETED"], "restarted in place, never requeued"
     # every rank's stacks are in the log; rank 3 is named, and where it is
     assert all(f"stacks of rank {r} " in log for r in range(4)), log
     assert "HANG: stopped first: rank(s) 3 on " in log, log
@@ -83,13 +94,15 @@ def test_a_rank_stuck_outside_an_all_reduce_is_named_and_the_step_restarted_in_p
     assert restart["cause"] == "hang" and restart["ranks"] == "3", restart
     last_step = max(e["time"] for e in events(root, "step") if e["attempt"] == 0)
     assert float(restart["detected_at"]) - last_step <= HANG_S + 10, (restart, last_step)
-    # resumed from the last checkpoint (step 3: saved every 3, hung in step 5), all done
+    # resumed from the last checkpoint (step 6: saved every 3, hung in step 8), then after
+    # the preemption from its emergency save; the script checks w == steps x ranks
     starts = events(root, "start")
-    assert [(s["attempt"], s["step"], s["last"]) for s in starts] == [(0, 0, None),
-                                                                      (1, 3, "hang")]
-    assert events(root, "done"), log
+    assert [(s["attempt"], s["step"], s["last"]) for s in starts][:2] == [(0, 0, None),
+                                                                          (1, 6, "hang")]
+    assert starts[2]["last"] == "preemption" and events(root, "done"), log
     row = status(job)
     assert row["restarts_in_place"] == {"hang": 1} and row["hangs"] == 1, row
+    check_report(root, job)
 
 
 @pytest.mark.torch
@@ -216,3 +229,63 @@ def test_a_node_failing_the_partitions_health_check_is_left_out_for_free(
     nodes = client.run(["scontrol", "show", "hostnames", _job(job)["NodeList"]]).stdout.split()
     assert nodes == ["n1", "n3"]
     assert len(events(root, "start")) == 1 and events(root, "done"), "the step ran once"
+
+
+# ---- hpctrain report, on the hung and preempted job above ----------------------------------
+def own_count(root: Path, job: str) -> tuple[int, float]:
+    """(lost steps, goodput) from the script's events and sacct, without the report."""
+    steps = [e for e in events(root, "step")]
+    lost = len(steps) - len({e["step"] for e in steps})
+    gaps = [b["time"] - a["time"] for a, b in zip(steps, steps[1:]) if b["step"] == a["step"] + 1]
+    out = client.run(["sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "ElapsedRaw"]).stdout
+    allocated = sum(int(x) for x in out.split()) * 4
+    return lost, REPORT_STEPS * statistics.median(gaps) * 4 / allocated
+
+
+class Text(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts: list[str] = []
+
+    def handle_data(self, data: str) -> None:
+        self.parts.append(data)
+
+
+def check_report(root: Path, job: str) -> None:
+    """The report's runs, causes, lost steps and goodput match this test's own count from
+    the script's event log and sacct; the page says the same; the partition report counts
+    the preemption and its emergency save; status --watch stops once the job has ended."""
+    html = root / "report.html"
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "report", job, "--json",
+                          "--html", str(html)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rep = json.loads(res.stdout)
+    runs = rep["runs"]
+    assert len(runs) == 2, rep
+    assert [a["cause"] for a in runs[0]["attempts"]] == ["hang", "preemption"], rep
+    assert runs[1]["cause"] == "completed" and len(runs[1]["attempts"]) == 1
+    lost, goodput = own_count(root, job)
+    assert abs(rep["lost_steps"] - lost) <= 1, (rep["lost_steps"], lost)
+    assert abs(rep["goodput"] - goodput) <= 0.02, (rep["goodput"], goodput)
+    assert rep["kept_steps"] == REPORT_STEPS
+    # the page says the same
+    text = Text()
+    text.feed(html.read_text())
+    page = " ".join(text.parts)
+    assert f"{rep['goodput']:.1%}" in page and "hang" in page and "preemption" in page
+    # and the plain text report names every run
+    plain = subprocess.run([sys.executable, "-m", "hpctrain", "report", job],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "run 0:" in plain and "run 1:" in plain and "goodput:" in plain, plain
+    # the partition's report (sysadmins) counts it: its preemption, its emergency save
+    part = subprocess.run([sys.executable, "-m", "hpctrain", "report", "--partition", "debug",
+                           "--since", "2h", "--json"], capture_output=True, text=True,
+                          timeout=60)
+    assert part.returncode == 0, part.stderr
+    fleet = json.loads(part.stdout)
+    assert fleet["requeues"].get("preemption", 0) >= 1 and fleet["grace_s"] == 10, fleet
+    assert fleet["emergency_saves_s"] and fleet["median_emergency_save_s"] < 10, fleet
+    # status --watch stops by itself once the job has ended
+    watched = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--watch", "1"],
+                             capture_output=True, text=True, timeout=60)
+    assert watched.returncode == 0 and "COMPLETED" in watched.stdout, watched
