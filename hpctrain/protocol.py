@@ -27,6 +27,7 @@ Exit codes live with their causes in :mod:`hpctrain.runtime.causes`.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -136,6 +137,15 @@ def belongs(record: Mapping[str, str], run_id: str | None, restart_count: int | 
     return restart_count is None or record.get("restart_count") == str(restart_count)
 
 
+def find_state_dir(key: str, *bases: str) -> Path | None:
+    """The state directory of job ``key`` under the first of ``bases`` (checkpoint dir,
+    submit dir) that has one; None when none does."""
+    for base in bases:
+        if base and state_dir(base, key).is_dir():
+            return state_dir(base, key)
+    return None
+
+
 def find_record(key: str, name: str, *bases: str) -> dict[str, str]:
     """Record ``name`` (``outcome``, ``exit``) of job ``key`` from the first of ``bases``
     (checkpoint dir, submit dir) whose state directory has one; {} when none does."""
@@ -145,3 +155,25 @@ def find_record(key: str, name: str, *bases: str) -> dict[str, str]:
             if found:
                 return found
     return {}
+
+
+def read_history(state: str | os.PathLike[str], tail_bytes: int = 0) -> list[dict]:
+    """Rank 0's history in state directory ``state``: its JSON events, oldest first (only
+    the last ``tail_bytes`` when given); lines cut short by a kill are skipped."""
+    try:
+        with open(Path(state) / HISTORY, "rb") as fh:
+            if tail_bytes:
+                fh.seek(0, 2)
+                fh.seek(max(0, fh.tell() - tail_bytes))
+            lines = fh.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    events = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and isinstance(event.get("t"), (int, float)):
+            events.append(event)
+    return events

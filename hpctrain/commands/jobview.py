@@ -75,40 +75,22 @@ def progress_line(job: Any, info: Any) -> str:
 def live_progress(key: str, *bases: str) -> str:
     """``step 17 (training, 3.2 steps/s)`` from rank 0's progress record and the tail of
     its history (a job using hpctrain.runtime); '' when there is none."""
-    import json
-
     from hpctrain import protocol
 
-    for base in bases:
-        if not base:
-            continue
-        state = protocol.state_dir(base, key)
-        record = protocol.read_record(protocol.rank_file(state, protocol.PROGRESS, 0))
-        if not record:
-            continue
-        try:
-            with open(state / protocol.HISTORY, "rb") as fh:
-                fh.seek(0, 2)
-                fh.seek(max(0, fh.tell() - 8192))
-                tail = fh.read().decode("utf-8", errors="replace").splitlines()[1:]
-        except OSError:
-            tail = []
-        steps = []
-        for line in tail:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "step" and event.get("restart") == \
-                    int(record.get("restart_count") or 0) and \
-                    event.get("attempt") == int(record.get("attempt") or 0):
-                steps.append(event)
-        rate = ""
-        if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
-            rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
-        shown = record.get("step") or record.get("boundaries", "?")
-        return f"step {shown} ({record.get('phase', '?')}{rate})"
-    return ""
+    state = protocol.find_state_dir(key, *bases)
+    if state is None:
+        return ""
+    record = protocol.read_record(protocol.rank_file(state, protocol.PROGRESS, 0))
+    if not record:
+        return ""
+    run = (int(record.get("restart_count") or 0), int(record.get("attempt") or 0))
+    steps = [e for e in protocol.read_history(state, tail_bytes=8192)
+             if e.get("event") == "step" and (e.get("restart"), e.get("attempt")) == run]
+    rate = ""
+    if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
+        rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
+    shown = record.get("step") or record.get("boundaries", "?")
+    return f"step {shown} ({record.get('phase', '?')}{rate})"
 
 
 def exit_code_for(info: Any) -> int:

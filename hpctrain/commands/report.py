@@ -20,7 +20,7 @@ from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sacct_parsable2
 from hpctrain.slurm.view import slurm_time
 
-SACCT = "State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES"
+SACCT = "JobID,State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES"
 
 
 @click.command()
@@ -62,9 +62,12 @@ def report(job_id: str | None, as_json: bool, html: str | None, base: str | None
     return 0
 
 
-def job_report(key: str, state: Path) -> Report:
-    """One job's (or sweep point's) report from Slurm and its state directory."""
-    return build(key, sacct_runs(key), read_ledger(state), read_history(state),
+def job_report(key: str, state: Path, runs: list[RunFacts] | None = None) -> Report:
+    """One job's (or sweep point's) report from Slurm (``runs``: already asked) and its
+    state directory."""
+    if runs is None:
+        runs = sacct_runs(key).get(key, [])
+    return build(key, runs, ledger_entries(state), protocol.read_history(state),
                  protocol.read_record(state / protocol.OUTCOME).get("cause", ""))
 
 
@@ -72,15 +75,17 @@ def sweep_report(sweep_id: str, as_json: bool) -> int:
     """A sweep: one line per point, then the totals."""
     from hpctrain.sweep import point_checkpoint_dir
 
+    members = records.sweep_members(sweep_id)
+    runs = sacct_runs(*(m.job_id for m in members))   # every task of every array at once
     points = []
-    for member in records.sweep_members(sweep_id):
+    for member in members:
         for task in range(member.num_tasks):
             key = f"{member.job_id}_{task}"
-            bases = (point_checkpoint_dir(member, task), member.extra.get("submit_dir", ""))
-            state = next((protocol.state_dir(b, key) for b in bases
-                          if b and protocol.state_dir(b, key).is_dir()), None)
+            state = protocol.find_state_dir(key, point_checkpoint_dir(member, task),
+                                            member.extra.get("submit_dir", ""))
             point = member.points[task] if task < len(member.points) else {}
-            points.append((key, point, job_report(key, state) if state else None))
+            points.append((key, point, job_report(key, state, runs.get(key, []))
+                           if state else None))
     known = [r for _, _, r in points if r is not None and r.goodput is not None]
     allocated = sum(r.allocated_gpu_s for r in known)
     total = sum(r.gpu_s["kept"] for r in known) / allocated if allocated else None
@@ -105,29 +110,32 @@ def sweep_report(sweep_id: str, as_json: bool) -> int:
 
 def state_dir(job_id: str, base: str | None) -> Path:
     rec = records.find(job_id)
-    bases = [base] if base else []
+    bases = [base or ""]
     if rec is not None:
         bases += [rec.checkpoint_dir, rec.extra.get("submit_dir", "")]
-    for b in bases:
-        if b and protocol.state_dir(b, job_id).is_dir():
-            return protocol.state_dir(b, job_id)
-    raise ReportError(f"no state directory of job {job_id} found under "
-                      f"{', '.join(b for b in bases if b) or 'any known directory'}: give the "
-                      "job's checkpoint dir (or submit dir) with --dir")
+    found = protocol.find_state_dir(job_id, *bases)
+    if found is None:
+        raise ReportError(f"no state directory of job {job_id} found under "
+                          f"{', '.join(b for b in bases if b) or 'any known directory'}: give "
+                          "the job's checkpoint dir (or submit dir) with --dir")
+    return found
 
 
-def sacct_runs(job_id: str) -> list[RunFacts]:
-    """Every run of the job, oldest first (sacct -D: one line per run)."""
+def sacct_runs(*ids: str) -> dict[str, list[RunFacts]]:
+    """Every run of each job (an array id brings all its tasks), oldest first, by job key
+    (123, 120_4): ONE sacct call (-D: one line per run)."""
     try:
-        res = client.run(["sacct", "-X", "-D", "-P", "-j", job_id, "-o", SACCT])
+        res = client.run(["sacct", "-X", "-D", "-P", "-j", ",".join(ids), "-o", SACCT])
     except SlurmError as exc:
-        raise ReportError(f"sacct could not report job {job_id}: {exc}") from None
-    rows = parse_sacct_parsable2(res.stdout)
-    return [RunFacts(restart=i, state=r["State"].split()[0] if r["State"] else "",
-                     submit=slurm_time(r["Submit"]), start=slurm_time(r["Start"]),
-                     end=slurm_time(r["End"]), elapsed_s=float(r["ElapsedRaw"] or 0),
-                     nodes=r["NodeList"], gpus=gpus_of(r["AllocTRES"]))
-            for i, r in enumerate(rows)]
+        raise ReportError(f"sacct could not report job(s) {','.join(ids)}: {exc}") from None
+    runs: dict[str, list[RunFacts]] = {}
+    for r in parse_sacct_parsable2(res.stdout):
+        mine = runs.setdefault(r["JobID"], [])
+        mine.append(RunFacts(restart=len(mine), state=r["State"].split()[0] if r["State"] else "",
+                             submit=slurm_time(r["Submit"]), start=slurm_time(r["Start"]),
+                             end=slurm_time(r["End"]), elapsed_s=float(r["ElapsedRaw"] or 0),
+                             nodes=r["NodeList"], gpus=gpus_of(r["AllocTRES"])))
+    return runs
 
 
 def gpus_of(tres: str) -> int:
@@ -139,27 +147,12 @@ def gpus_of(tres: str) -> int:
     return 1
 
 
-def read_ledger(state: Path) -> list:
+def ledger_entries(state: Path) -> list[tuple[str, dict[str, str]]]:
+    """The ledger of the job whose state directory is ``state``, line by line."""
     try:
         return entries((state / protocol.LEDGER).read_text(errors="replace"))
     except OSError:
         return []
-
-
-def read_history(state: Path) -> list[dict]:
-    out = []
-    try:
-        lines = (state / protocol.HISTORY).read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue   # a line cut short by a kill
-        if isinstance(event, dict) and isinstance(event.get("t"), (int, float)):
-            out.append(event)
-    return out
 
 
 def format_text(r: Report) -> str:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import click
 
 from hpctrain import protocol, records
-from hpctrain.commands.report import gpus_of, read_history, read_ledger, sacct_runs
+from hpctrain.commands.report import gpus_of, ledger_entries, sacct_runs
 from hpctrain.errors import ReportError, SlurmError
 from hpctrain.report import build
 from hpctrain.report_partition import PartitionReport, RunRow, aggregate
@@ -41,25 +42,23 @@ def partition_report(partition: str, since: str, as_json: bool) -> int:
                    float(r["ElapsedRaw"] or 0), gpus_of(r["AllocTRES"]))
             for r in parse_sacct_parsable2(res.stdout) if r["JobID"]]
     ledgers, reports, histories = {}, {}, {}
-    for job in dict.fromkeys(r.job for r in rows):
-        state = _readable_state_dir(job)
-        if state is None:
-            continue
-        ledgers[job], histories[job] = read_ledger(state), read_history(state)
-        reports[job] = build(job, sacct_runs(job), ledgers[job], histories[job])
+    readable = {job: state for job in dict.fromkeys(r.job for r in rows)
+                if (state := _readable_state_dir(job)) is not None}
+    runs = sacct_runs(*readable) if readable else {}
+    for job, state in readable.items():
+        ledgers[job], histories[job] = ledger_entries(state), protocol.read_history(state)
+        reports[job] = build(job, runs.get(job, []), ledgers[job], histories[job])
     result = aggregate(partition, since, rows, ledgers, reports, histories, _grace(partition))
     click.echo(json.dumps(result.to_json()) if as_json else format_partition(result))
     return 0
 
 
-def _readable_state_dir(job: str):
+def _readable_state_dir(job: str) -> Path | None:
+    """The state directory of one of this user's hpctrain jobs (None for anyone else's)."""
     rec = records.find(job)
     if rec is None:
         return None
-    for base in (rec.checkpoint_dir, rec.extra.get("submit_dir", "")):
-        if base and protocol.state_dir(base, job).is_dir():
-            return protocol.state_dir(base, job)
-    return None
+    return protocol.find_state_dir(job, rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
 
 
 def _grace(partition: str) -> int | None:

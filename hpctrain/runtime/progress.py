@@ -33,7 +33,6 @@ from pathlib import Path
 
 from hpctrain import protocol as p
 
-PHASES = ("startup", "training", "loading", "saving", "exiting")
 ANSWER_POLL_S = 0.5   # how often the thread looks for a stack request
 
 _current: Reporter | None = None
@@ -188,10 +187,6 @@ def start_from_env(env: Mapping[str, str], rank: int, node: str | None) -> Repor
         _current.close()
     _current = Reporter(state, rank, node=node or "", run_id=env.get(p.RUN_ID, ""),
                         restart_count=restart, attempt=attempt, beat_s=beat).start()
-    return _current
-
-
-def current() -> Reporter | None:
     return _current
 
 

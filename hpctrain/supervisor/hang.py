@@ -20,13 +20,12 @@ from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import Step
 from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, assess, culprits,
-                                          node_of)
+                                          innermost, node_of)
 
 LOOK_S = 1.0            # how often progress is looked at
 KILL_WAIT_S = 60.0      # how long a killed step may take to end
 STACK_LINES = 60        # lines of one rank's stacks printed into the job log
 FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: one line each)
-
 
 
 class Watch:
@@ -125,9 +124,7 @@ class Watch:
                                frozen_nodes=tuple(dict.fromkeys((*hang.frozen_nodes, *frozen))))
         else:
             stacks = spy_stacks(key, self.nodes)
-            if not stacks:
-                say("no stacks: py-spy found no Python process of the step")
-            else:
+            if stacks:
                 print_stacks(stacks, self.world, ())
                 ranks, why = culprits(stacks, self.world, known=set(stacks))
                 nodes = tuple(dict.fromkeys(n for r in ranks if (n := node_of(stacks[r]))))
@@ -180,7 +177,10 @@ def spy_stacks(key: str, nodes: int) -> dict[int, str]:
     except SlurmError as exc:
         say(f"no stacks: py-spy could not be run beside the step: {exc}")
         return {}
-    return parse_spy(out)
+    stacks = parse_spy(out)
+    if not stacks:
+        say("no stacks: py-spy found no Python process of the step")
+    return stacks
 
 
 def parse_spy(text: str) -> dict[int, str]:
@@ -208,8 +208,6 @@ def parse_spy(text: str) -> dict[int, str]:
 def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...]) -> None:
     """Every rank's stacks into the job log: the named ranks first and whole (up to
     FULL_STACKS), the rest by their innermost frame; and who did not answer."""
-    from hpctrain.supervisor.watchdog import innermost
-
     order = [*first, *(r for r in range(world) if r not in first)]
     shown = 0
     for rank in order:

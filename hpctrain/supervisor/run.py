@@ -129,10 +129,9 @@ class Supervisor:
             step = Step(cfg.argv, self.step_env(state, view, last_cause, attempt))
             watch = Watch(state, cfg.limits, cfg.world, cfg.restart_count, attempt, logs,
                           cfg.nodes)
-            status, hang = self.supervise(step, state, watch)
-            self._hang = hang
+            status, self._hang = self.supervise(step, state, watch)
             say(f"training step exited with status {status}")
-            facts = self.gather(state, status, hang)
+            facts = self.gather(state, status)
             if self._acted is not None:
                 return self._acted.exit_code
             decision = decide(facts)
@@ -195,13 +194,14 @@ class Supervisor:
     # ---- facts -----------------------------------------------------------------------------
     def facts(self, view: JobView | None, status: int | None,
               record: dict[str, str] | None = None, requeued_as: str | None = None,
-              hang: Hang | None = None, state: StateDir | None = None) -> Facts:
+              state: StateDir | None = None) -> Facts:
         cfg = self.cfg
+        hang = self._hang
         ledger = state.ledger() if state is not None else None
         restarts = ledger.restarts if ledger is not None else {}
         inplace = InPlace()
-        if state is not None and status not in (None, 0):
-            inplace = InPlace(cfg.max_step_restarts, sum(restarts.values()),
+        if ledger is not None and status not in (None, 0):
+            inplace = InPlace(cfg.max_step_restarts, ledger.step_restarts,
                               self.bad.obstacle(view, hang, cfg.signal_lead_s))
         return Facts(restart_count=cfg.restart_count, requeue_signal=cfg.requeue_signal,
                      budget=cfg.budget, requeues=self._requeues, view=view, now=time.time(),
@@ -209,13 +209,13 @@ class Supervisor:
                      requeued_as=requeued_as, hang=hang.text() if hang else None,
                      restarts=restarts, inplace=inplace)
 
-    def gather(self, state: StateDir, status: int, hang: Hang | None = None) -> Facts:
+    def gather(self, state: StateDir, status: int) -> Facts:
         """The facts once the step has ended. A failure Slurm has no word on yet (say, a
         node it has not noticed losing) gets SETTLE_S for Slurm to speak."""
         cfg = self.cfg
         view = self.ask(ASK_DEADLINE_S)
         # (a hang's step was killed by the supervisor itself: nothing for Slurm to add)
-        if status != 0 and not self.caught and hang is None and \
+        if status != 0 and not self.caught and self._hang is None and \
                 slurm_event(view, cfg.restart_count) == "running":
             end = time.monotonic() + SETTLE_S
             while time.monotonic() < end and not self.take_signals():
@@ -233,7 +233,7 @@ class Supervisor:
                 or runtime_word(record, status) or seen
             if requeued_as == "node_fail":
                 self.bad.check(view)
-        return self.facts(view, status, record, requeued_as, hang, state)
+        return self.facts(view, status, record, requeued_as, state)
 
     # ---- in-place restarts and bad nodes -------------------------------------------------
     def restart_in_place(self, d: Decision, state: StateDir, facts: Facts, attempt: int,
