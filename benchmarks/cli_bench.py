@@ -85,9 +85,9 @@ def main() -> int:
     results["hpctrain render"] = statistics.median(timed([*hp, "render", str(spec)], env, args.runs))
     array = sbatch(["--hold", "--array=0-99", "--output=/dev/null", "--wrap", "true"], env)
     try:
-        from hpctrain import records  # record the 100 tasks as the user's jobs
+        from hpctrain.jobs import index  # record the 100 tasks as the user's jobs
         os.environ["HPCTRAIN_CACHE_DIR"] = env["HPCTRAIN_CACHE_DIR"]
-        records.append([records.JobRecord(f"{array}", "held", "sweep", str(work), sweep_id=array,
+        index.append([index.JobEntry(f"{array}", "held", "sweep", str(work), sweep_id=array,
                                           num_tasks=100)])
         time.sleep(2)  # let accounting see the array
         results["hpctrain status (100 jobs)"] = statistics.median(

@@ -14,13 +14,13 @@ __version__ = "0.1.0"
 # public name -> module that defines it; loaded lazily on first attribute access
 _LAZY = {
     "HpctrainError": "hpctrain.errors",
-    "JobSpec": "hpctrain.spec",
-    "render_script": "hpctrain.render",
+    "JobSpec": "hpctrain.spec.model",
+    "render_script": "hpctrain.render.script",
     "CheckpointManager": "hpctrain.checkpoint.manager",
-    "submit": "hpctrain.api",
-    "submit_function": "hpctrain.api",
-    "submit_sweep": "hpctrain.api",
-    "Job": "hpctrain.job",
+    "submit": "hpctrain.jobs.submit",
+    "submit_function": "hpctrain.jobs.submit",
+    "submit_sweep": "hpctrain.jobs.submit",
+    "Job": "hpctrain.jobs.handle",
     "Layout": "hpctrain.api",
 }
 

@@ -9,7 +9,6 @@ message on stderr and an exit code.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import Any, Sequence
 
 import click
@@ -83,6 +82,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     return rv if isinstance(rv, int) else 0
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

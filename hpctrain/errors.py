@@ -49,6 +49,12 @@ class SlurmTimeout(SlurmError):
     """A SLURM command did not answer in time (controller down or slow)."""
 
 
+class JobError(HpctrainError):
+    """A job ended badly, or asked for something it does not have (a script job's result)."""
+
+    exit_code = 6
+
+
 class DevclusterError(HpctrainError):
     """The local development cluster could not be brought up, inspected or down."""
 
@@ -91,3 +97,9 @@ class SupervisorError(HpctrainError):
 
 class ReportError(HpctrainError):
     """``hpctrain report`` cannot gather a job's facts (no state directory, no sacct)."""
+
+
+class HostlistError(HpctrainError, ValueError):
+    """A Slurm host list that Slurm would refuse too (``n[3-1]``, ``n[]``, ``n[1-2``)."""
+
+    exit_code = 2

@@ -4,7 +4,7 @@ Global rank order is Megatron's: **tp fastest, then dp, then pp**::
 
     rank = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
 
-Kept apart from hpctrain.layout (which checks a job spec against a partition) so that
+Kept apart from hpctrain.spec.layout (which checks a job spec against a partition) so that
 in-job code (hpctrain.runtime) uses the very same numbering without importing
 submission code.
 """
@@ -52,7 +52,7 @@ def coords_to_rank(pp_rank: int, dp_rank: int, tp_rank: int, tp: int, dp: int, p
 
 
 @dataclass(frozen=True)
-class Layout:
+class Mesh:
     """A tp x dp x pp decomposition of ``world`` ranks."""
 
     tp: int

@@ -10,10 +10,11 @@ import pytest
 import submitit
 
 import hpctrain
-from hpctrain import records
-from hpctrain.api import first_host, function_job_name, set_rank_environment
-from hpctrain.job import expand_pattern, filter_rank, log_paths
-from hpctrain.records import JobRecord
+from hpctrain.jobs import index
+from hpctrain.jobs.submit import function_job_name
+from hpctrain.runtime.function import set_rank_environment
+from hpctrain.jobs.handle import expand_pattern, filter_rank, log_paths
+from hpctrain.jobs.index import JobEntry
 from hpctrain.slurm import client
 from jobs_util import isolate
 from slurm_util import wait_until
@@ -22,8 +23,10 @@ TESTS_ON_PATH = {"PYTHONPATH": str(Path(__file__).resolve().parent)}
 
 
 def test_public_names_are_lazy_and_point_at_the_api() -> None:
+    import hpctrain.api
+
     assert hpctrain.submit is hpctrain.api.submit
-    assert hpctrain.Job is hpctrain.job.Job
+    assert hpctrain.Job is hpctrain.jobs.handle.Job
     assert hpctrain.Layout(tp=2).tp == 2 and hpctrain.Layout().pp == 1
 
 
@@ -32,7 +35,7 @@ def test_rank_environment_from_slurm_variables() -> None:
            "SLURM_JOB_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "12345"}
     set_rank_environment(env, {"tp": 2, "pp": 2})
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"]) == ("5", "8", "1", "2")
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("gpu07", "32345")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("gpu07", "22345")  # protocol.master_port: the template's rule
     # rank 5 with tp=2, dp=2, pp=2: tp fastest, then dp, then pp -> (pp 1, dp 0, tp 1)
     assert (env["HPCTRAIN_PP_RANK"], env["HPCTRAIN_DP_RANK"], env["HPCTRAIN_TP_RANK"]) == ("1", "0", "1")
     assert env["HPCTRAIN_DP"] == "2"
@@ -41,15 +44,10 @@ def test_rank_environment_from_slurm_variables() -> None:
     assert (kept["MASTER_ADDR"], kept["MASTER_PORT"]) == ("n9", "1")   # the script's values win
 
 
-@pytest.mark.parametrize("nodelist,first", [("n1", "n1"), ("n[1-2]", "n1"), ("a[3,5],b1", "a3"),
-                                            ("b1,a[3-4]", "b1")])
-def test_first_host(nodelist: str, first: str) -> None:
-    assert first_host(nodelist) == first
-
-
 def test_function_job_names_are_slurm_safe() -> None:
     assert function_job_name(lambda: 0) == "lambda-"
-    assert function_job_name(test_first_host) == "test_first_host"
+    assert function_job_name(test_rank_environment_from_slurm_variables) == \
+        "test_rank_environment_from_slurm_variables"
 
     def _private() -> None: ...
     assert function_job_name(_private) == "private"
@@ -58,16 +56,16 @@ def test_function_job_names_are_slurm_safe() -> None:
 def test_records_append_find_and_survive_a_damaged_line(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     isolate(monkeypatch, tmp_path)
-    records.append([JobRecord("10", "a", "script", "/f"),
-                    JobRecord("11", "s", "sweep", "/f", sweep_id="11", num_tasks=3),
-                    JobRecord("12", "s", "sweep", "/f", sweep_id="11", sweep_offset=3)])
-    with open(records.record_path(), "a") as fh:
+    index.append([JobEntry("10", "a", "script", "/f"),
+                    JobEntry("11", "s", "sweep", "/f", sweep_id="11", num_tasks=3),
+                    JobEntry("12", "s", "sweep", "/f", sweep_id="11", sweep_offset=3)])
+    with open(index.index_path(), "a") as fh:
         fh.write('{"job_id": "13", "na\n')
-    records.append([JobRecord("14", "b", "function", "/f")])
-    assert [r.job_id for r in records.load()] == ["10", "11", "12", "14"]
-    assert records.find("11_2").job_id == "11" and records.find("14").kind == "function"
-    assert [r.job_id for r in records.sweep_members("11")] == ["11", "12"]
-    assert records.find("99") is None
+    index.append([JobEntry("14", "b", "function", "/f")])
+    assert [r.job_id for r in index.load()] == ["10", "11", "12", "14"]
+    assert index.find("11_2").job_id == "11" and index.find("14").kind == "function"
+    assert [r.job_id for r in index.sweep_members("11")] == ["11", "12"]
+    assert index.find("99") is None
 
 
 def test_log_paths_and_patterns(tmp_path: Path) -> None:

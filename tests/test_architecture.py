@@ -1,41 +1,82 @@
 """The house's boundaries, enforced: who may import whom, and who may start processes.
 
-- in-job code (hpctrain.runtime, hpctrain.checkpoint) imports nothing from submission code;
-- the job supervisor (in-job, on the batch node) asks Slurm through hpctrain.slurm and
-  imports nothing else from the submission side;
-- checkpoint code imports nothing from SLURM code;
-- planning and rendering are pure: no subprocess, no environment reads;
-- only a short list of modules may start processes, and SLURM binaries run only
-  through hpctrain.slurm.client.
+One allow-list (:data:`MAY_IMPORT`) says, for each part of the package, which other parts
+it may import; a part not in the table fails the test until somebody places it (new code
+is not allowed by default). It is checked twice: on the source (every import statement,
+also those inside functions) and on what a fresh interpreter really loads.
+
+The two sides (docs/architecture.md):
+
+- login node: spec -> render -> jobs (submit, handle, poll, view) -> report, and the
+  commands/cli/api on top; planner and devcluster beside them;
+- in the job: runtime (every rank) -> checkpoint, and the supervisor (the batch step);
+- shared by both: errors, files, hostlist, mesh, protocol (standard library only).
 """
 
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "hpctrain"
+import pytest
 
-SUBMISSION_SIDE = ("hpctrain.slurm", "hpctrain.devcluster", "hpctrain.submission",
-                   "hpctrain.render", "hpctrain.spec", "hpctrain.commands", "hpctrain.cli",
-                   "hpctrain.api", "hpctrain.job", "hpctrain.watcher", "hpctrain.sweep",
-                   "hpctrain.records", "submitit")
-FORBIDDEN = {
-    "hpctrain.checkpoint": SUBMISSION_SIDE,
-    "hpctrain.runtime": (*SUBMISSION_SIDE, "hpctrain.supervisor"),
-    "hpctrain.supervisor": tuple(s for s in SUBMISSION_SIDE if s != "hpctrain.slurm"),
-    "hpctrain.protocol": (*SUBMISSION_SIDE, "hpctrain.runtime", "hpctrain.supervisor"),
+PKG = Path(__file__).resolve().parents[1] / "hpctrain"  # tests/ -> root (tests/unit/ after the move: [2])
+
+SHARED = {"hpctrain.errors", "hpctrain.files", "hpctrain.hostlist", "hpctrain.mesh",
+          "hpctrain.protocol"}
+# part -> the parts (packages, modules, or one module of a package) it may import
+MAY_IMPORT: dict[str, set[str]] = {
+    "hpctrain": set(),                       # the package root: public names load lazily
+    "hpctrain.__main__": {"hpctrain.cli"},
+    "hpctrain.errors": set(),
+    "hpctrain.files": set(),
+    "hpctrain.hostlist": {"hpctrain.errors"},
+    "hpctrain.mesh": {"hpctrain.errors"},
+    "hpctrain.protocol": {"hpctrain.errors", "hpctrain.files"},
+    # ---- in the job: imports nothing of the login side --------------------------------
+    # the runtime waits for the checkpoint manager's background saves before it exits;
+    # a function job's wrapper hands submitit its requeue (the job runs submitit anyway)
+    "hpctrain.runtime": SHARED | {"hpctrain.checkpoint.manager", "torch", "submitit"},
+    # the manager tells the watchdog it is saving/loading (the rank's progress record)
+    "hpctrain.checkpoint": SHARED | {"hpctrain.runtime.progress", "torch", "numpy",
+                                     "safetensors", "deepspeed"},
+    # the batch step: asks Slurm through hpctrain.slurm, knows the runtime's exit causes
+    "hpctrain.supervisor": SHARED | {"hpctrain.slurm", "hpctrain.runtime"},
+    "hpctrain.slurm": {"hpctrain.errors"},
+    # ---- the login node ---------------------------------------------------------------
+    "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh"},
+    "hpctrain.planner": {"hpctrain.errors", "hpctrain.spec"},
+    "hpctrain.render": SHARED | {"hpctrain.spec", "hpctrain.slurm", "jinja2"},
+    "hpctrain.jobs": SHARED | {"hpctrain.spec", "hpctrain.render", "hpctrain.slurm",
+                               "hpctrain.runtime.function", "submitit"},
+    "hpctrain.report": {"hpctrain.errors"},
+    "hpctrain.devcluster": {"hpctrain.errors", "hpctrain.slurm"},
+    "hpctrain.api": {"hpctrain.jobs", "hpctrain.spec", "hpctrain.runtime.function"},
+    "hpctrain.cli": {"hpctrain.errors", "click"},
+    "hpctrain.commands": SHARED | {"hpctrain.spec", "hpctrain.planner", "hpctrain.render",
+                                   "hpctrain.jobs", "hpctrain.report", "hpctrain.slurm",
+                                   "hpctrain.devcluster", "hpctrain.checkpoint", "click",
+                                   "jinja2", "torch"},
 }
-PURE = ("hpctrain.layout", "hpctrain.render", "hpctrain.spec", "hpctrain.planner",
-        "hpctrain.sweep", "hpctrain.devcluster.config", "hpctrain.slurm.parse",
-        "hpctrain.slurm.states", "hpctrain.slurm.view", "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
-        "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog")
+THIRD_PARTY = ("torch", "numpy", "submitit", "jinja2", "click", "safetensors", "deepspeed")
+
+# pure: no subprocess, no environment reads (files are read where the docstring says so)
+PURE = ("hpctrain.spec.model", "hpctrain.spec.checks", "hpctrain.spec.layout",
+        "hpctrain.spec.tomlwriter", "hpctrain.render.script", "hpctrain.planner",
+        "hpctrain.jobs.sweep", "hpctrain.report", "hpctrain.devcluster.config",
+        "hpctrain.slurm.parse", "hpctrain.slurm.states", "hpctrain.slurm.view",
+        "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
+        "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog", "hpctrain.hostlist",
+        "hpctrain.mesh")
 # modules allowed to start processes, and why
 PROCESS_STARTERS = {
     "hpctrain.slurm.client": "the one runner of SLURM binaries",
     "hpctrain.devcluster.daemons": "starts munged/mariadbd/slurm daemons",
     "hpctrain.devcluster.packages": "apt-get",
-    "hpctrain.template_check": "bash -n on rendered scripts",
+    "hpctrain.render.check": "bash -n on rendered scripts",
     "hpctrain.checkpoint.storage": "lfs setstripe on Lustre",
     "hpctrain.supervisor.step": "starts the training step (the launcher) in the batch step",
 }
@@ -56,7 +97,7 @@ def imported(tree: ast.Module) -> set[str]:
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
+            # `from a.b import c` uses a.b.c (a module or a name of a.b): judged as that
             names |= {f"{node.module}.{a.name}" for a in node.names}
     return names
 
@@ -65,13 +106,36 @@ def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def test_in_job_code_does_not_import_submission_code() -> None:
+def part_of(module: str) -> str | None:
+    """The MAY_IMPORT key that ``module`` belongs to (the longest matching one)."""
+    keys = [k for k in MAY_IMPORT if within(module, k) and k != "hpctrain"]
+    return max(keys, key=len) if keys else ("hpctrain" if module == "hpctrain" else None)
+
+
+def allowed(part: str, target: str) -> bool:
+    if within(target, part) or target == "hpctrain":  # itself; `from hpctrain import x`
+        return True
+    return any(within(target, a) for a in MAY_IMPORT[part])
+
+
+def relevant(name: str) -> bool:
+    return within(name, "hpctrain") or any(within(name, t) for t in THIRD_PARTY)
+
+
+def test_every_part_is_placed() -> None:
+    unplaced = sorted(m for m in modules() if part_of(m) is None)
+    assert unplaced == [], "add these to MAY_IMPORT (and docs/architecture.md)"
+
+
+def test_imports_follow_the_allow_list() -> None:
     problems = []
     for mod, tree in modules().items():
-        for area, banned in FORBIDDEN.items():
-            if within(mod, area):
-                problems += [f"{mod} imports {imp}" for imp in imported(tree)
-                             if any(within(imp, b) for b in banned)]
+        part = part_of(mod)
+        for target in sorted(imported(tree)):
+            if target == "hpctrain.__version__":
+                continue
+            if relevant(target) and not allowed(part, target):
+                problems.append(f"{mod} imports {target}")
     assert problems == []
 
 
@@ -101,3 +165,61 @@ def test_no_shell_strings() -> None:
                  if isinstance(n, ast.keyword) and n.arg == "shell"
                  and isinstance(n.value, ast.Constant) and n.value.value is True]
     assert offenders == []
+
+
+# ---- what a fresh interpreter really loads ----------------------------------------------
+def loaded_after(code: str) -> set[str]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=120)
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def outside(mods: set[str], *parts: str) -> list[str]:
+    """The loaded hpctrain modules (and submitit) that none of ``parts`` may import."""
+    return sorted(m for m in mods if (within(m, "hpctrain") or within(m, "submitit"))
+                  and not any(allowed(part, m) for part in parts))
+
+
+def test_runtime_loads_no_login_side_code_and_no_torch() -> None:
+    mods = loaded_after("import hpctrain.runtime\nfrom hpctrain.runtime import init, CAUSES")
+    assert outside(mods, "hpctrain.runtime") == []
+    assert "torch" not in mods and "submitit" not in mods  # cheap for the batch script
+
+
+@pytest.mark.torch
+def test_runtime_and_checkpoint_in_use_load_no_login_side_code() -> None:
+    mods = loaded_after(
+        "import hpctrain.runtime.context, hpctrain.checkpoint\n"
+        "from hpctrain.checkpoint import CheckpointManager\n"
+        "import torch.distributed.device_mesh")
+    assert "hpctrain.checkpoint.manager" in mods  # the probe did load it
+    assert outside(mods, "hpctrain.runtime", "hpctrain.checkpoint") == []
+
+
+def test_function_wrapper_loads_no_login_side_code() -> None:
+    # every rank of a function job unpickles RankCall: it must not drag the login side in
+    mods = loaded_after("import hpctrain.runtime.function")
+    assert outside(mods, "hpctrain.runtime") == []
+    assert "jinja2" not in mods and "click" not in mods
+
+
+def test_supervisor_loads_only_its_allowed_parts() -> None:
+    mods = loaded_after("import hpctrain.supervisor.run")
+    assert outside(mods, "hpctrain.supervisor") == []
+    assert "torch" not in mods
+
+
+def test_checkpoint_loads_no_slurm_code() -> None:
+    mods = loaded_after("import hpctrain.checkpoint, hpctrain.checkpoint.manifest")
+    assert outside(mods, "hpctrain.checkpoint") == []
+
+
+def test_the_checker_catches_what_it_should() -> None:
+    assert not allowed("hpctrain.runtime", "hpctrain.jobs.submit")
+    assert not allowed("hpctrain.checkpoint", "hpctrain.slurm.client")
+    assert not allowed("hpctrain.checkpoint", "hpctrain.runtime.context")
+    assert not allowed("hpctrain.supervisor", "hpctrain.render.script")
+    assert not allowed("hpctrain.spec", "hpctrain.render")
+    assert part_of("hpctrain.newthing") is None        # unplaced: test_every_part_is_placed
+    assert allowed("hpctrain.checkpoint", "hpctrain.runtime.progress")

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import cli, protocol, records
+from hpctrain import cli, protocol
+from hpctrain.jobs import index
 from hpctrain.commands.jobview import format_cause
 from hpctrain.protocol import read_record, write_record
-from hpctrain.records import JobRecord
+from hpctrain.jobs.index import JobEntry
 from hpctrain.runtime.crashrecord import crash_fields, write_crash_record
 from hpctrain.runtime.exitrecord import previous_cause
 from jobs_util import isolate
@@ -132,7 +133,7 @@ def test_status_shows_the_crash_cause_of_a_recorded_job(
     in --json."""
     root = isolate(monkeypatch, tmp_path)
     ckpt = root / "ckpt"
-    records.append([JobRecord(job_id="31337", name="crashy", kind="script",
+    index.append([JobEntry(job_id="31337", name="crashy", kind="script",
                               folder=str(root), checkpoint_dir=str(ckpt))])
     write_record(protocol.state_dir(ckpt, "31337") / protocol.OUTCOME, {
         "cause": "user_crash", "action": "finish", "step": 7, "rank": 0, "node": "n1",

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctrain.errors import LayoutError
-from hpctrain.layout import Coords, Layout, coords_to_rank, plan_layout, rank_to_coords
-from hpctrain.partitions import Partition
-from hpctrain.spec import JobSpec
+from hpctrain.spec.layout import Coords, Mesh, coords_to_rank, plan_layout, rank_to_coords
+from hpctrain.spec.partitions import Partition
+from hpctrain.spec.model import JobSpec
 
 PART = Partition(name="gpu", gpus_per_node=4, cpus_per_node=32, mem_per_node_gb=256,
                  max_time="1-00:00:00", max_nodes=8)
@@ -56,7 +56,7 @@ def test_every_coordinate_is_hit_exactly_once(tp: int, dp: int, pp: int) -> None
 @settings(max_examples=100, deadline=None)
 @given(tp=degrees, dp=degrees, pp=degrees, data=st.data())
 def test_groups_partition_the_world(tp: int, dp: int, pp: int, data) -> None:
-    lay = Layout(tp=tp, dp=dp, pp=pp)
+    lay = Mesh(tp=tp, dp=dp, pp=pp)
     rank = data.draw(st.integers(0, lay.world - 1))
     group = lay.tp_group(rank)
     assert rank in group and len(group) == tp

@@ -1,4 +1,4 @@
-"""The requeue ledger (hpctrain.ledger): parsing, where it is found, and what
+"""The requeue ledger (hpctrain.protocol.ledger): parsing, where it is found, and what
 `hpctrain status` makes of it. The supervisor's side is in tests/test_supervisor_*.py."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import cli, protocol, records
-from hpctrain.ledger import line, parse_ledger, read_ledger, requeues_by_cause
-from hpctrain.records import JobRecord
+from hpctrain import cli, protocol
+from hpctrain.jobs import index
+from hpctrain.protocol.ledger import line, parse_ledger, read_ledger, requeues_by_cause
+from hpctrain.jobs.index import JobEntry
 from jobs_util import isolate
 
 LINES = """requeue cause=preemption restart_count=1 by=supervisor
@@ -64,7 +65,7 @@ def test_status_shows_requeues_by_cause_and_the_limit_that_ended_the_job(
     ckpt = root / "ckpt"
     protocol.state_dir(ckpt, "31338").mkdir(parents=True)
     (protocol.state_dir(ckpt, "31338") / "ledger").write_text(LINES)
-    records.append([JobRecord(job_id="31338", name="preempted-a-lot", kind="script",
+    index.append([JobEntry(job_id="31338", name="preempted-a-lot", kind="script",
                               folder=str(root), checkpoint_dir=str(ckpt))])
     assert cli.main(["status", "31338", "--json"]) == 0
     job = json.loads(capsys.readouterr().out)["jobs"][0]

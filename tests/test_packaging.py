@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.resources import builtin_templates_dir
+from hpctrain.spec.site import builtin_templates_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def test_wheel_installs_into_fresh_venv_and_finds_templates(tmp_path: Path) -> N
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     env = {**os.environ, "PYTHONPATH": deps}
-    code = ("import hpctrain, hpctrain.resources as r, hpctrain.partitions as p; "
+    code = ("import hpctrain, hpctrain.spec.site as r, hpctrain.spec.partitions as p; "
             "print(hpctrain.__file__); print(r.builtin_templates_dir()); "
             "print(','.join(x.name for x in p.list_partitions()))")
     out = subprocess.run([py, "-c", code], cwd=outside, env=env, capture_output=True,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.spec import JobSpec
+from hpctrain.spec.model import JobSpec
 
 HPCTRAIN = str(Path(sys.executable).parent / "hpctrain")
 EIGHT_X_80 = ["--gpus-per-node", "8", "--gpu-mem", "80GB"]

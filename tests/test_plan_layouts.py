@@ -10,14 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctrain.errors import PlanError
-from hpctrain.planner import Hardware, Request, Workload, make_plan, resolve_arch
+from hpctrain.planner import Hardware, Request, Workload, recommend, resolve_arch
 from hpctrain.planner.advice import changes_that_fit
 from hpctrain.planner.candidates import enumerate_candidates, node_counts
 from hpctrain.planner.cost import estimate
-from hpctrain.planner.memory import Layout
+from hpctrain.planner.memory import Parallelism
 from hpctrain.planner.scaling import curve_for, efficiency
 from hpctrain.planner.specfile import spec_dict, spec_toml
-from hpctrain.spec import JobSpec
+from hpctrain.spec.model import JobSpec
 
 
 def hw(gpus: int = 8, mem: float = 80.0, max_nodes: int | None = 16, intra: str = "nvlink",
@@ -59,7 +59,7 @@ def test_pinned_zero_and_recompute_are_respected() -> None:
 
 # ---- recommendation ----------------------------------------------------------------------
 def test_70b_inference_recommends_two_gpus_with_tp2() -> None:
-    plan = make_plan(req(70e9, "inference"), hw())
+    plan = recommend(req(70e9, "inference"), hw())
     best = plan.recommended
     assert (best.gpus, best.layout.tp, best.layout.pp, best.fits) == (2, 2, 1, True)
     assert not any(c.fits for c in plan.candidates if c.gpus == 1)
@@ -68,26 +68,26 @@ def test_70b_inference_recommends_two_gpus_with_tp2() -> None:
 
 def test_7b_on_one_gpu_without_sharding_does_not_fit_with_advice() -> None:
     with pytest.raises(PlanError) as err:
-        make_plan(req(7e9, nodes=1, zero=0), hw(gpus=1))
+        recommend(req(7e9, nodes=1, zero=0), hw(gpus=1))
     text = str(err.value)
     assert "no layout fits 80 GB GPUs" in text and "Smallest change that would fit:" in text
 
 
 def test_7b_full_finetune_fits_8_gpus_with_zero3() -> None:
-    plan = make_plan(req(7e9, nodes=1, zero=3), hw(gpus=8))
+    plan = recommend(req(7e9, nodes=1, zero=3), hw(gpus=8))
     eight = [c for c in plan.candidates if c.gpus == 8 and c.layout.tp == 1 and c.layout.pp == 1]
     assert eight and eight[0].fits and eight[0].layout.zero == 3
 
 
 def test_fixed_nodes_prefers_efficiency_over_fewest_gpus() -> None:
-    plan = make_plan(req(7e9, nodes=2), hw())
+    plan = recommend(req(7e9, nodes=2), hw())
     fitting = [c for c in plan.candidates if c.fits]
     assert plan.recommended.efficiency["total"] == max(c.efficiency["total"] for c in fitting)
     assert all(c.nodes == 2 for c in plan.candidates)
 
 
 def test_recommendation_is_fewest_gpus_then_highest_efficiency() -> None:
-    plan = make_plan(req(13e9), hw())
+    plan = recommend(req(13e9), hw())
     best = plan.recommended
     fitting = [c for c in plan.candidates if c.fits]
     assert best.gpus == min(c.gpus for c in fitting)
@@ -98,17 +98,17 @@ def test_recommendation_is_fewest_gpus_then_highest_efficiency() -> None:
 # ---- scaling curve -----------------------------------------------------------------------
 def test_default_curve_factors() -> None:
     curve = curve_for("nvlink", "infiniband", {})
-    eff = efficiency(Layout(tp=8, pp=1, dp=4), 8, 4, curve)
+    eff = efficiency(Parallelism(tp=8, pp=1, dp=4), 8, 4, curve)
     assert eff["tensor"] == pytest.approx(0.92**3)
     assert eff["data"] == pytest.approx(0.99**2)  # dp spans 4 nodes: two doublings
     assert eff["total"] == pytest.approx(math.prod(v for k, v in eff.items() if k != "total"))
-    assert efficiency(Layout(pp=4), 8, 4, curve)["pipeline"] == pytest.approx(16 / 19)
-    zero3 = efficiency(Layout(tp=8, dp=4, zero=3), 8, 4, curve)["data"]
+    assert efficiency(Parallelism(pp=4), 8, 4, curve)["pipeline"] == pytest.approx(16 / 19)
+    zero3 = efficiency(Parallelism(tp=8, dp=4, zero=3), 8, 4, curve)["data"]
     assert zero3 == pytest.approx(0.99**3)
 
 
 def test_slower_links_lower_the_estimate() -> None:
-    lay = Layout(tp=4, dp=8)
+    lay = Parallelism(tp=4, dp=8)
     fast = efficiency(lay, 4, 8, curve_for("nvlink", "infiniband", {}))["total"]
     slow = efficiency(lay, 4, 8, curve_for("pcie", "ethernet", {}))["total"]
     assert slow < fast
@@ -116,7 +116,7 @@ def test_slower_links_lower_the_estimate() -> None:
 
 def test_partition_overrides_the_curve() -> None:
     curve = curve_for("nvlink", "infiniband", {"inter_node": 0.5, "intra_node": 1.0})
-    eff = efficiency(Layout(tp=8, dp=2), 8, 2, curve)
+    eff = efficiency(Parallelism(tp=8, dp=2), 8, 2, curve)
     assert (eff["tensor"], eff["data"]) == pytest.approx((1.0, 0.5))
 
 
@@ -164,7 +164,7 @@ def test_bad_cost_inputs_are_refused(kwargs: dict, match: str) -> None:
 
 
 def test_plan_carries_cost_for_the_recommended_gpus() -> None:
-    plan = make_plan(req(7e9, tokens=1e12, price_per_gpu_hour=2.5), hw())
+    plan = recommend(req(7e9, tokens=1e12, price_per_gpu_hour=2.5), hw())
     assert plan.cost is not None and plan.cost.gpus == plan.recommended.gpus
     assert plan.cost.cost == pytest.approx(plan.cost.gpu_hours * 2.5)
 
@@ -178,7 +178,7 @@ def test_plan_carries_cost_for_the_recommended_gpus() -> None:
 ])
 def test_nonsense_requests_are_refused(kwargs: dict, match: str) -> None:
     with pytest.raises(PlanError, match=match):
-        make_plan(req(7e9, **kwargs), hw())
+        recommend(req(7e9, **kwargs), hw())
 
 
 def test_advice_lists_changes_that_really_fit_mildest_first() -> None:
@@ -202,7 +202,7 @@ def test_advice_stacks_changes_when_no_single_one_fits() -> None:
 
 def test_advice_puts_nodes_beyond_the_partition_last() -> None:
     with pytest.raises(PlanError) as err:
-        make_plan(req(70e9), hw(gpus=2, max_nodes=2))
+        recommend(req(70e9), hw(gpus=2, max_nodes=2))
     text = str(err.value)
     assert text.index("--mode lora") < text.index("--nodes")
     assert "more than partition 'test' allows (max_nodes=2)" in text
@@ -210,7 +210,7 @@ def test_advice_puts_nodes_beyond_the_partition_last() -> None:
 
 # ---- spec ----------------------------------------------------------------------------------
 def test_spec_for_the_recommendation_is_a_valid_job_spec() -> None:
-    plan = make_plan(req(13e9), hw())
+    plan = recommend(req(13e9), hw())
     spec = spec_dict(plan, partition="debug", time="01:00:00", checkpoint_dir="/ckpt/x")
     text = spec_toml(plan, spec)
     assert tomllib.loads(text) == spec
@@ -233,7 +233,7 @@ plan_inputs = st.tuples(st.floats(min_value=1e8, max_value=3e11),
 def test_the_recommendation_fits_and_nothing_smaller_does(inputs) -> None:
     params, mode, gpn, mem, seq = inputs
     try:
-        plan = make_plan(req(params, mode, seq, max_nodes=8), hw(gpn, mem, max_nodes=8))
+        plan = recommend(req(params, mode, seq, max_nodes=8), hw(gpn, mem, max_nodes=8))
     except PlanError as exc:
         assert "no layout fits" in str(exc) and "GB per GPU" in str(exc)
         return
@@ -249,7 +249,7 @@ def test_more_gpu_memory_never_needs_more_gpus(inputs) -> None:
 
     def gpus(capacity: float) -> float:
         try:
-            return make_plan(req(params, mode, seq, max_nodes=8),
+            return recommend(req(params, mode, seq, max_nodes=8),
                              hw(gpn, capacity, max_nodes=8)).recommended.gpus
         except PlanError:
             return math.inf
@@ -261,6 +261,6 @@ def test_more_gpu_memory_never_needs_more_gpus(inputs) -> None:
                 max_size=5), st.text(st.characters(whitelist_categories=("L", "Nd")), min_size=1,
                                      max_size=20))
 def test_spec_toml_round_trips_any_command_and_name(command: list[str], name: str) -> None:
-    plan = make_plan(req(1.3e9), hw())
+    plan = recommend(req(1.3e9), hw())
     spec = spec_dict(plan, partition="debug", name=name, time="01:00:00", command=command)
     assert tomllib.loads(spec_toml(plan, spec)) == spec

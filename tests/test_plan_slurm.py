@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from hpctrain.cli import main
-from hpctrain.render import render_script
+from hpctrain.render.script import render_script
 from hpctrain.slurm import client
-from hpctrain.spec import JobSpec
+from hpctrain.spec.model import JobSpec
 
 
 @pytest.mark.slurm

@@ -39,7 +39,7 @@ from torchrun_util import EXAMPLES, bitwise_equal, env_for, events, final_state,
     start, steps
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
-from hpctrain.watcher import last_checkpoint_step
+from hpctrain.jobs.poll import last_checkpoint_step
 
 TOTAL, EVERY = 40, 10
 

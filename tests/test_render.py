@@ -14,8 +14,8 @@ import pytest
 
 from hpctrain.cli import main
 from hpctrain.errors import LayoutError, PartitionError, SpecError, TemplateError
-from hpctrain.render import render, render_script, shq
-from hpctrain.spec import JobSpec
+from hpctrain.render.script import render, render_script, shq
+from hpctrain.spec.model import JobSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "sbatch").glob("*.toml"))

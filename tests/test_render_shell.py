@@ -17,8 +17,8 @@ import pytest
 
 from hpctrain import protocol
 from hpctrain.errors import SpecError
-from hpctrain.render import render_script as _render_script
-from hpctrain.spec import JobSpec
+from hpctrain.render.script import render_script as _render_script
+from hpctrain.spec.model import JobSpec
 from shell_standins import run_script
 
 

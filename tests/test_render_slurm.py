@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.render import render_script as _render_script
+from hpctrain.render.script import render_script as _render_script
 from hpctrain.slurm import client
-from hpctrain.spec import JobSpec
+from hpctrain.spec.model import JobSpec
 from slurm_util import sacct_states, sbatch, wait_done
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ RANK_PROBE = r'''
 import json, os, socket, sys
 import torch
 import torch.distributed as dist
-from hpctrain.layout import rank_to_coords
+from hpctrain.spec.layout import rank_to_coords
 
 out_dir = sys.argv[1]
 dist.init_process_group("gloo")

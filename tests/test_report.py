@@ -1,4 +1,4 @@
-"""``hpctrain report``'s accounting (hpctrain.report, pure) and its HTML page, on a job
+"""``hpctrain report``'s accounting (hpctrain.report.build, pure) and its HTML page, on a job
 whose history is written out here: a hang restarted in place, then a preemption."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from hpctrain.ledger import entries
-from hpctrain.report import CATEGORIES, RunFacts, build
-from hpctrain.report_html import to_html
+from hpctrain.protocol.ledger import entries
+from hpctrain.report.build import CATEGORIES, RunFacts, build
+from hpctrain.report.html import to_html
 
 GPUS = 4
 RUNS = [RunFacts(0, "REQUEUED", 90.0, 100.0, 145.0, 45.0, "n[1-2]", GPUS),
@@ -111,7 +111,7 @@ def test_the_live_progress_line_reads_rank_0s_record_and_history(tmp_path) -> No
     import json
 
     from hpctrain import protocol as p
-    from hpctrain.commands.jobview import live_progress
+    from hpctrain.jobs.view import live_progress
 
     assert live_progress("42", str(tmp_path)) == ""            # no runtime: nothing to say
     state = p.state_dir(tmp_path, "42")
@@ -127,7 +127,7 @@ def test_the_live_progress_line_reads_rank_0s_record_and_history(tmp_path) -> No
 def test_a_partitions_requeues_gpu_hours_goodput_and_emergency_saves() -> None:
     from hpctrain.commands.report_partition import since_arg
     from hpctrain.errors import ReportError
-    from hpctrain.report_partition import RunRow, aggregate, emergency_saves
+    from hpctrain.report.partition import RunRow, aggregate, emergency_saves
 
     rows = [RunRow("42", "ml", "REQUEUED", 45, 4), RunRow("42", "ml", "COMPLETED", 13, 4),
             RunRow("7", "vision", "PREEMPTED", 3600, 8), RunRow("7", "vision", "NODE_FAIL", 60, 8),

@@ -10,7 +10,7 @@ from hpctrain.errors import LayoutError, SpecError
 from hpctrain.runtime import CAUSES, REQUEUE_EXIT_CODES, Environment, cause_of_exit_code
 from hpctrain.runtime.causes import cause_of_signal, cause_of_stop
 from hpctrain.protocol import format_record, parse_record, read_record, write_record
-from hpctrain.runtime.environment import first_host, rank_to_coords
+from hpctrain.runtime.environment import rank_to_coords
 from hpctrain.runtime.exitrecord import previous_cause
 
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
@@ -79,13 +79,6 @@ def test_bad_values_name_the_variable(name: str, value: str) -> None:
 def test_rank_outside_world() -> None:
     with pytest.raises(SpecError, match="rank 9 is outside world size 8"):
         Environment.from_env({**SRUN, "SLURM_PROCID": "9"})
-
-
-@pytest.mark.parametrize(("nodelist", "first"), [
-    ("n1", "n1"), ("n[1-2]", "n1"), ("gpu[007-010,3]", "gpu007"), ("a,b[2-3]", "a"),
-    ("rack[1-2]-gpu", "rack1-gpu"), ("n[3,5],m1", "n3"), ("", "127.0.0.1")])
-def test_first_host(nodelist: str, first: str) -> None:
-    assert first_host(nodelist) == first
 
 
 def test_causes_table() -> None:
@@ -162,7 +155,8 @@ def test_what_the_supervisor_exports_reaches_the_environment() -> None:
 def test_runtime_and_planner_share_one_rank_numbering() -> None:
     """One function numbers ranks for the planner and inside the job (hpctrain.mesh,
     which imports nothing from submission code); tests/test_layout.py checks its order."""
-    from hpctrain import layout, mesh
+    from hpctrain import mesh
+    from hpctrain.spec import layout
 
     assert rank_to_coords is mesh.rank_to_coords is layout.rank_to_coords
     assert Environment.from_env(SRUN).coords == (0, 5, 0)  # tp=1 dp=8 pp=1

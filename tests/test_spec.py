@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctrain.errors import SpecError
-from hpctrain.spec import JobSpec, parse_set_options
-from hpctrain.validate import slurm_time_seconds
+from hpctrain.spec.model import JobSpec, parse_set_options
+from hpctrain.spec.checks import slurm_time_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {"name": "gpt-tiny", "partition": "debug", "run": {"command": ["python", "train.py"]}}

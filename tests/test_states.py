@@ -9,7 +9,7 @@ from hpctrain.slurm.parse import (parse_elapsed, parse_sacct_parsable2, parse_sb
                                   parse_sbatch_parsable, parse_scontrol_config, parse_squeue,
                                   sbatch_header)
 from hpctrain.slurm.states import Outcome, from_slurm
-from hpctrain.watcher import infos_from_sacct, infos_from_squeue, last_checkpoint_step
+from hpctrain.jobs.poll import infos_from_sacct, infos_from_squeue, last_checkpoint_step
 
 
 @pytest.mark.parametrize("raw", ["PREEMPTED", "REQUEUED", "TIMEOUT", "NODE_FAIL"])

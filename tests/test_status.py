@@ -8,9 +8,9 @@ import pytest
 
 from hpctrain import cli
 from hpctrain.commands.jobview import exit_code_for, format_elapsed, format_requeues
-from hpctrain.job import is_over
+from hpctrain.jobs.handle import is_over
 from hpctrain.slurm.states import from_slurm
-from hpctrain.watcher import JobInfo
+from hpctrain.jobs.poll import JobInfo
 from jobs_util import isolate
 
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import cli, watcher
-from hpctrain.job import Job
+from hpctrain import cli
+from hpctrain.jobs import poll
+from hpctrain.jobs.handle import Job
 from hpctrain.slurm import client
 from jobs_util import env_without, isolate, write_spec
 from slurm_util import sbatch, wait_until
@@ -103,7 +104,7 @@ def test_status_of_100_jobs_is_one_sacct_call(cluster, tmp_path: Path,
         # slurmctld hands new jobs to the accounting database within a moment
         wait_until(lambda: client.run(["sacct", "-n", "-X", "-j", array]).stdout.strip() != "",
                    30, "sacct to know the array")
-        snap = watcher.poll(ids)
+        snap = poll.snapshot(ids)
         assert snap.calls == 1 and snap.source == "sacct"
         assert [snap.get(i).state.name for i in ids] == ["PENDING"] * 100
         data = _status(capsys, *ids)
@@ -126,5 +127,5 @@ def test_without_sacct_status_falls_back_to_squeue_and_says_so(
         assert "note: sacct is not installed here" in capsys.readouterr().err
     finally:
         client.run(["scancel", held])
-    wait_until(lambda: held not in watcher.queued_ids([held]), 30, "the job to leave squeue")
+    wait_until(lambda: held not in poll.queued_ids([held]), 30, "the job to leave squeue")
     assert _status(capsys, held)["jobs"][0]["state"] == "ENDED"

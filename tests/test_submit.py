@@ -23,7 +23,9 @@ def test_dry_run_prints_plan_and_exactly_the_rendered_script(
     assert cli.main(["submit", str(spec), "--set", "layout.tp=2", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "world=4 = tp 2 x dp 2 x pp 1" in out
-    assert "    3     1    0    1    1" in out   # rank 3: node 1, pp 0, dp 1, tp 1
+    rows = [line.split() for line in out.splitlines()]
+    assert ["rank", "node", "pp", "dp", "tp"] in rows
+    assert ["3", "1", "0", "1", "1"] in rows   # rank 3: node 1, pp 0, dp 1, tp 1
     assert cli.main(["render", str(spec), "--set", "layout.tp=2"]) == 0
     rendered = capsys.readouterr().out
     assert out.endswith(rendered)

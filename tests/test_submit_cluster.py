@@ -13,7 +13,7 @@ import pytest
 import hpctrain
 from hpctrain import cli
 from hpctrain.errors import SlurmError
-from hpctrain.spec import JobSpec
+from hpctrain.spec.model import JobSpec
 from jobs_util import isolate, write_spec
 
 pytestmark = pytest.mark.slurm

@@ -30,7 +30,7 @@ import pytest
 
 from hpctrain import protocol
 from jobs_util import isolate
-from slurm_util import sacct_states, sbatch, squeue_state, wait_done, wait_until
+from slurm_util import sacct_states, sbatch, wait_done, wait_until
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
 
@@ -243,8 +243,8 @@ def test_state_left_by_an_earlier_job_with_the_same_id_is_moved_aside(
     """The job is queued on hold, then the state of an 'earlier job with its id' (another
     cluster, or before Slurm's ids reset) is planted where it will look: a ledger past
     max_requeues, a requeue record and a stop notice. It must run as the fresh job it is."""
-    from hpctrain.render import render_script
-    from hpctrain.spec import JobSpec
+    from hpctrain.render.script import render_script
+    from hpctrain.spec.model import JobSpec
 
     root = isolate(monkeypatch, tmp_path, shared=True)
     (root / "job.toml").write_text(counter_spec(root, "stale-state", steps=3))

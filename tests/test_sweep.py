@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hpctrain.errors import SpecError
-from hpctrain.spec import JobSpec
-from hpctrain.sweep import (dispatcher_script, differing_directives, grid_points, parse_grid,
+from hpctrain.spec.model import JobSpec
+from hpctrain.jobs.sweep import (dispatcher_script, differing_directives, grid_points, parse_grid,
                             plan_arrays, task_checkpoint_dir)
 
 SPEC = {"name": "sw", "partition": "debug", "nodes": 1, "gpus_per_node": 1, "time": "00:05:00",
@@ -62,7 +62,7 @@ def test_bad_array_plans() -> None:
 
 
 def test_each_point_gets_its_overrides_and_own_checkpoint_dir() -> None:
-    from hpctrain.api import sweep_specs
+    from hpctrain.jobs.submit import sweep_specs
 
     spec = JobSpec.from_dict(SPEC)
     points, specs = sweep_specs(spec, {"checkpoint.keep_last": ["1", "2"], "run.env.LR": ["a", "b"]})

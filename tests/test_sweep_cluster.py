@@ -78,9 +78,9 @@ def test_sweep_of_12_points_runs_at_most_2_at_once_and_all_complete(
 def test_sweep_above_the_array_limit_is_split_and_chained(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from hpctrain.api import submit_sweep
+    from hpctrain.jobs.submit import submit_sweep
     from hpctrain.slurm.parse import parse_kv_records
-    from hpctrain.spec import JobSpec
+    from hpctrain.spec.model import JobSpec
 
     root = isolate(monkeypatch, tmp_path, shared=True)
     # held (nothing runs): this test is about how the arrays are queued

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.cli import main
-from hpctrain.partitions import partitions_in
-from hpctrain.render import resolve_dirs
-from hpctrain.template_check import check_cases, layouts_for
+from hpctrain.spec.partitions import partitions_in
+from hpctrain.render.script import resolve_dirs
+from hpctrain.render.check import check_cases, layouts_for
 
 ROOT = Path(__file__).resolve().parent.parent
 

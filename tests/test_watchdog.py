@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import protocol as p
-from hpctrain.ledger import parse_ledger
+from hpctrain.protocol.ledger import parse_ledger
 from hpctrain.runtime.progress import Reporter, phase
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide

@@ -19,8 +19,8 @@ EXAMPLES = ROOT / "sbatch"
 
 def expected() -> dict[Path, str]:
     """Each reference script path -> what a fresh render produces."""
-    from hpctrain.render import render_script
-    from hpctrain.spec import JobSpec
+    from hpctrain.render.script import render_script
+    from hpctrain.spec.model import JobSpec
 
     return {spec.with_suffix(".sbatch"): render_script(JobSpec.load(spec))
             for spec in sorted(EXAMPLES.glob("*.toml"))}

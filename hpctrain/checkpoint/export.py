@@ -21,9 +21,8 @@ import torch
 
 from hpctrain.checkpoint.fileio import read_into
 from hpctrain.checkpoint.hashing import read_manifest
-from hpctrain.checkpoint.loader import CorruptCheckpoint
 from hpctrain.checkpoint.tree import dtype_from_name
-from hpctrain.errors import CheckpointError
+from hpctrain.errors import CheckpointCorrupt, CheckpointError
 
 FORMATS = ("torch", "safetensors", "dcp")
 
@@ -33,7 +32,7 @@ def read_tensors(step_dir: str | os.PathLike[str], *, only: str | None = None,
     """``(name, whole tensor)`` for every tensor of the step in ``step_dir``, one at a time.
 
     ``only="model"`` keeps the tensors under that top-level key and drops it from the
-    names (so they match ``model.state_dict()``). CorruptCheckpoint when a byte does not
+    names (so they match ``model.state_dict()``). CheckpointCorrupt when a byte does not
     match its checksum or the shards do not cover a tensor."""
     step_dir = Path(step_dir)
     manifest = read_manifest(step_dir)
@@ -73,17 +72,17 @@ def _assemble(step_dir: Path, entries: list[dict], fds: dict[str, int],
         try:
             read_into(fds[e["file"]], e["offset"], buf.numpy())
         except (OSError, EOFError) as exc:
-            raise CorruptCheckpoint(f"{step_dir / e['file']}: cannot read tensor {e['path']} "
+            raise CheckpointCorrupt(f"{step_dir / e['file']}: cannot read tensor {e['path']} "
                                     f"({exc})") from None
         if verify and zlib.crc32(buf.numpy()) != e["crc32"]:
-            raise CorruptCheckpoint(f"{step_dir / e['file']}: checksum mismatch in tensor "
+            raise CheckpointCorrupt(f"{step_dir / e['file']}: checksum mismatch in tensor "
                                     f"{e['path']} at bytes [{e['offset']}, "
                                     f"{e['offset'] + e['nbytes']})")
         box = tuple(slice(o, o + n) for o, n in zip(e["offsets"], e["shape"]))
         whole[box] = buf.view(whole.dtype).view(e["shape"])
         covered += math.prod(e["shape"])
     if covered != whole.numel():  # replicated shards of a DTensor overlap: never saved twice
-        raise CorruptCheckpoint(f"{step_dir}: the saved shards of tensor {first['path']} "
+        raise CheckpointCorrupt(f"{step_dir}: the saved shards of tensor {first['path']} "
                                 f"cover {covered} of its {whole.numel()} elements")
     return whole
 

@@ -19,11 +19,6 @@ from hpctrain.errors import CheckpointError
 READ_CHUNK = 16 << 20  # large sequential reads; Lustre and local disks both like >= 1 MiB
 
 
-def crc32(data: bytes | memoryview, value: int = 0) -> int:
-    """crc32 of ``data`` continuing from ``value`` (0 starts a new checksum)."""
-    return zlib.crc32(data, value)
-
-
 def read_manifest(step_dir: str | os.PathLike[str]) -> Manifest:
     """Read and validate ``step_dir/manifest.json``; CheckpointError if absent or bad."""
     path = Path(step_dir) / MANIFEST

@@ -28,10 +28,6 @@ from hpctrain.checkpoint.tree import Chunk, dtype_from_name, flatten, set_path
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 
 
-class CorruptCheckpoint(CheckpointCorrupt):
-    """A step failed verification (bad checksum, truncated or missing file)."""
-
-
 def _overlap(e: dict, c: Chunk) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
     src, dst = [], []
     for eo, es, co, cs in zip(e["offsets"], e["shape"], c.offsets, c.shape):
@@ -85,7 +81,7 @@ class _Verifier:
         self.thread.join()
         if self.bad:
             e = self.bad[0]
-            raise CorruptCheckpoint(f"{self.step_dir / e['file']}: checksum mismatch in bytes "
+            raise CheckpointCorrupt(f"{self.step_dir / e['file']}: checksum mismatch in bytes "
                                     f"[{e['offset']}, {e['offset'] + e['nbytes']}) (tensor "
                                     f"{e['path']}); {len(self.bad)} damaged tensor(s)")
 
@@ -120,7 +116,7 @@ class _Reader:
                 if pos >= dest.nbytes:
                     break
         except (OSError, EOFError) as exc:
-            raise CorruptCheckpoint(f"{self.step_dir / name}: cannot read tensor "
+            raise CheckpointCorrupt(f"{self.step_dir / name}: cannot read tensor "
                                     f"{e['path']} ({exc})") from None
 
     def close(self, ok: bool) -> None:
@@ -197,11 +193,11 @@ def _new_chunks(missing: dict[tuple, list[dict]]) -> list[Chunk]:
 
 def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
               verify: bool = True) -> None:
-    """Load ``step_dir`` into ``state`` in place. CorruptCheckpoint if verification fails."""
+    """Load ``step_dir`` into ``state`` in place. CheckpointCorrupt if verification fails."""
     if verify:
         problem = check_sizes(step_dir, manifest)
         if problem:
-            raise CorruptCheckpoint(problem)
+            raise CheckpointCorrupt(problem)
     chunks, wanted = flatten(state)
     ops, missing = _plan(manifest, chunks, rank)
     # decided before anything is read: a refused load leaves the state as it was
@@ -216,7 +212,7 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
     except BaseException:
         reader.close(ok=False)
         raise
-    reader.close(ok=True)  # raises CorruptCheckpoint on a checksum mismatch
+    reader.close(ok=True)  # raises CheckpointCorrupt on a checksum mismatch
     extras = {} if extras_file is None else {
         p: v for p, v in _read_extras(step_dir, manifest, extras_file, rank, verify).items()
         if not any(overlaps(p, o) for o in not_mine)}
@@ -264,10 +260,10 @@ def _read_extras(step_dir: Path, manifest: Manifest, name: str, rank: int,
         pos = 0
         for off, length, crc in rec.blocks:
             if zlib.crc32(data[off:off + length]) != crc or len(data) < off + length:
-                raise CorruptCheckpoint(f"{step_dir / name}: checksum mismatch in bytes "
+                raise CheckpointCorrupt(f"{step_dir / name}: checksum mismatch in bytes "
                                         f"[{off}, {off + length}) (extras of rank {rank})")
             pos = off + length
         if pos != len(data):
-            raise CorruptCheckpoint(f"{step_dir / name} has {len(data)} bytes, manifest "
+            raise CheckpointCorrupt(f"{step_dir / name} has {len(data)} bytes, manifest "
                                     f"says {pos}")
     return pickle.loads(data)

@@ -32,7 +32,7 @@ from hpctrain.checkpoint import catalog, storage
 from hpctrain.checkpoint.hashing import read_manifest
 from hpctrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest, step_dirname
 from hpctrain.checkpoint.retention import select_deletions
-from hpctrain.errors import CheckpointError
+from hpctrain.errors import CheckpointCorrupt, CheckpointError
 from hpctrain.runtime import progress
 
 WriteFn = Callable[[Path], tuple[list[dict], list[dict], list[dict]]]
@@ -246,14 +246,13 @@ class CheckpointManager:
             return self._load_latest(state, verify)
 
     def _load_latest(self, state: dict, verify: bool | None) -> int | None:
-        from hpctrain.checkpoint.loader import CorruptCheckpoint
 
         self.wait()
         for step in reversed(self.agreed_steps()):
             outcome: tuple[str, str] | None = None
             try:
                 self._load(step, state, verify, listed=True)
-            except CorruptCheckpoint as exc:
+            except CheckpointCorrupt as exc:
                 outcome = ("corrupt", str(exc))
             except CheckpointError as exc:  # the caller's mistake: raise it on every rank
                 outcome = ("error", str(exc))
@@ -289,7 +288,7 @@ class CheckpointManager:
             self._load(step, state, verify)
 
     def _load(self, step: int, state: dict, verify: bool | None, listed: bool = False) -> None:
-        from hpctrain.checkpoint.loader import CorruptCheckpoint, load_step
+        from hpctrain.checkpoint.loader import load_step
 
         path = self.root / step_dirname(step)
         if not path.is_dir() and listed:
@@ -303,7 +302,7 @@ class CheckpointManager:
         try:
             manifest = read_manifest(path)
         except CheckpointError as exc:
-            raise CorruptCheckpoint(str(exc)) from None
+            raise CheckpointCorrupt(str(exc)) from None
         self.check_trusted()
         if manifest.layout.get("kind") != "torch":
             raise CheckpointError(f"step {step} is a {manifest.layout.get('kind')} checkpoint: "

@@ -21,7 +21,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
+from hpctrain import files
 from hpctrain.checkpoint.manifest import parse_step_dirname
+from hpctrain.files import fsync_path
 from hpctrain.errors import CheckpointError, StorageUnavailable
 
 LOCK_NAME = ".hpctrain-ckpt.lock"
@@ -42,28 +44,12 @@ def fault(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def fsync_path(path: Path) -> None:
-    """fsync a file or directory by path (directories make renames/creates durable)."""
-    fd = os.open(path, os.O_RDONLY)  # read-only opens can fsync directories on Linux
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` durably and atomically (tmp file, fsync, rename, fsync dir)."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        files.atomic_write(path, data, durable=True, tmp_prefix=TMP_PREFIX)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise io_error(f"write {path}", exc) from None
-    fsync_path(path.parent)
 
 
 def io_error(what: str, exc: OSError) -> CheckpointError:
@@ -191,10 +177,10 @@ def match_root_mode(root: Path, step_dir: Path) -> None:
     whatever the writers' umask, and nobody else can plant or alter a file in a step."""
     mode = root_mode(root)
     os.chmod(step_dir, mode)
-    for parent, dirs, files in os.walk(step_dir):
+    for parent, dirs, names in os.walk(step_dir):
         for name in dirs:
             os.chmod(os.path.join(parent, name), mode)
-        for name in files:
+        for name in names:
             os.chmod(os.path.join(parent, name), mode & 0o666)
 
 

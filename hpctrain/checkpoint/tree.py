@@ -124,7 +124,3 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
         t = t.cpu()
     t = t.contiguous().reshape(-1)
     return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
-
-
-def path_from_json(path: list) -> Path_:
-    return tuple(path)

@@ -133,7 +133,3 @@ class Background:
             fut, self._future = self._future, None
         if fut is not None:
             fut.result()
-
-    @property
-    def busy(self) -> bool:
-        return self._future is not None and not self._future.done()

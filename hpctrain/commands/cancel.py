@@ -6,8 +6,9 @@ import re
 
 import click
 
-from hpctrain import records
-from hpctrain.job import JobError, cancel as cancel_jobs
+from hpctrain.jobs import index
+from hpctrain.errors import JobError
+from hpctrain.jobs.handle import cancel as cancel_jobs
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$")
 
@@ -21,9 +22,9 @@ def cancel(job_ids: tuple[str, ...]) -> int:
         if not JOB_ID.match(jid):
             raise JobError(f"{jid!r} is not a Slurm job id: use 123, 123_4 (an array task) "
                            "or a sweep id that `hpctrain status` lists")
-        rec = records.find(jid)
+        rec = index.find(jid)
         if rec is not None and rec.kind == "sweep" and rec.sweep_id == jid:
-            ids += [m.job_id for m in records.sweep_members(jid)]
+            ids += [m.job_id for m in index.sweep_members(jid)]
         else:
             ids.append(jid)
     cancel_jobs(ids)

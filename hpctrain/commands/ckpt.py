@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from hpctrain.commands.table import table
+
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 
 root_arg = click.argument("root", type=click.Path(file_okay=False, path_type=Path))
@@ -34,12 +36,13 @@ def list_cmd(root: Path, as_json: bool, verify: bool) -> None:
     if not infos:
         click.echo(f"no checkpoints in {root}")
         return
-    click.echo(f"{'step':>10}  {'size':>10}  {'world':>5}  {'kind':<9}  {'saved (UTC)':<19}  status")
+    rows = []
     for i in infos:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(i.created)) if i.created else "?"
-        status = "ok" if i.valid else f"BAD: {i.problem}"
-        click.echo(f"{i.step:>10}  {_size(i.bytes):>10}  {i.world_size:>5}  {i.kind:<9}  "
-                   f"{when:<19}  {status}")
+        rows.append([i.step, _size(i.bytes), i.world_size, i.kind, when,
+                     "ok" if i.valid else f"BAD: {i.problem}"])
+    click.echo(table(["step", "size", "world", "kind", "saved (UTC)", "status"], rows,
+                     right={0, 1, 2}, max_width=400))
 
 
 @ckpt.command()

@@ -1,4 +1,5 @@
-"""Job views shared by submit/status/logs/cancel/sweep: formatting only, no Slurm calls."""
+"""How submit/status/logs/cancel/sweep show a job: formatting only, no Slurm calls (the
+view itself is :mod:`hpctrain.jobs.view`'s)."""
 
 from __future__ import annotations
 
@@ -46,13 +47,6 @@ def format_cause(verdict: dict[str, str]) -> str:
     return f"{text} ({where})" if where else text
 
 
-def info_json(info: Any) -> dict[str, Any]:
-    return {"state": str(info.state), "slurm_state": info.slurm_state,
-            "outcome": info.state.outcome.value, "elapsed_s": info.elapsed_s,
-            "nodes": info.nodes, "num_nodes": info.num_nodes, "exit_code": info.exit_code,
-            "reason": info.reason, "requeues": info.requeues}
-
-
 def job_json(job: Any, **extra: Any) -> dict[str, Any]:
     return {"job_id": job.job_id, "name": job.name, "kind": job.record.kind,
             "paths": {"folder": job.folder, "submission_file": str(job.submission_file),
@@ -62,35 +56,14 @@ def job_json(job: Any, **extra: Any) -> dict[str, Any]:
 
 def progress_line(job: Any, info: Any) -> str:
     """One line of ``submit --wait`` progress."""
-    from hpctrain.watcher import last_checkpoint_step
+    from hpctrain.jobs.poll import last_checkpoint_step
+    from hpctrain.jobs.view import live_progress, state_dirs
 
     step = last_checkpoint_step(job.record.checkpoint_dir)
-    live = live_progress(job.job_id, job.record.checkpoint_dir,
-                         job.record.extra.get("submit_dir", ""))
+    live = live_progress(job.job_id, *state_dirs(job.record))
     return (f"job {job.job_id}: {info.state}  elapsed {format_elapsed(info.elapsed_s)}  "
             f"{live + '  ' if live else ''}requeues {format_requeues(info.requeues)}  "
             f"last checkpoint step {'-' if step is None else step}")
-
-
-def live_progress(key: str, *bases: str) -> str:
-    """``step 17 (training, 3.2 steps/s)`` from rank 0's progress record and the tail of
-    its history (a job using hpctrain.runtime); '' when there is none."""
-    from hpctrain import protocol
-
-    state = protocol.find_state_dir(key, *bases)
-    if state is None:
-        return ""
-    record = protocol.read_record(protocol.rank_file(state, protocol.PROGRESS, 0))
-    if not record:
-        return ""
-    run = (int(record.get("restart_count") or 0), int(record.get("attempt") or 0))
-    steps = [e for e in protocol.read_history(state, tail_bytes=8192)
-             if e.get("event") == "step" and (e.get("restart"), e.get("attempt")) == run]
-    rate = ""
-    if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
-        rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
-    shown = record.get("step") or record.get("boundaries", "?")
-    return f"step {shown} ({record.get('phase', '?')}{rate})"
 
 
 def exit_code_for(info: Any) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hpctrain.job import Job
+from hpctrain.jobs.handle import Job
 
 
 @click.command()

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
 from hpctrain.errors import HpctrainError
+from hpctrain.files import atomic_write
 
 
 def _search_path(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> list[Path]:
     # The CLI is where the environment is read: --templates, then $HPCTRAIN_TEMPLATES,
     # then the built-in set. Below this, rendering takes the list as given (pure).
-    from hpctrain.resources import template_dirs
+    from hpctrain.spec.site import template_dirs
     return template_dirs(value)
 
 
@@ -32,7 +32,7 @@ sets_option = click.option(
 
 def load_spec(path: str, sets: tuple[str, ...]) -> Any:
     """The job spec at ``path`` with the ``--set`` overrides applied."""
-    from hpctrain.spec import JobSpec, parse_set_options
+    from hpctrain.spec.model import JobSpec, parse_set_options
 
     spec = JobSpec.load(path)
     return spec.with_overrides(parse_set_options(sets)) if sets else spec
@@ -52,12 +52,32 @@ def write_atomically(path: Path, text: str, mode: int = 0o644) -> None:
     if not directory.is_dir():
         raise HpctrainError(f"cannot write {str(path)!r}: directory {str(directory)!r} "
                             "does not exist: create it first")
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    atomic_write(path, text, mode=mode)
+
+
+def template_cache() -> Any:
+    """A Jinja bytecode cache in the user's own cache dir (``<cache>/templates``, 0700), or
+    None when that directory is not safely ours: compiled templates are code, so a
+    directory another user could write is never used. Failures to write are ignored."""
+    import stat
+
+    import jinja2
+
+    from hpctrain.jobs.index import cache_dir
+
+    class QuietCache(jinja2.FileSystemBytecodeCache):
+        def dump_bytecode(self, bucket: Any) -> None:
+            try:
+                super().dump_bytecode(bucket)
+            except OSError:
+                pass  # a full or read-only home only costs the next render its compile
+
+    path = cache_dir() / "templates"
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return QuietCache(str(path), "%s.jinja")

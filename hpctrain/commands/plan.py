@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 
 from hpctrain.errors import PlanError
-from hpctrain.partitions import Partition, load_partition
-from hpctrain.planner import Hardware, Plan, Request, Workload, make_plan, resolve_arch
+from hpctrain.spec.partitions import Partition, load_partition
+from hpctrain.planner import Hardware, Recommendation, Request, Workload, recommend, resolve_arch
 from hpctrain.planner.memory import MODES
 from hpctrain.planner.scaling import INTER_NODE, INTRA_NODE, curve_for
 from hpctrain.planner.sizes import parse_count, parse_gb
@@ -114,7 +114,7 @@ def plan(params: str, mode: str, partition: str | None, gpus_per_node: int | Non
     request = Request(workload, nodes, max_nodes, zero, None if recompute == "auto" else recompute,
                       None if tokens is None else parse_count(tokens, "--tokens"),
                       price_per_gpu_hour, mfu)
-    result = make_plan(request, hw)
+    result = recommend(request, hw)
 
     from hpctrain.planner import report
     written = None
@@ -131,12 +131,12 @@ def plan(params: str, mode: str, partition: str | None, gpus_per_node: int | Non
             click.echo(f"\nwrote job spec {written}; render it with: hpctrain render {written}")
 
 
-def _write_spec(result: Plan, part: Partition, path: str, name: str | None, time: str | None,
+def _write_spec(result: Recommendation, part: Partition, path: str, name: str | None, time: str | None,
                 command: str | None, checkpoint_dir: str | None) -> str:
     """Build, check (as `hpctrain render` will) and write the spec; returns the path."""
-    from hpctrain.layout import plan_layout
+    from hpctrain.spec.layout import plan_layout
     from hpctrain.planner.specfile import DEFAULT_TIME, spec_dict, spec_toml
-    from hpctrain.spec import JobSpec
+    from hpctrain.spec.model import JobSpec
     limit = time or (part.max_time if part.max_time != "UNLIMITED" else DEFAULT_TIME)
     spec = spec_dict(result, partition=part.name, name=name, time=limit,
                      command=shlex.split(command) if command else None,

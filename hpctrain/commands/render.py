@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from hpctrain.commands.options import load_spec, sets_option, templates_option, write_atomically
+from hpctrain.commands.options import (load_spec, sets_option, template_cache, templates_option,
+                                       write_atomically)
 
 
 @click.command()
@@ -23,10 +24,11 @@ def render(spec: str, sets: tuple[str, ...], output: str | None, python: str | N
     """Check SPEC against its partition and print the sbatch script."""
     import sys
 
-    from hpctrain.render import render as do_render
+    from hpctrain.render.script import render as do_render
 
     job = load_spec(spec, sets)
-    result = do_render(job, template_dirs, python=python or sys.executable)
+    result = do_render(job, template_dirs, python=python or sys.executable,
+                       bytecode_cache=template_cache())
     if output is None:
         click.echo(result.script, nl=False)
         return

@@ -1,8 +1,8 @@
 """``hpctrain report JOB [--json] [--html FILE]``: where a job's GPU-time went, run by run.
 
 Gathers sacct's runs (one call), the job's ledger and outcome, and rank 0's progress
-history from the job's state directory, then :func:`hpctrain.report.build` (pure) does the
-accounting and :mod:`hpctrain.report_html` draws the timeline. No torch.
+history from the job's state directory, then :func:`hpctrain.report.build.build` (pure) does the
+accounting and :mod:`hpctrain.report.html` draws the timeline. No torch.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from pathlib import Path
 
 import click
 
-from hpctrain import protocol, records
+from hpctrain import protocol
+from hpctrain.jobs import index
 from hpctrain.errors import ReportError, SlurmError
-from hpctrain.ledger import entries
-from hpctrain.report import CATEGORIES, Report, RunFacts, build
+from hpctrain.protocol.ledger import entries
+from hpctrain.report.build import CATEGORIES, Report, RunFacts, build
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sacct_parsable2
 from hpctrain.slurm.view import slurm_time
@@ -45,12 +46,12 @@ def report(job_id: str | None, as_json: bool, html: str | None, base: str | None
         return partition_report(partition, since, as_json)
     if not job_id:
         raise ReportError("give a JOB_ID (or --partition P for a partition's report)")
-    rec = records.find(job_id)
+    rec = index.find(job_id)
     if rec is not None and rec.kind == "sweep" and rec.sweep_id == job_id:
         return sweep_report(job_id, as_json)
     result = job_report(job_id, state_dir(job_id, base))
     if html:
-        from hpctrain.report_html import to_html
+        from hpctrain.report.html import to_html
 
         Path(html).write_text(to_html(result), encoding="utf-8")
     if as_json:
@@ -73,9 +74,9 @@ def job_report(key: str, state: Path, runs: list[RunFacts] | None = None) -> Rep
 
 def sweep_report(sweep_id: str, as_json: bool) -> int:
     """A sweep: one line per point, then the totals."""
-    from hpctrain.sweep import point_checkpoint_dir
+    from hpctrain.jobs.sweep import point_checkpoint_dir
 
-    members = records.sweep_members(sweep_id)
+    members = index.sweep_members(sweep_id)
     runs = sacct_runs(*(m.job_id for m in members))   # every task of every array at once
     points = []
     for member in members:
@@ -109,7 +110,7 @@ def sweep_report(sweep_id: str, as_json: bool) -> int:
 
 
 def state_dir(job_id: str, base: str | None) -> Path:
-    rec = records.find(job_id)
+    rec = index.find(job_id)
     bases = [base or ""]
     if rec is not None:
         bases += [rec.checkpoint_dir, rec.extra.get("submit_dir", "")]

@@ -1,6 +1,6 @@
 """``hpctrain report --partition P [--since 7d]``: gather a partition's runs (one sacct
 call), the partition's GraceTime, and the ledgers and histories of the jobs whose state
-directories this user can read (their own hpctrain jobs); :mod:`hpctrain.report_partition`
+directories this user can read (their own hpctrain jobs); :mod:`hpctrain.report.partition`
 aggregates."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ from pathlib import Path
 
 import click
 
-from hpctrain import protocol, records
+from hpctrain import protocol
+from hpctrain.jobs import index
 from hpctrain.commands.report import gpus_of, ledger_entries, sacct_runs
 from hpctrain.errors import ReportError, SlurmError
-from hpctrain.report import build
-from hpctrain.report_partition import PartitionReport, RunRow, aggregate
+from hpctrain.report.build import build
+from hpctrain.report.partition import PartitionReport, RunRow, aggregate
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_elapsed, parse_kv_records, parse_sacct_parsable2
 
@@ -55,7 +56,7 @@ def partition_report(partition: str, since: str, as_json: bool) -> int:
 
 def _readable_state_dir(job: str) -> Path | None:
     """The state directory of one of this user's hpctrain jobs (None for anyone else's)."""
-    rec = records.find(job)
+    rec = index.find(job)
     if rec is None:
         return None
     return protocol.find_state_dir(job, rec.checkpoint_dir, rec.extra.get("submit_dir", ""))

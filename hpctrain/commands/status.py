@@ -10,14 +10,14 @@ from typing import Any
 
 import click
 
-from hpctrain import protocol, records, watcher
-from hpctrain.commands.jobview import (format_cause, format_elapsed, format_requeues,
-                                       info_json, live_progress)
-from hpctrain.ledger import read_ledger, requeues_by_cause
-from hpctrain.records import JobRecord
+from hpctrain.commands.jobview import format_cause, format_elapsed, format_requeues
+from hpctrain.commands.table import table
+from hpctrain.jobs import index, poll
+from hpctrain.jobs.index import JobEntry
+from hpctrain.jobs.poll import Snapshot
+from hpctrain.jobs.sweep import point_checkpoint_dir
+from hpctrain.jobs.view import job_status, slurm_info
 from hpctrain.slurm.states import ORDER
-from hpctrain.sweep import point_checkpoint_dir
-from hpctrain.watcher import JobInfo, Snapshot
 
 
 @dataclass
@@ -73,7 +73,7 @@ def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
     targets = _targets(job_ids, limit)
     expand_ids = set(job_ids) if job_ids else set()
     ids = [t.job_id for t, _ in targets]
-    snap = watcher.poll(ids)
+    snap = poll.snapshot(ids)
     rows = []
     for rec, given in targets:
         if rec.kind == "sweep":
@@ -89,78 +89,58 @@ def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
         if snap.note:
             click.echo(f"note: {snap.note}", err=True)
         click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
-                   f"({records.record_path()}); submit one with `hpctrain submit SPEC`")
+                   f"({index.index_path()}); submit one with `hpctrain submit SPEC`")
     if watching:
-        return int(all(_info(g, t, snap).state.final for t, g in targets))
+        return int(all(slurm_info(g, t, snap).state.final for t, g in targets))
     return 0
 
 
-def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobRecord, str]]:
+def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobEntry, str]]:
     """(record, id as given) for the requested jobs, or the recent submissions."""
     if not job_ids:
-        return [(r, r.job_id) for r in records.load(limit)]
+        return [(r, r.job_id) for r in index.load(limit)]
     out = []
     for jid in job_ids:
-        rec = records.find(jid)
+        rec = index.find(jid)
         if rec is not None and rec.kind == "sweep" and rec.sweep_id == jid:
-            out += [(r, jid) for r in records.sweep_members(jid)]
+            out += [(r, jid) for r in index.sweep_members(jid)]
         else:
             # a job hpctrain did not submit still gets its Slurm state
-            out.append((rec or JobRecord(job_id=jid.split("_")[0], name="", kind="other",
+            out.append((rec or JobEntry(job_id=jid.split("_")[0], name="", kind="other",
                                          folder=""), jid))
     return out
 
 
-def _job_row(job_id: str, rec: JobRecord, snap: Snapshot) -> Row:
-    info = _info(job_id, rec, snap)
-    step = watcher.last_checkpoint_step(rec.checkpoint_dir)
-    dirs = (rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
-    # the supervisor's verdict on the last run (cause, failing rank and node, error)
-    verdict = protocol.find_record(job_id, protocol.OUTCOME, *dirs)
-    ledger = read_ledger(job_id, *dirs)
-    requeues = requeues_by_cause(info.requeues, ledger)
-    limit = ledger.limit if ledger is not None else None
-    in_place = ledger.restarts if ledger is not None else {}
-    excluded = ledger.excluded if ledger is not None else {}
-    cause = f"requeue limit {limit} reached" if limit else format_cause(verdict)
-    live = live_progress(job_id, *dirs) if str(info.state) == "RUNNING" else ""
-    cell = format_requeues(requeues)
-    if in_place:   # restarts of the step inside the allocation (the hang watchdog's)
-        cell = ("" if cell == "-" else cell + " ") + "in-place " + format_requeues(in_place)
+def _job_row(job_id: str, rec: JobEntry, snap: Snapshot) -> Row:
+    view = job_status(job_id, rec, snap)
+    info = view.info
+    limit = view.requeue_limit
+    cause = f"requeue limit {limit} reached" if limit else format_cause(view.verdict)
+    cell = format_requeues(info.requeues)
+    if view.restarts_in_place:   # restarts of the step inside the allocation (the watchdog's)
+        cell = (("" if cell == "-" else cell + " ") + "in-place "
+                + format_requeues(view.restarts_in_place))
     nodes = info.nodes or "-"
-    if excluded:
-        nodes += f" (excluded {','.join(excluded)})"
-    state = f"{info.state} {live}" if live else str(info.state)
-    return Row(job_id, info.name or rec.name, state, format_elapsed(info.elapsed_s),
-               nodes, cell, "-" if step is None else str(step), cause,
-               {"job_id": job_id, "name": info.name or rec.name, "kind": rec.kind,
-                **info_json(info), "requeues": requeues, "requeue_limit": limit,
-                "restarts_in_place": in_place, "excluded_nodes": excluded, "progress": live,
-                "hangs": (ledger.recoveries("hang") if ledger is not None else 0),
-                "last_checkpoint_step": step, "folder": rec.folder,
-                "cause": verdict.get("cause"), "verdict": verdict})
+    if view.excluded_nodes:
+        nodes += f" (excluded {','.join(view.excluded_nodes)})"
+    state = f"{info.state} {view.live}" if view.live else str(info.state)
+    return Row(job_id, info.name or rec.name, state, format_elapsed(info.elapsed_s), nodes,
+               cell, "-" if view.last_step is None else str(view.last_step), cause,
+               view.to_json())
 
 
-def _info(job_id: str, rec: JobRecord, snap: Snapshot) -> JobInfo:
-    if job_id in snap.infos:
-        return snap.infos[job_id]
-    if snap.source == "squeue":
-        return watcher.ended_without_accounting(job_id, rec.folder)
-    return snap.get(job_id)
-
-
-def _sweep_rows(rec: JobRecord, targets: list[tuple[JobRecord, str]], snap: Snapshot,
+def _sweep_rows(rec: JobEntry, targets: list[tuple[JobEntry, str]], snap: Snapshot,
                 expand: bool) -> list[Row]:
     """A sweep as one row (first array only; its siblings fold in), or one row per task."""
     members = [r for r, _ in targets if r.sweep_id == rec.sweep_id]
-    tasks: list[tuple[str, JobRecord, int]] = []
+    tasks: list[tuple[str, JobEntry, int]] = []
     for m in members:
         tasks += [(f"{m.job_id}_{t}", m, t) for t in range(m.num_tasks)]
     if expand:
         rows = []
         for tid, m, t in tasks:
             ckpt = point_checkpoint_dir(m, t)
-            row = _job_row(tid, JobRecord(**{**m.__dict__, "checkpoint_dir": ckpt}), snap)
+            row = _job_row(tid, JobEntry(**{**m.__dict__, "checkpoint_dir": ckpt}), snap)
             point = m.points[t] if t < len(m.points) else {}
             row.name = ",".join(f"{k}={v}" for k, v in point.items()) or row.name
             row.detail["point"] = point
@@ -170,7 +150,7 @@ def _sweep_rows(rec: JobRecord, targets: list[tuple[JobRecord, str]], snap: Snap
         return []
     counts: dict[str, int] = {}
     for tid, m, _ in tasks:
-        state = str(_info(tid, m, snap).state)
+        state = str(slurm_info(tid, m, snap).state)
         counts[state] = counts.get(state, 0) + 1
     summary = " ".join(f"{s}:{counts[s]}" for s in ORDER if s in counts)
     return [Row(rec.sweep_id, f"{rec.name} (sweep, {len(tasks)} points)", summary,
@@ -180,13 +160,6 @@ def _sweep_rows(rec: JobRecord, targets: list[tuple[JobRecord, str]], snap: Snap
 
 
 def _table(rows: list[Row]) -> str:
-    head = Row("JOBID", "NAME", "STATE", "ELAPSED", "NODES", "REQUEUES", "CKPT", "CAUSE")
     cols = ("job_id", "name", "state", "elapsed", "nodes", "requeues", "ckpt", "cause")
-    all_rows = [head, *rows]
-    widths = {c: min(48, max(len(str(getattr(r, c))) for r in all_rows)) for c in cols}
-    return "\n".join("  ".join(str(getattr(r, c))[:48].ljust(widths[c]) for c in cols).rstrip()
-                     for r in all_rows)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(status())
+    return table(["JOBID", "NAME", "STATE", "ELAPSED", "NODES", "REQUEUES", "CKPT", "CAUSE"],
+                 [[getattr(r, c) for c in cols] for r in rows])

@@ -9,10 +9,11 @@ from typing import Any
 
 import click
 
-from hpctrain.commands.jobview import (exit_code_for, format_elapsed, info_json, job_json,
-                                      progress_line)
+from hpctrain.commands.jobview import exit_code_for, format_elapsed, job_json, progress_line
 from hpctrain.commands.options import load_spec, sets_option, templates_option
-from hpctrain.spec import JobSpec
+from hpctrain.commands.table import table
+from hpctrain.jobs.view import info_json
+from hpctrain.spec.model import JobSpec
 
 
 @click.command()
@@ -31,7 +32,7 @@ def submit(spec_file: str, sets: tuple[str, ...], template_dirs: list[Any],
     spec = load_spec(spec_file, sets)
     if dry_run:
         return _dry_run(spec, template_dirs, as_json)
-    from hpctrain.api import submit as api_submit  # imports submitit: only when submitting
+    from hpctrain.jobs.submit import submit as api_submit  # imports submitit: only when submitting
 
     job = api_submit(spec, folder=folder, templates=template_dirs,
                      spec_path=os.path.abspath(spec_file))
@@ -81,7 +82,7 @@ def _wait(job: Any, as_json: bool) -> int:
 
 
 def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool) -> int:
-    from hpctrain.render import render
+    from hpctrain.render.script import render
 
     rendered = render(spec, template_dirs=templates, python=sys.executable)
     if as_json:
@@ -112,16 +113,11 @@ def plan_table(plan: Any, max_rows: int = 16) -> str:
         f"{plan.procs_per_task} process(es)/task",
         f"layout: world={plan.world} = tp {plan.tp} x dp {plan.dp} x pp {plan.pp} "
         "(rank order: tp fastest, then dp, then pp)",
-        f"{'rank':>5} {'node':>5} {'pp':>4} {'dp':>4} {'tp':>4}",
     ]
-    shown = range(min(plan.world, max_rows))
-    for rank in shown:
-        c = plan.coords(rank)
-        lines.append(f"{rank:>5} {plan.node_of(rank):>5} {c.pp:>4} {c.dp:>4} {c.tp:>4}")
+    rows = [[rank, plan.node_of(rank), *plan.coords(rank)] for rank in
+            range(min(plan.world, max_rows))]
+    lines.append(table(["rank", "node", "pp", "dp", "tp"], rows, right=range(5), gap=" "))
     if plan.world > max_rows:
         lines.append(f"  ... {plan.world - max_rows} more ranks")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(submit())

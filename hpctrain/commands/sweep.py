@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from hpctrain.commands.options import load_spec, sets_option, templates_option
-from hpctrain.spec import JobSpec
-from hpctrain.sweep import parse_grid, point_label
+from hpctrain.spec.model import JobSpec
+from hpctrain.jobs.sweep import parse_grid, point_label
 
 
 @click.command()
@@ -37,7 +37,7 @@ def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
     grid = parse_grid(grids)
     if dry_run:
         return _dry_run(spec, grid, max_parallel, template_dirs, as_json)
-    from hpctrain.api import submit_sweep  # imports submitit: only when submitting
+    from hpctrain.jobs.submit import submit_sweep  # imports submitit: only when submitting
 
     sw = submit_sweep(spec, grid, max_parallel=max_parallel, folder=folder,
                       templates=template_dirs, spec_path=os.path.abspath(spec_file))
@@ -59,8 +59,8 @@ def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
 
 def _dry_run(spec: JobSpec, grid: dict[str, list[str]], max_parallel: int | None,
              templates: list[Any], as_json: bool) -> int:
-    from hpctrain.api import render_sweep
-    from hpctrain.sweep import plan_arrays
+    from hpctrain.jobs.submit import render_sweep
+    from hpctrain.jobs.sweep import plan_arrays
 
     # every point must validate and render, with the same allocation
     points, specs, _, _ = render_sweep(spec, grid, templates)

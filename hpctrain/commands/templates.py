@@ -11,7 +11,7 @@ from hpctrain.errors import TemplateError
 
 
 def _dirs(template_dirs: list[Path]) -> list[Path]:
-    from hpctrain.render import resolve_dirs
+    from hpctrain.render.script import resolve_dirs
     return resolve_dirs(template_dirs)
 
 
@@ -33,7 +33,7 @@ def templates() -> None:
 @templates_option
 def list_(template_dirs: tuple[str, ...]) -> None:
     """Templates and partitions on the search path, and where each comes from."""
-    from hpctrain.partitions import partitions_in
+    from hpctrain.spec.partitions import partitions_in
 
     dirs = _dirs(template_dirs)
     click.echo("search path (first wins):")
@@ -57,7 +57,7 @@ def list_(template_dirs: tuple[str, ...]) -> None:
 @templates_option
 def show(name: str, template_dirs: tuple[str, ...]) -> None:
     """Print a template (e.g. base.sbatch.j2, launchers/srun.j2) or a partition's facts."""
-    from hpctrain.partitions import partitions_in
+    from hpctrain.spec.partitions import partitions_in
 
     dirs = _dirs(template_dirs)
     files = _template_files(dirs)
@@ -88,7 +88,7 @@ def show(name: str, template_dirs: tuple[str, ...]) -> None:
 @templates_option
 def check(slurm: bool, template_dirs: tuple[str, ...]) -> None:
     """Render every partition x launcher x layout; bash -n each; with --slurm, sbatch --test-only."""
-    from hpctrain.template_check import format_report, run_checks
+    from hpctrain.render.check import format_report, run_checks
 
     results = run_checks(_dirs(template_dirs), slurm=slurm)
     click.echo(format_report(results))

@@ -1,7 +1,7 @@
 """Pure rendering of the devcluster's configuration files from its shape and paths.
 
-Nothing here touches the machine: given a :class:`Shape` and a :class:`Layout` of
-paths it returns file contents, so the settings are easy to read and to test.
+Nothing here touches the machine: given a :class:`Shape` and a :class:`Paths`
+layout it returns file contents, so the settings are easy to read and to test.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from hpctrain.planner.memory import RECOMPUTE, Breakdown, Layout, Workload, breakdown
+from hpctrain.planner.memory import RECOMPUTE, Breakdown, Parallelism, Workload, breakdown
 from hpctrain.planner.scaling import Curve, efficiency
 from hpctrain.planner.sizes import GB
 
@@ -36,7 +36,7 @@ class Candidate:
 
     nodes: int
     gpus_per_node: int
-    layout: Layout
+    layout: Parallelism
     memory: Breakdown
     capacity: float  # bytes per GPU
     efficiency: dict[str, float]
@@ -98,7 +98,7 @@ def layouts_for(w: Workload, hw: Hardware, nodes: int, zero: int | None,
                 options = [Candidate(nodes, g, lay, breakdown(w, lay), capacity,
                                      efficiency(lay, g, nodes, hw.curve))
                            for z, r in _settings(w, pp, dp, zero, recompute)
-                           for lay in [Layout(tp, pp, dp, z, r)]]
+                           for lay in [Parallelism(tp, pp, dp, z, r)]]
                 if not options:
                     continue
                 fitting = [c for c in options if c.fits]

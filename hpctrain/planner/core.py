@@ -1,6 +1,6 @@
 """The planner's entry point: a request and the hardware in, a ranked plan out (pure).
 
-``make_plan`` enumerates the candidate layouts, recommends one (fewest GPUs that fit,
+``recommend`` enumerates the candidate layouts, recommends one (fewest GPUs that fit,
 then the highest estimated efficiency), estimates cost when tokens are given, and
 raises :class:`PlanError` with the smallest change that would fit when nothing does.
 """
@@ -32,7 +32,7 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Recommendation:
     """The ranked candidates, the recommended one and why, and the cost estimate."""
 
     request: Request
@@ -75,8 +75,8 @@ def _reason(best: Candidate, fitting: list[Candidate], fixed_nodes: bool) -> str
             f"({eff}) of the {len(same)} layout(s) on {best.gpus} GPUs that fit")
 
 
-def make_plan(req: Request, hw: Hardware) -> Plan:
-    """Plan ``req`` on ``hw``; :class:`PlanError` (with advice) when nothing fits."""
+def recommend(req: Request, hw: Hardware) -> Recommendation:
+    """Recommendation ``req`` on ``hw``; :class:`PlanError` (with advice) when nothing fits."""
     validate(req)
     candidates = search(req, hw)
     fitting = [c for c in candidates if c.fits]
@@ -92,7 +92,7 @@ def make_plan(req: Request, hw: Hardware) -> Plan:
     if req.tokens is not None:
         cost = estimate(req.workload.mode, req.workload.params, req.tokens, hw.gpu_peak_tflops,
                         best.gpus, req.mfu, req.price_per_gpu_hour)
-    return Plan(req, hw, candidates, best, _reason(best, fitting, req.nodes is not None), cost)
+    return Recommendation(req, hw, candidates, best, _reason(best, fitting, req.nodes is not None), cost)
 
 
 def validate(req: Request) -> None:

@@ -54,7 +54,7 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Parallelism:
     """How the GPUs of a job are split; ``zero`` and ``recompute`` are training settings."""
 
     tp: int = 1
@@ -88,7 +88,7 @@ def activation_bytes_per_layer(w: Workload, tp: int, recompute: str) -> float:
     raise ValueError(f"recompute={recompute!r} not in {RECOMPUTE}")
 
 
-def activation_bytes(w: Workload, lay: Layout) -> float:
+def activation_bytes(w: Workload, lay: Parallelism) -> float:
     """Activations held by the busiest (first) pipeline stage."""
     layers_per_stage = w.arch.layers / lay.pp
     in_flight = lay.pp  # 1F1B: the first stage holds pp micro-batches (Korthikanti §4.2.3)
@@ -98,13 +98,13 @@ def activation_bytes(w: Workload, lay: Layout) -> float:
     return held
 
 
-def kv_cache_bytes(w: Workload, lay: Layout) -> float:
+def kv_cache_bytes(w: Workload, lay: Parallelism) -> float:
     """K and V for every layer of this stage, heads split over tp."""
     return (2 * (w.arch.layers / lay.pp) * w.seq_len * w.micro_batch * w.arch.hidden
             * ACT_BYTES / lay.tp)
 
 
-def _state_terms(trainable: float, lay: Layout) -> dict[str, float]:
+def _state_terms(trainable: float, lay: Parallelism) -> dict[str, float]:
     """Mixed-precision Adam state of ``trainable`` params per model shard, ZeRO-sharded."""
     shard = {"weights": lay.dp if lay.zero >= 3 else 1,
              "gradients": lay.dp if lay.zero >= 2 else 1,
@@ -112,7 +112,7 @@ def _state_terms(trainable: float, lay: Layout) -> dict[str, float]:
     return {k: trainable * ADAM_BYTES[k] / shard[k] for k in ADAM_BYTES}
 
 
-def breakdown(w: Workload, lay: Layout) -> Breakdown:
+def breakdown(w: Workload, lay: Parallelism) -> Breakdown:
     """Every per-GPU memory term of ``w`` under ``lay``, overhead last."""
     per_shard = w.params / (lay.tp * lay.pp)  # tp and pp split the model
     layer_bf16 = w.arch.layer_params() * 2 / lay.tp

@@ -6,8 +6,8 @@ from dataclasses import asdict
 from typing import Any
 
 from hpctrain.planner.candidates import Candidate
-from hpctrain.planner.core import Plan
-from hpctrain.planner.memory import (FIXED_OVERHEAD, OVERHEAD_FRACTION, RECOMPUTE, Layout,
+from hpctrain.planner.core import Recommendation
+from hpctrain.planner.memory import (FIXED_OVERHEAD, OVERHEAD_FRACTION, RECOMPUTE, Parallelism,
                                      activation_bytes, model_and_optimizer_bytes)
 from hpctrain.planner.sizes import GB, gb, human_count
 
@@ -18,7 +18,7 @@ STATE_LABEL = {"train": "model state (weights, gradients, optimizer)",
                "inference": "weights"}
 
 
-def assumptions(plan: Plan) -> list[str]:
+def assumptions(plan: Recommendation) -> list[str]:
     """Every assumption behind the numbers, in words."""
     w = plan.request.workload
     out = [f"memory in {UNITS}; a GPU sold as '80GB' has 80 GiB = 85.9 GB, pass "
@@ -54,17 +54,17 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
             "fits": c.fits, "efficiency": {k: round(v, 4) for k, v in c.efficiency.items()}}
 
 
-def activations_by_recompute(plan: Plan) -> dict[str, float] | None:
+def activations_by_recompute(plan: Recommendation) -> dict[str, float] | None:
     """The recommended layout's activation memory with each recomputation choice."""
     w = plan.request.workload
     if w.mode == "inference":
         return None
     lay = plan.recommended.layout
-    return {r: gb(activation_bytes(w, Layout(lay.tp, lay.pp, lay.dp, lay.zero, r)))
+    return {r: gb(activation_bytes(w, Parallelism(lay.tp, lay.pp, lay.dp, lay.zero, r)))
             for r in RECOMPUTE}
 
 
-def shown_candidates(plan: Plan, show_all: bool = False) -> list[Candidate]:
+def shown_candidates(plan: Recommendation, show_all: bool = False) -> list[Candidate]:
     """The rows worth reading: a few smaller sizes, the recommended size, a few larger."""
     if show_all:
         return plan.candidates
@@ -79,7 +79,7 @@ def shown_candidates(plan: Plan, show_all: bool = False) -> list[Candidate]:
     return below + same + above
 
 
-def to_dict(plan: Plan, show_all: bool = False) -> dict[str, Any]:
+def to_dict(plan: Recommendation, show_all: bool = False) -> dict[str, Any]:
     """The whole plan as one JSON-ready object."""
     req, hw, w = plan.request, plan.hardware, plan.request.workload
     return {
@@ -112,7 +112,7 @@ def _row(c: Candidate, mark: str, inference: bool) -> str:
             f"{c.efficiency['total']:>5.0%}")
 
 
-def to_text(plan: Plan, show_all: bool = False) -> str:
+def to_text(plan: Recommendation, show_all: bool = False) -> str:
     """The plan as a readable report."""
     d = to_dict(plan, show_all)
     req, hw, w, best = plan.request, plan.hardware, plan.request.workload, plan.recommended

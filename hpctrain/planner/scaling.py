@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from hpctrain.errors import PlanError
-from hpctrain.planner.memory import Layout
+from hpctrain.planner.memory import Parallelism
 
 INTRA_NODE = {"nvlink": 0.92, "pcie": 0.80}
 INTER_NODE = {"infiniband": 0.99, "ethernet": 0.95}
@@ -71,7 +71,7 @@ def curve_for(intra_link: str, inter_link: str, overrides: Mapping[str, float]) 
     return Curve(**values)
 
 
-def efficiency(lay: Layout, gpus_per_node: int, nodes: int, curve: Curve) -> dict[str, float]:
+def efficiency(lay: Parallelism, gpus_per_node: int, nodes: int, curve: Curve) -> dict[str, float]:
     """Factors and their product (``total``) for ``lay`` on ``nodes`` nodes."""
     dp_nodes = max(1.0, lay.tp * lay.dp / gpus_per_node) if nodes > 1 else 1.0
     dp_exp = math.log2(dp_nodes) * (1.5 if lay.zero >= 3 else 1.0)

@@ -11,25 +11,25 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hpctrain.planner.core import Plan
+from hpctrain.planner.core import Recommendation
 from hpctrain.planner.sizes import gb, human_count
-from hpctrain.spec_toml import dumps
+from hpctrain.spec.tomlwriter import dumps
 
 DEFAULT_TIME = "24:00:00"  # when the partition has no finite max_time
 
 
-def default_name(plan: Plan) -> str:
+def default_name(plan: Recommendation) -> str:
     """``train-70b``, ``qlora-13b``: a Slurm-safe job name from the mode and size."""
     w = plan.request.workload
     return re.sub(r"[^A-Za-z0-9._+-]", "-", f"{w.mode}-{human_count(w.params).lower()}")
 
 
-def launcher_for(plan: Plan) -> str:
+def launcher_for(plan: Recommendation) -> str:
     """DeepSpeed when the plan uses a ZeRO stage, torchrun otherwise."""
     return "deepspeed" if plan.recommended.layout.zero >= 1 else "torchrun"
 
 
-def spec_dict(plan: Plan, *, partition: str, name: str | None = None, time: str | None = None,
+def spec_dict(plan: Recommendation, *, partition: str, name: str | None = None, time: str | None = None,
               command: list[str] | None = None, launcher: str | None = None,
               checkpoint_dir: str | None = None) -> dict[str, Any]:
     """The job spec for ``plan.recommended``, shaped like the TOML file."""
@@ -58,7 +58,7 @@ def spec_dict(plan: Plan, *, partition: str, name: str | None = None, time: str 
     return spec
 
 
-def spec_toml(plan: Plan, spec: dict[str, Any]) -> str:
+def spec_toml(plan: Recommendation, spec: dict[str, Any]) -> str:
     """TOML text of ``spec`` with the plan summarised in a comment header."""
     best = plan.recommended
     lay = best.layout

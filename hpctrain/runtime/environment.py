@@ -12,11 +12,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpctrain import protocol
+from hpctrain import hostlist, protocol
 from hpctrain.errors import LayoutError, SpecError
 from hpctrain.mesh import rank_to_coords  # the one rank numbering (Megatron order)
-
-DEFAULT_PORT_BASE = 20000  # MASTER_PORT default: base + job id % 10000, as the templates do
 
 
 @dataclass(frozen=True)
@@ -74,8 +72,8 @@ class Environment:
             node_rank=node_rank, num_nodes=num_nodes, job_id=protocol.job_key(env),
             slurm_job_id=slurm_job, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             tp=tp, dp=dp, pp=pp,
-            master_addr=env.get("MASTER_ADDR") or first_host(env.get("SLURM_JOB_NODELIST", "")),
-            master_port=_int(env, "MASTER_PORT", _default_port(slurm_job)),
+            master_addr=env.get("MASTER_ADDR") or hostlist.first(env.get("SLURM_JOB_NODELIST", "")),
+            master_port=_int(env, "MASTER_PORT", protocol.master_port(slurm_job)),
             exit_file=env.get(protocol.EXIT_FILE) or None,
             stop_file=env.get(protocol.STOP_FILE) or None,
             last_exit_cause=env.get(protocol.LAST_EXIT_CAUSE) or None,
@@ -84,36 +82,6 @@ class Environment:
             job_end_time=_float(env, "SLURM_JOB_END_TIME"),
             signal_lead_s=_float(env, protocol.SIGNAL_LEAD_S),
         )
-
-
-_BRACKET = re.compile(r"^([^\[,]*)\[([^\]]*)\](.*)$")
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm hostlist (``n[3-5,9],gpu1`` -> ``n3``); 127.0.0.1 if empty.
-
-    Only the first host is needed (the rendezvous address), so no full expansion.
-    """
-    head = _split_top(nodelist.strip())
-    if not head:
-        return "127.0.0.1"
-    match = _BRACKET.match(head)
-    if not match:
-        return head
-    prefix, ranges, suffix = match.groups()
-    first = ranges.split(",")[0].split("-")[0]
-    return f"{prefix}{first}{suffix}"
-
-
-def _split_top(nodelist: str) -> str:
-    """The first comma-separated element that is not inside brackets."""
-    depth = 0
-    for i, ch in enumerate(nodelist):
-        depth += ch == "["
-        depth -= ch == "]"
-        if ch == "," and depth == 0:
-            return nodelist[:i]
-    return nodelist
 
 
 def _layout(env: Mapping[str, str], world: int) -> tuple[int, int, int]:
@@ -139,11 +107,6 @@ def _slurm_tasks_per_node(env: Mapping[str, str], world: int, nodes: int) -> int
     raw = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE", "")
     match = re.match(r"^(\d+)", raw)
     return int(match.group(1)) if match else max(1, world // max(1, nodes))
-
-
-def _default_port(slurm_job: str | None) -> int:
-    digits = re.sub(r"\D", "", slurm_job or "")
-    return DEFAULT_PORT_BASE + (int(digits) % 10000 if digits else 9500)
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:

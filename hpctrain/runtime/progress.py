@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain import protocol as p
+from hpctrain.files import atomic_write
 
 ANSWER_POLL_S = 0.5   # how often the thread looks for a stack request
 
@@ -147,9 +148,7 @@ class Reporter:
         self._answered = seq
         try:
             self.stacks.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.stacks.with_name(f".{self.stacks.name}.tmp")
-            tmp.write_text(f"seq={seq}\n" + self.format_stacks())
-            os.replace(tmp, self.stacks)
+            atomic_write(self.stacks, f"seq={seq}\n" + self.format_stacks())
         except OSError:
             pass
 

@@ -1,4 +1,5 @@
-"""One job, asked about and acted on: what the job supervisor needs from Slurm.
+"""One job, asked about and acted on (what the job supervisor needs from Slurm), and the
+cluster facts a submission needs.
 
 Every call goes through :func:`hpctrain.slurm.client.run` (argv lists, timeouts, typed
 errors). A job is addressed by its *key*: ``123``, or ``120_3`` for an array task, never
@@ -13,7 +14,7 @@ import time
 
 from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm import client
-from hpctrain.slurm.parse import parse_kv_records
+from hpctrain.slurm.parse import parse_kv_records, parse_scontrol_config
 from hpctrain.slurm.view import JobView, job_view  # noqa: F401 - JobView: callers' type
 
 # Slurm's words for outcomes that are answers, not failures of the call
@@ -97,14 +98,6 @@ def kill_steps(key: str, *, timeout: float = 5.0) -> list[str]:
     return steps
 
 
-def hostnames(nodelist: str, *, timeout: float = 5.0) -> list[str]:
-    """``n[1-3]`` -> ``["n1", "n2", "n3"]`` (Slurm's own hostlist expansion)."""
-    if not nodelist:
-        return []
-    res = client.run(["scontrol", "show", "hostnames", nodelist], timeout=timeout, retries=1)
-    return res.stdout.split()
-
-
 def node_states(nodes: list[str], *, timeout: float = 5.0) -> dict[str, str]:
     """Slurm's state of each node: ``{"n1": "ALLOCATED", "n2": "DOWN*"}`` (``*``: not
     responding)."""
@@ -150,3 +143,11 @@ def run_on_nodes(argv: list[str], nodes: int, *, timeout: float = 60.0) -> str:
                       "--kill-on-bad-exit=0", "--quiet", *argv], timeout=timeout, retries=0,
                      check=False)
     return res.stdout + res.stderr
+
+
+def max_array_size(*, timeout: float = 10.0) -> int:
+    """The cluster's MaxArraySize (``scontrol show config``): task indices stay below it."""
+    config = parse_scontrol_config(client.run(["scontrol", "show", "config"],
+                                              timeout=timeout).stdout)
+    value = config.get("MaxArraySize", "1001")
+    return int(value) if value.isdigit() else 1001

@@ -117,8 +117,3 @@ def from_slurm(raw: str) -> State:
     word = raw.strip().split(" ")[0].rstrip("+").upper() if raw.strip() else ""
     word = SHORT_CODES.get(word, word)
     return TABLE.get(word, UNKNOWN)
-
-
-def requeue_cause(raw: str) -> str | None:
-    """The requeue cause an earlier run's final Slurm state stands for (None if none)."""
-    return from_slurm(raw).cause

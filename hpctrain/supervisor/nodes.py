@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 import time
 
+from hpctrain import hostlist
 from hpctrain.errors import SlurmError
-from hpctrain.ledger import line
+from hpctrain.protocol.ledger import line
 from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.diagnosis import srun_failures
@@ -42,7 +43,7 @@ class BadNodes:
         """This run's nodes Slurm calls unhealthy ({node: state}); noted as bad."""
         nodelist = self.nodelist or (view.node_list if view else "")
         try:
-            states = control.node_states(control.hostnames(nodelist))
+            states = control.node_states(hostlist.expand(nodelist))
         except SlurmError as exc:
             say(f"could not ask Slurm about the nodes {nodelist}: {exc}")
             return {}
@@ -93,7 +94,7 @@ class BadNodes:
         if not self.found or not self.enabled or view is None:
             return {}
         try:
-            excluded = set(control.hostnames(view.excluded)) if view.excluded else set()
+            excluded = set(hostlist.expand(view.excluded)) if view.excluded else set()
             nodes = {n: why for n, why in self.found.items() if n not in excluded}
             room = set(control.partition_nodes(view.partition)) - excluded - set(nodes)
         except SlurmError as exc:
@@ -109,7 +110,7 @@ class BadNodes:
     def exclude(self, state: StateDir, view: JobView, nodes: dict[str, str],
                 restart_count: int) -> bool:
         """Add ``nodes`` to the (requeued, pending) job's ExcNodeList; ledger lines."""
-        old = control.hostnames(view.excluded) if view.excluded else []
+        old = hostlist.expand(view.excluded) if view.excluded else []
         try:
             control.set_excluded(self.key, sorted(set(old) | set(nodes)))
         except SlurmError as exc:

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from hpctrain import protocol as p
 from hpctrain.errors import HpctrainError, SlurmError
-from hpctrain.ledger import line
+from hpctrain.protocol.ledger import line
 from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config

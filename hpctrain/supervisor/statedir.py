@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain import protocol
-from hpctrain.ledger import Ledger, parse_ledger
+from hpctrain.protocol.ledger import Ledger, parse_ledger
 
 
 @dataclass(frozen=True)

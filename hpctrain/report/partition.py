@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.report import Report
+from hpctrain.report.build import Report
 
 RUN_CAUSE = {"PREEMPTED": "preemption", "TIMEOUT": "time_limit", "NODE_FAIL": "node_fail",
              "REQUEUED": "requeued"}

@@ -115,7 +115,7 @@ def task_checkpoint_dir(base: str, index: int, width: int) -> str:
 
 def point_checkpoint_dir(rec: Any, task: int) -> str:
     """The checkpoint dir of task ``task`` of the sweep array recorded in ``rec`` (a
-    :class:`hpctrain.records.JobRecord`), '' when the sweep has none."""
+    :class:`hpctrain.jobs.index.JobEntry`), '' when the sweep has none."""
     if not rec.checkpoint_dir:
         return ""
     total = rec.extra.get("total_points", rec.sweep_offset + rec.num_tasks)

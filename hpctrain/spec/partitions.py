@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hpctrain.errors import PartitionError
-from hpctrain.resources import template_dirs
+from hpctrain.spec.site import template_dirs
 
 
 @dataclass(frozen=True)

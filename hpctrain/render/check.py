@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Sequence
 
 from hpctrain.errors import HpctrainError
-from hpctrain.partitions import Partition, partitions_in
-from hpctrain.spec import LAUNCHERS, JobSpec
-from hpctrain.validate import slurm_time_seconds
+from hpctrain.spec.partitions import Partition, partitions_in
+from hpctrain.spec.model import LAUNCHERS, JobSpec
+from hpctrain.spec.checks import slurm_time_seconds
 
 BASH_TIMEOUT_S = 10.0
 SBATCH_TIMEOUT_S = 30.0
@@ -90,7 +90,7 @@ def bash_syntax_error(script: str) -> str | None:
 def handover_error(script: str) -> str | None:
     """None when the script ends by handing the batch step to the supervisor, as
     base.sbatch.j2 does; else what is wrong (a site template dropped or broke it)."""
-    from hpctrain.render import SUPERVISOR_MODULE
+    from hpctrain.render.script import SUPERVISOR_MODULE
 
     lines = script.rstrip().splitlines()
     starts = [i for i, ln in enumerate(lines) if ln.lstrip().startswith("exec ")
@@ -119,7 +119,7 @@ def sbatch_test_only_error(script: str) -> str | None:
 
 
 def check_one(case: CheckCase, dirs: Sequence[Path], slurm: bool) -> CheckResult:
-    from hpctrain.render import render_script
+    from hpctrain.render.script import render_script
 
     try:
         script = render_script(case.spec, dirs)

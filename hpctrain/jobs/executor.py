@@ -1,6 +1,6 @@
 """Submission: hpctrain's rendered script, handed to submitit's Slurm executor.
 
-There is one script generator: ``hpctrain.render``. :class:`RenderedExecutor` is
+There is one script generator: ``hpctrain.render.script``. :class:`RenderedExecutor` is
 submitit's ``SlurmExecutor`` with its submission-file hook
 (``_make_submission_file_text``) returning the rendered script verbatim, so the file
 Slurm runs is byte for byte what ``hpctrain render`` prints. submitit keeps doing what
@@ -70,7 +70,11 @@ class RenderedExecutor(submitit.SlurmExecutor):
         return self._submit_command(self._submitit_command_str)
 
     def _submit_command(self, command: str) -> Any:
-        """submitit's submission step, with sbatch run through hpctrain.slurm.client."""
+        """submitit's submission step (``PicklingExecutor._submit_command``, mirrored step by
+        step) with sbatch run through hpctrain.slurm.client instead of CommandFunction.
+
+        A private member of submitit: setup.cfg pins the submitit versions the tests
+        prove, and tests/unit/test_submitit_contract.py fails when upstream's steps change."""
         tmp_uuid = uuid.uuid4().hex
         base = JobPaths.get_first_id_independent_folder(self.folder)
         base.mkdir(parents=True, exist_ok=True)
@@ -93,9 +97,10 @@ class RenderedExecutor(submitit.SlurmExecutor):
                              "(check partition, nodes, GPUs, time and account in the spec; "
                              "`hpctrain submit --dry-run` shows the script)") from None
         job_id = parse_sbatch_parsable(res.stdout)
-        job = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._tasks)))
+        job = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
         job.paths.move_temporary_file(tmp, "submission_file", keep_as_symlink=True)
         self._write_job_id(job.job_id, tmp_uuid)
+        self._set_job_permissions(job.paths.folder)
         return job
 
 
@@ -115,7 +120,7 @@ def function_results(job: Any, info: Any) -> Any:
     """
     from submitit.core.utils import UncompletedJobError
 
-    from hpctrain.job import JobError
+    from hpctrain.errors import JobError
 
     ntasks = max(1, job.record.num_tasks)
     sjob = submitit.SlurmJob(folder=job.folder, job_id=job.job_id, tasks=list(range(ntasks)))

@@ -1,8 +1,8 @@
 """The handle on a submitted job: ``job_id``, ``state``, ``wait()``, ``logs()``, ``cancel()``, ``result()``.
 
-A :class:`Job` is built from the local record (``hpctrain.records``), so it works
+A :class:`Job` is built from the local record (``hpctrain.jobs.index``), so it works
 the same from the submitting notebook, from another shell (``Job.attach("123")``) and
-from the CLI. States come from one batched poll (``hpctrain.watcher``); results of
+from the CLI. States come from one batched poll (``hpctrain.jobs.poll``); results of
 function jobs from submitit's result files, imported only when asked for.
 """
 
@@ -10,24 +10,18 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hpctrain import records, watcher
-from hpctrain.errors import HpctrainError, SlurmError
-from hpctrain.ledger import read_ledger, requeues_by_cause
-from hpctrain.records import JobRecord
+from hpctrain.jobs import index, poll
+from hpctrain.errors import JobError, SlurmError
+from hpctrain.jobs.index import JobEntry
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sbatch_directives
 from hpctrain.slurm.states import ENDED, State
-from hpctrain.watcher import JobInfo
-
-
-class JobError(HpctrainError):
-    """A job ended badly, or asked for something it does not have (a script job's result)."""
-
-    exit_code = 6
+from hpctrain.jobs.poll import JobInfo
+from hpctrain.jobs.view import job_status
 
 
 def is_over(info: JobInfo, queued: Callable[[], bool]) -> bool:
@@ -47,7 +41,7 @@ def is_over(info: JobInfo, queued: Callable[[], bool]) -> bool:
 class Job:
     """A submitted hpctrain job (or one task of a sweep array: ``123_4``)."""
 
-    def __init__(self, record: JobRecord, task: str | None = None,
+    def __init__(self, record: JobEntry, task: str | None = None,
                  submitit_job: Any = None) -> None:
         self.record = record
         self.job_id = f"{record.job_id}_{task}" if task is not None else record.job_id
@@ -56,9 +50,9 @@ class Job:
     @classmethod
     def attach(cls, job_id: str) -> "Job":
         """The handle of a job submitted earlier through hpctrain (from the local record)."""
-        rec = records.find(job_id)
+        rec = index.find(job_id)
         if rec is None:
-            raise JobError(f"job {job_id} is not in hpctrain's record ({records.record_path()}): "
+            raise JobError(f"job {job_id} is not in hpctrain's record ({index.index_path()}): "
                            "pass a job id that `hpctrain status` lists")
         task = job_id.split("_", 1)[1] if "_" in job_id else None
         return cls(rec, task)
@@ -72,15 +66,10 @@ class Job:
 
     # ---- state ------------------------------------------------------------------------
     def info(self) -> JobInfo:
-        """What Slurm says now (one sacct call; squeue and the job folder without sacct)."""
-        snap = watcher.poll([self.job_id])
-        info = snap.get(self.job_id)
-        if snap.source == "squeue" and self.job_id not in snap.infos:
-            info = watcher.ended_without_accounting(self.job_id, self.folder)
-        # requeues by cause: the supervisor's ledger knows them (plain file reads)
-        ledger = read_ledger(self.job_id, self.record.checkpoint_dir,
-                             self.record.extra.get("submit_dir", ""))
-        return replace(info, requeues=requeues_by_cause(info.requeues, ledger))
+        """What Slurm says now (one sacct call; squeue and the job folder without sacct),
+        with requeue causes from the supervisor's ledger (plain file reads)."""
+        return job_status(self.job_id, self.record, poll.snapshot([self.job_id]),
+                          details=False).info
 
     @property
     def state(self) -> State:
@@ -88,7 +77,7 @@ class Job:
         return self.info().state
 
     def done(self) -> bool:
-        return is_over(self.info(), lambda: self.job_id in watcher.queued_ids([self.job_id]))
+        return is_over(self.info(), lambda: self.job_id in poll.queued_ids([self.job_id]))
 
     def wait(self, timeout_s: float | None = None, poll_s: float = 2.0,
              on_update: Callable[[JobInfo], None] | None = None) -> JobInfo:
@@ -102,7 +91,7 @@ class Job:
             info = self.info()
             if on_update is not None:
                 on_update(info)
-            if is_over(info, lambda: self.job_id in watcher.queued_ids([self.job_id])):
+            if is_over(info, lambda: self.job_id in poll.queued_ids([self.job_id])):
                 return info
             if info.state is ENDED:
                 return info
@@ -168,7 +157,7 @@ class Job:
     def _raw_id(self) -> str | None:
         if "_" not in self.job_id:
             return None
-        return watcher.poll([self.job_id]).get(self.job_id).raw_id or None
+        return poll.snapshot([self.job_id]).get(self.job_id).raw_id or None
 
     # ---- control ----------------------------------------------------------------------
     def cancel(self) -> None:
@@ -185,7 +174,7 @@ class Job:
             raise JobError(f"job {self.job_id} runs a script, not a Python callable: it has no "
                            "result; read its output with job.logs() / `hpctrain logs`")
         info = self.wait(timeout_s=timeout_s)
-        from hpctrain.submission import function_results
+        from hpctrain.jobs.executor import function_results
         return function_results(self, info)
 
 

@@ -3,7 +3,7 @@
 A spec is checked on construction (types, names, Slurm time formats, every value
 that will reach the script), so a :class:`JobSpec` that exists is well formed. Whether
 it *fits* a partition (GPUs per node, layout divisibility, time limit) is the job of
-:func:`hpctrain.layout.plan_layout`. Everything here is pure: no environment, no
+:func:`hpctrain.spec.layout.plan_layout`. Everything here is pure: no environment, no
 subprocess; :meth:`JobSpec.load` only reads the one file it is given.
 
 Field reference: docs/spec.md.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import SpecError
-from hpctrain.validate import (ENV_KEY_RE, MAIL_RE, check_directive_value, check_name,
+from hpctrain.spec.checks import (ENV_KEY_RE, MAIL_RE, check_directive_value, check_name,
                                check_sbatch_option, check_signal, check_text, closest,
                                slurm_time_seconds)
 
@@ -330,7 +330,7 @@ class JobSpec:
 
     def to_toml(self) -> str:
         """TOML text that :meth:`load` reads back into an equal spec."""
-        from hpctrain.spec_toml import dumps
+        from hpctrain.spec.tomlwriter import dumps
         return dumps(self.to_dict())
 
     @property

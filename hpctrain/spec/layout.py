@@ -16,19 +16,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.errors import LayoutError
-from hpctrain.mesh import Coords, Layout, coords_to_rank, rank_to_coords
-from hpctrain.partitions import Partition
-from hpctrain.spec import JobSpec
-from hpctrain.validate import slurm_time_seconds
+from hpctrain.mesh import Coords, Mesh, coords_to_rank, rank_to_coords
+from hpctrain.spec.partitions import Partition
+from hpctrain.spec.model import JobSpec
+from hpctrain.spec.checks import slurm_time_seconds
 
-__all__ = ["Coords", "Layout", "LayoutPlan", "coords_to_rank", "plan_layout", "rank_to_coords"]
+__all__ = ["Coords", "LayoutPlan", "Mesh", "coords_to_rank", "plan_layout", "rank_to_coords"]
 
 
 @dataclass(frozen=True)
 class LayoutPlan:
     """A checked layout plus what the allocation and launcher need to realise it."""
 
-    layout: Layout
+    layout: Mesh
     nodes: int
     gpus_per_node: int
     launcher: str
@@ -97,7 +97,7 @@ def _check_time(spec: JobSpec, partition: Partition) -> int | None:
     return time_s
 
 
-def _check_layout(spec: JobSpec, gpn: int) -> Layout:
+def _check_layout(spec: JobSpec, gpn: int) -> Mesh:
     tp, pp, world = spec.layout.tp, spec.layout.pp, spec.nodes * gpn
     if gpn % tp:
         raise LayoutError(f"tp={tp} does not divide gpus_per_node={gpn}: choose tp in "
@@ -123,4 +123,4 @@ def _check_layout(spec: JobSpec, gpn: int) -> Layout:
         ok = [t for t in _divisors(gpn) if heads % t == 0]
         raise LayoutError(f"num_heads={heads} is not divisible by tp={tp} (each tensor-"
                           f"parallel rank holds whole heads): choose tp in {_choices(ok)}")
-    return Layout(tp=tp, dp=dp, pp=pp)
+    return Mesh(tp=tp, dp=dp, pp=pp)

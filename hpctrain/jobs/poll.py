@@ -1,6 +1,6 @@
 """Job states for many jobs in ONE batched Slurm call.
 
-``poll(ids)`` asks ``sacct`` once for every job (``-D`` keeps earlier runs of requeued
+``snapshot(ids)`` asks ``sacct`` once for every job (``-D`` keeps earlier runs of requeued
 jobs, which is where requeue counts by cause come from). Where accounting is not
 available (no ``sacct``, or "accounting storage is disabled") it falls back to one
 ``squeue`` call plus the job folders, and says so in :attr:`Snapshot.note`.
@@ -62,12 +62,6 @@ class Snapshot:
 
     def get(self, job_id: str) -> JobInfo:
         return self.infos.get(job_id) or JobInfo(job_id, UNKNOWN)
-
-    def tasks_of(self, array_id: str) -> list[JobInfo]:
-        """The tasks of an array job, by task id."""
-        prefix = f"{array_id}_"
-        found = [i for k, i in self.infos.items() if k.startswith(prefix)]
-        return sorted(found, key=lambda i: int(i.job_id.split("_")[1]))
 
 
 _PENDING_RANGE = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
@@ -135,7 +129,7 @@ def _none_to_empty(value: str) -> str:
     return "" if value in ("None", "None assigned", "(null)") else value
 
 
-def poll(job_ids: Sequence[str], *, use_sacct: bool = True) -> Snapshot:
+def snapshot(job_ids: Sequence[str], *, use_sacct: bool = True) -> Snapshot:
     """States of many jobs with ONE Slurm call (two without accounting).
 
     ``job_ids`` are plain job ids or array job ids; an array id returns all its tasks.

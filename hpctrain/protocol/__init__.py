@@ -32,6 +32,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpctrain.files import atomic_write
+
 # ---- environment: set by the rendered script or the supervisor, read by the others ------
 STATE_DIR = "HPCTRAIN_STATE_DIR"              # the job's state directory (this module)
 EXIT_FILE = "HPCTRAIN_EXIT_FILE"              # where the runtime leaves its exit record
@@ -62,6 +64,19 @@ MAX_STEP_RESTARTS = "HPCTRAIN_MAX_STEP_RESTARTS"
 EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
 HEALTH_CHECK = "HPCTRAIN_HEALTH_CHECK"        # the partition's node check: a JSON argv list
 HEALTH_CHECK_TIMEOUT_S = "HPCTRAIN_HEALTH_CHECK_TIMEOUT_S"
+
+# ---- the rendezvous port: one rule for the template, the runtime and function jobs ---------
+# 20000-29999 from the job id: clear of Slurm's own ports and of the ephemeral range, and two
+# jobs sharing a node do not collide unless their ids are 10000 apart
+PORT_BASE, PORT_SPAN = 20000, 10000
+
+
+def master_port(slurm_job_id: str | int | None) -> int:
+    """MASTER_PORT of job ``slurm_job_id`` (the raw SLURM_JOB_ID); outside Slurm, torch's own
+    default 29500."""
+    digits = str(slurm_job_id or "").strip()
+    return PORT_BASE + (int(digits) % PORT_SPAN if digits.isdigit() else 9500)
+
 
 # ---- the state directory ------------------------------------------------------------------
 STATE_SUBDIR = (".hpctrain", "jobs")
@@ -114,9 +129,7 @@ def write_record(path: str | os.PathLike[str], fields: Mapping[str, object]) -> 
     """Write atomically (tmp + rename), so a kill mid-write leaves the old record or none."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(format_record(fields))
-    os.replace(tmp, path)
+    atomic_write(path, format_record(fields))
 
 
 def read_record(path: str | os.PathLike[str] | None) -> dict[str, str]:

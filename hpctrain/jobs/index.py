@@ -23,7 +23,7 @@ JOBS_DIR_ENV = "HPCTRAIN_JOBS_DIR"
 
 
 @dataclass
-class JobRecord:
+class JobEntry:
     """What hpctrain remembers about one submission (a job, or one array of a sweep)."""
 
     job_id: str                      # Slurm job id (the array job id for a sweep chunk)
@@ -43,7 +43,7 @@ class JobRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "JobRecord":
+    def from_dict(cls, data: dict[str, Any]) -> "JobEntry":
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -74,16 +74,16 @@ def job_folder(name: str, root: str | os.PathLike[str] | None = None) -> Path:
     return (Path(root) if root else jobs_root()).expanduser().absolute() / name
 
 
-def record_path() -> Path:
+def index_path() -> Path:
     return cache_dir() / "jobs.jsonl"
 
 
-def append(records: Iterable[JobRecord]) -> None:
+def append(records: Iterable[JobEntry]) -> None:
     """Add records (one locked append, so concurrent writers never interleave)."""
     lines = "".join(json.dumps(asdict(r), sort_keys=True) + "\n" for r in records)
     if not lines:
         return
-    path = record_path()
+    path = index_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -93,25 +93,25 @@ def append(records: Iterable[JobRecord]) -> None:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def load(limit: int | None = None) -> list[JobRecord]:
+def load(limit: int | None = None) -> list[JobEntry]:
     """Every record, oldest first (the newest ``limit`` when given).
 
     A damaged line (a crash mid-write on another machine's NFS) is skipped, not fatal:
     the other records stay readable.
     """
-    path = record_path()
+    path = index_path()
     if not path.is_file():
         return []
     records = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            records.append(JobRecord.from_dict(json.loads(line)))
+            records.append(JobEntry.from_dict(json.loads(line)))
         except (ValueError, TypeError):
             continue
     return records[-limit:] if limit else records
 
 
-def find(job_id: str) -> JobRecord | None:
+def find(job_id: str) -> JobEntry | None:
     """The record of a job id, an array task id (``123_4``) or a sweep id."""
     base = job_id.split("_")[0]
     for rec in reversed(load()):
@@ -120,6 +120,6 @@ def find(job_id: str) -> JobRecord | None:
     return None
 
 
-def sweep_members(sweep_id: str) -> list[JobRecord]:
+def sweep_members(sweep_id: str) -> list[JobEntry]:
     """The arrays of one sweep, in submission order."""
     return [r for r in load() if r.sweep_id == sweep_id]

@@ -29,11 +29,11 @@ from jinja2.runtime import BlockReference, Context
 
 from hpctrain import __version__, protocol
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
-from hpctrain.layout import LayoutPlan, plan_layout
-from hpctrain.partitions import Partition, find_partition
-from hpctrain.resources import template_dirs as _search_path
-from hpctrain.spec import JobSpec
-from hpctrain.validate import DIRECTIVE_VALUE_RE, ENV_KEY_RE
+from hpctrain.spec.layout import LayoutPlan, plan_layout
+from hpctrain.spec.partitions import Partition, find_partition
+from hpctrain.spec.site import template_dirs as _search_path
+from hpctrain.spec.model import JobSpec
+from hpctrain.spec.checks import DIRECTIVE_VALUE_RE, ENV_KEY_RE
 
 BASE_TEMPLATE = "base.sbatch.j2"
 DEFAULT_OUTPUT = "hpctrain-%x-%j.out"
@@ -108,21 +108,26 @@ class _SafeContext(Context):
         return _SafeBlock(ref) if isinstance(ref, BlockReference) else ref
 
 
-def environment(dirs: Sequence[Path]) -> jinja2.Environment:
+def environment(dirs: Sequence[Path],
+                bytecode_cache: jinja2.BytecodeCache | None = None) -> jinja2.Environment:
     """The Jinja environment over ``dirs`` (first match wins): strict and shell-safe.
 
     Cached per search path so a sweep of 1000 points compiles each template once; Jinja's
     loader still notices an edited template file (auto_reload compares mtimes).
+    ``bytecode_cache`` (the CLI passes one under the user's cache dir) keeps compiled
+    templates between processes: compiling them is a third of a ``hpctrain render``.
     """
-    return _environment(tuple(dirs))
+    return _environment(tuple(dirs), bytecode_cache)
 
 
 @functools.lru_cache(maxsize=16)
-def _environment(dirs: tuple[Path, ...]) -> jinja2.Environment:
+def _environment(dirs: tuple[Path, ...],
+                 bytecode_cache: jinja2.BytecodeCache | None) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(d) for d in dirs]),
         undefined=jinja2.StrictUndefined, autoescape=False, finalize=_finalize,
-        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+        trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+        bytecode_cache=bytecode_cache)
     env.context_class = _SafeContext
     env.filters.update(shq=shq, directive=directive, envname=envname)
     return env
@@ -148,16 +153,18 @@ def resolve_dirs(template_dirs: Iterable[str | Path] = ()) -> list[Path]:
 
 
 def render(spec: JobSpec, template_dirs: Iterable[str | Path] = (), *,
-           python: str = DEFAULT_PYTHON) -> Rendered:
+           python: str = DEFAULT_PYTHON,
+           bytecode_cache: jinja2.BytecodeCache | None = None) -> Rendered:
     """Plan ``spec`` on its partition and render it; raises SpecError/LayoutError/TemplateError.
 
     ``python`` runs the job supervisor in the job: an interpreter that can import hpctrain
-    on the compute nodes (the submitting one, on a cluster with shared home or software)."""
+    on the compute nodes (the submitting one, on a cluster with shared home or software).
+    ``bytecode_cache``: see :func:`environment`."""
     dirs = resolve_dirs(template_dirs)
     partition = find_partition(spec.partition, dirs)
     plan = plan_layout(spec, partition)
     context = render_context(spec, plan, partition, python)
-    env = environment(dirs)
+    env = environment(dirs, bytecode_cache)
     name = f"partitions/{partition.name}.sbatch.j2"
     if not any((d / name).is_file() for d in dirs):
         name = BASE_TEMPLATE
@@ -215,6 +222,9 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         # the batch step's stop signals: the time-limit warning (--signal=B:...) and TERM
         "stop_signals": list(dict.fromkeys((spec.requeue.signal, "TERM"))),
         "torchrun": torchrun_argv(spec.run.command) if plan.launcher == "torchrun" else None,
+        # the rendezvous port rule (protocol.master_port), in the script's own arithmetic
+        "port_base": protocol.PORT_BASE,
+        "port_span": protocol.PORT_SPAN,
     }
 
 

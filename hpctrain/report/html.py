@@ -1,4 +1,4 @@
-"""A :class:`hpctrain.report.Report` as one self-contained HTML page (inline SVG, no
+"""A :class:`hpctrain.report.build.Report` as one self-contained HTML page (inline SVG, no
 scripts, no network), readable offline on a login node. Pure.
 
 Two panels: one lane per run (queue wait, start-up, training, stopping, each attempt's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from html import escape
 
-from hpctrain.report import CATEGORIES, Report
+from hpctrain.report.build import CATEGORIES, Report
 
 WIDTH, LANE, LEFT, RIGHT = 960, 34, 70, 90   # RIGHT: room for the last cause
 COLORS = {"queue": "#d9d9d9", "startup": "#f0b429", "training": "#3f9142",

@@ -21,7 +21,7 @@ ENV_VAR = "HPCTRAIN_TEMPLATES"
 
 def builtin_templates_dir() -> Path:
     """The built-in templates directory, from a wheel or from a source checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the hpctrain package
     for candidate in (here / "templates", here.parent / "templates"):
         if (candidate / "base.sbatch.j2").is_file() or (candidate / "partitions").is_dir():
             return candidate

@@ -1,0 +1,116 @@
+"""The one view of a job: what Slurm says, completed by what the job's own files say.
+
+Slurm (one batched :func:`hpctrain.jobs.poll.snapshot`) is the source of truth for the
+state; the job's state directory adds detail Slurm does not keep (requeue causes from the
+supervisor's ledger, its verdict on the last run, live progress) and the checkpoint dir
+the last saved step. :meth:`Job.info <hpctrain.jobs.handle.Job.info>`, ``hpctrain status``
+and ``submit --wait`` all build their view here. Plain file reads: no torch, no extra
+Slurm call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hpctrain import protocol
+from hpctrain.jobs.index import JobEntry
+from hpctrain.jobs.poll import JobInfo, Snapshot, ended_without_accounting, last_checkpoint_step
+from hpctrain.protocol.ledger import Ledger, read_ledger, requeues_by_cause
+
+
+def state_dirs(entry: JobEntry) -> tuple[str, str]:
+    """Where a job's state directory may be: under its checkpoint dir, else its submit dir."""
+    return entry.checkpoint_dir, entry.extra.get("submit_dir", "")
+
+
+def slurm_info(job_id: str, entry: JobEntry, snap: Snapshot) -> JobInfo:
+    """Slurm's word on ``job_id`` from ``snap``; without accounting, a job that left the
+    queue has ended (its folder says whether it left a result)."""
+    if job_id in snap.infos:
+        return snap.infos[job_id]
+    if snap.source == "squeue":
+        return ended_without_accounting(job_id, entry.folder)
+    return snap.get(job_id)
+
+
+@dataclass
+class JobStatus:
+    """A job as ``hpctrain status`` shows it: Slurm's info (requeue causes completed by the
+    ledger) and what the job's state directory and checkpoint dir add."""
+
+    job_id: str
+    entry: JobEntry
+    info: JobInfo
+    ledger: Ledger | None = None
+    verdict: dict[str, str] = field(default_factory=dict)   # the supervisor's outcome record
+    last_step: int | None = None
+    live: str = ""                                           # progress line while RUNNING
+
+    @property
+    def requeue_limit(self) -> str | None:
+        return self.ledger.limit if self.ledger is not None else None
+
+    @property
+    def restarts_in_place(self) -> dict[str, int]:
+        return self.ledger.restarts if self.ledger is not None else {}
+
+    @property
+    def excluded_nodes(self) -> dict[str, str]:
+        return self.ledger.excluded if self.ledger is not None else {}
+
+    @property
+    def hangs(self) -> int:
+        return self.ledger.recoveries("hang") if self.ledger is not None else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "name": self.info.name or self.entry.name,
+                "kind": self.entry.kind, **info_json(self.info),
+                "requeue_limit": self.requeue_limit,
+                "restarts_in_place": self.restarts_in_place,
+                "excluded_nodes": self.excluded_nodes, "progress": self.live,
+                "hangs": self.hangs, "last_checkpoint_step": self.last_step,
+                "folder": self.entry.folder, "cause": self.verdict.get("cause"),
+                "verdict": self.verdict}
+
+
+def info_json(info: JobInfo) -> dict[str, Any]:
+    """Slurm's part of the view, as ``status --json`` and ``submit --wait --json`` print it."""
+    return {"state": str(info.state), "slurm_state": info.slurm_state,
+            "outcome": info.state.outcome.value, "elapsed_s": info.elapsed_s,
+            "nodes": info.nodes, "num_nodes": info.num_nodes, "exit_code": info.exit_code,
+            "reason": info.reason, "requeues": info.requeues}
+
+
+def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = True) -> JobStatus:
+    """The view of ``job_id``; ``details=False`` stops at Slurm's info and the ledger
+    (what :meth:`Job.info` needs), skipping the verdict, checkpoint and progress reads."""
+    dirs = state_dirs(entry)
+    info = slurm_info(job_id, entry, snap)
+    ledger = read_ledger(job_id, *dirs)
+    info = replace(info, requeues=requeues_by_cause(info.requeues, ledger))
+    if not details:
+        return JobStatus(job_id, entry, info, ledger)
+    return JobStatus(job_id, entry, info, ledger,
+                     verdict=protocol.find_record(job_id, protocol.OUTCOME, *dirs),
+                     last_step=last_checkpoint_step(entry.checkpoint_dir),
+                     live=live_progress(job_id, *dirs) if str(info.state) == "RUNNING" else "")
+
+
+def live_progress(key: str, *bases: str) -> str:
+    """``step 17 (training, 3.2 steps/s)`` from rank 0's progress record and the tail of
+    its history (a job using hpctrain.runtime); '' when there is none."""
+    state = protocol.find_state_dir(key, *bases)
+    if state is None:
+        return ""
+    record = protocol.read_record(protocol.rank_file(state, protocol.PROGRESS, 0))
+    if not record:
+        return ""
+    run = (int(record.get("restart_count") or 0), int(record.get("attempt") or 0))
+    steps = [e for e in protocol.read_history(state, tail_bytes=8192)
+             if e.get("event") == "step" and (e.get("restart"), e.get("attempt")) == run]
+    rate = ""
+    if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
+        rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
+    shown = record.get("step") or record.get("boundaries", "?")
+    return f"step {shown} ({record.get('phase', '?')}{rate})"
