@@ -5,7 +5,9 @@
 Measures, in one run, against baselines taken in the same run:
 
 1. ``hpctrain render SPEC`` and ``hpctrain status`` (100 recorded jobs: one held job
-   array of 100 tasks, so the cluster runs nothing) wall time, against ``python -c pass``;
+   array of 100 tasks, so the cluster runs nothing) wall time, against ``python -c pass``,
+   the three taken in turn (medians; one warm-up run each: .pyc files and the template
+   cache exist on a login node after the first command);
 2. submitting a 1000-point sweep (``hpctrain sweep --grid ...``: renders 1000 scripts,
    ONE ``sbatch --array``) against 1000 single ``sbatch`` calls of one rendered script.
    Every job is submitted with ``--hold`` so the devcluster is not flooded, and all
@@ -47,16 +49,26 @@ command = ["bash", "-c", "echo $P"]
 """
 
 
-def timed(argv: list[str], env: dict[str, str], runs: int) -> list[float]:
-    """Wall seconds of ``runs`` runs of argv (each must succeed)."""
-    out = []
+def run_once(argv: list[str], env: dict[str, str]) -> float:
+    """Wall seconds of one run of argv (it must succeed)."""
+    t = time.perf_counter()
+    res = subprocess.run(argv, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - t
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {res.stderr}")
+    return elapsed
+
+
+def interleaved(commands: dict[str, list[str]], env: dict[str, str], runs: int) -> dict[str, float]:
+    """Median wall seconds of each command, runs taken in turn (a, b, c, a, b, c, ...) after
+    one warm-up each, so a noisy neighbour slows every command alike, not one of them."""
+    for argv in commands.values():
+        run_once(argv, env)   # warm: .pyc files and the template cache, as on a login node
+    times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
-        t = time.perf_counter()
-        res = subprocess.run(argv, env=env, capture_output=True, text=True)
-        out.append(time.perf_counter() - t)
-        if res.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed: {res.stderr}")
-    return out
+        for name, argv in commands.items():
+            times[name].append(run_once(argv, env))
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def sbatch(args: list[str], env: dict[str, str]) -> str:
@@ -67,7 +79,7 @@ def sbatch(args: list[str], env: dict[str, str]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=10, help="runs per CLI timing (median kept)")
+    ap.add_argument("--runs", type=int, default=15, help="runs per CLI timing (median kept)")
     ap.add_argument("--points", type=int, default=1000, help="sweep size")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -77,21 +89,23 @@ def main() -> int:
     spec.write_text(SPEC)
     env = {**os.environ, "HPCTRAIN_CACHE_DIR": str(work / "cache"),
            "HPCTRAIN_JOBS_DIR": str(work / "jobs")}
-    hp = [PY, "-m", "hpctrain"]
+    # the console script users run (python -m adds runpy's cost), from this interpreter's venv
+    script = Path(PY).with_name("hpctrain")
+    hp = [str(script)] if script.is_file() else [PY, "-m", "hpctrain"]
     results: dict[str, float] = {}
 
-    # 1. CLI wall time vs interpreter start
-    results["python -c pass"] = statistics.median(timed([PY, "-c", "pass"], env, args.runs))
-    results["hpctrain render"] = statistics.median(timed([*hp, "render", str(spec)], env, args.runs))
+    # 1. CLI wall time vs interpreter start, interleaved
     array = sbatch(["--hold", "--array=0-99", "--output=/dev/null", "--wrap", "true"], env)
     try:
         from hpctrain.jobs import index  # record the 100 tasks as the user's jobs
         os.environ["HPCTRAIN_CACHE_DIR"] = env["HPCTRAIN_CACHE_DIR"]
         index.append([index.JobEntry(f"{array}", "held", "sweep", str(work), sweep_id=array,
-                                          num_tasks=100)])
+                                     num_tasks=100)])
         time.sleep(2)  # let accounting see the array
-        results["hpctrain status (100 jobs)"] = statistics.median(
-            timed([*hp, "status", "--expand"], env, args.runs))
+        results.update(interleaved({
+            "python -c pass": [PY, "-c", "pass"],
+            "hpctrain render": [*hp, "render", str(spec)],
+            "hpctrain status (100 jobs)": [*hp, "status", "--expand"]}, env, args.runs))
     finally:
         subprocess.run(["scancel", array], env=env, check=False)
 

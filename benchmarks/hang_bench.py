@@ -4,7 +4,7 @@ one run; then the goodput of a 2x2 job through one hang and one preemption.
 
     SLURM_CONF=/var/lib/hpctrain/devcluster/etc/slurm.conf .venv/bin/python benchmarks/hang_bench.py
 
-The job is tests/scripts/allreduce_steps.py on 2 nodes x 2 fake GPUs under torchrun (every
+The job is tests/programs/allreduce_steps.py on 2 nodes x 2 fake GPUs under torchrun (every
 step all-reduces, as DDP does), submitted with `hpctrain submit`, hang_timeout_s=10. In each
 job rank 3 stops joining the all-reduce in step 8 of the first attempt.
 
@@ -41,7 +41,7 @@ def slurm(*argv: str) -> str:
 
 def submit(root: Path, name: str, restarts: int, steps: int = STEPS) -> str:
     root.mkdir(parents=True)
-    cmd = [sys.executable, str(ROOT / "tests" / "scripts" / "allreduce_steps.py"),
+    cmd = [sys.executable, str(ROOT / "tests" / "programs" / "allreduce_steps.py"),
            "--steps", str(steps), "--save-every", "5", "--step-sleep", "0.3",
            "--ckpt-dir", str(root / "ckpt"), "--events", str(root / "events.jsonl"),
            "--hang", f"3:{HANG_STEP}:0"]

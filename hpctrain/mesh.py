@@ -25,6 +25,11 @@ class Coords(NamedTuple):
     tp: int
 
 
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n``, ascending: the degrees a dimension of ``n`` can split into."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def _check_degrees(tp: int, dp: int, pp: int) -> None:
     for key, value in (("tp", tp), ("dp", dp), ("pp", pp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 from hpctrain import files
 from hpctrain.checkpoint.manifest import parse_step_dirname
-from hpctrain.files import fsync_path
 from hpctrain.errors import CheckpointError, StorageUnavailable
+from hpctrain.files import fsync_path
 
 LOCK_NAME = ".hpctrain-ckpt.lock"
 TMP_PREFIX = ".tmp-"      # in-flight step directories: never a checkpoint, never pruned live

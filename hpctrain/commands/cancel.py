@@ -6,8 +6,8 @@ import re
 
 import click
 
-from hpctrain.jobs import index
 from hpctrain.errors import JobError
+from hpctrain.jobs import index
 from hpctrain.jobs.handle import cancel as cancel_jobs
 
 JOB_ID = re.compile(r"^\d+(_\d+)?$")

@@ -48,10 +48,10 @@ def format_cause(verdict: dict[str, str]) -> str:
 
 
 def job_json(job: Any, **extra: Any) -> dict[str, Any]:
-    return {"job_id": job.job_id, "name": job.name, "kind": job.record.kind,
+    return {"job_id": job.job_id, "name": job.name, "kind": job.entry.kind,
             "paths": {"folder": job.folder, "submission_file": str(job.submission_file),
-                      "log": extra.pop("log", job.record.log),
-                      "checkpoint_dir": job.record.checkpoint_dir}, **extra}
+                      "log": extra.pop("log", job.entry.log),
+                      "checkpoint_dir": job.entry.checkpoint_dir}, **extra}
 
 
 def progress_line(job: Any, info: Any) -> str:
@@ -59,8 +59,8 @@ def progress_line(job: Any, info: Any) -> str:
     from hpctrain.jobs.poll import last_checkpoint_step
     from hpctrain.jobs.view import live_progress, state_dirs
 
-    step = last_checkpoint_step(job.record.checkpoint_dir)
-    live = live_progress(job.job_id, *state_dirs(job.record))
+    step = last_checkpoint_step(job.entry.checkpoint_dir)
+    live = live_progress(job.job_id, *state_dirs(job.entry))
     return (f"job {job.job_id}: {info.state}  elapsed {format_elapsed(info.elapsed_s)}  "
             f"{live + '  ' if live else ''}requeues {format_requeues(info.requeues)}  "
             f"last checkpoint step {'-' if step is None else step}")

@@ -14,7 +14,7 @@ from hpctrain.jobs.handle import Job
 def logs(job_id: str, follow: bool, rank: int | None) -> int:
     """Print the output of JOB_ID (a job submitted through hpctrain; 123_4 for a sweep task)."""
     job = Job.attach(job_id)
-    if rank is not None and not job.record.rank_log:
+    if rank is not None and not job.entry.rank_log:
         click.echo(f"note: the ranks of job {job_id} share one log; only lines labelled "
                    f"'{rank}: ' (srun --label) can be told apart", err=True)
     if not follow:

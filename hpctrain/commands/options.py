@@ -63,7 +63,7 @@ def template_cache() -> Any:
 
     import jinja2
 
-    from hpctrain.jobs.index import cache_dir
+    from hpctrain.jobs.paths import cache_dir
 
     class QuietCache(jinja2.FileSystemBytecodeCache):
         def dump_bytecode(self, bucket: Any) -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 
 from hpctrain.errors import PlanError
-from hpctrain.spec.partitions import Partition, load_partition
 from hpctrain.planner import Hardware, Recommendation, Request, Workload, recommend, resolve_arch
 from hpctrain.planner.memory import MODES
 from hpctrain.planner.scaling import INTER_NODE, INTRA_NODE, curve_for
 from hpctrain.planner.sizes import parse_count, parse_gb
+from hpctrain.spec.partitions import Partition, load_partition
 
 
 def _hardware(partition: str | None, gpus_per_node: int | None, gpu_mem: str | None,

@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from hpctrain import protocol
-from hpctrain.jobs import index
 from hpctrain.errors import ReportError, SlurmError
+from hpctrain.jobs import index
 from hpctrain.protocol.ledger import entries
 from hpctrain.report.build import CATEGORIES, Report, RunFacts, build
 from hpctrain.slurm import client

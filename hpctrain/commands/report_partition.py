@@ -12,9 +12,9 @@ from pathlib import Path
 import click
 
 from hpctrain import protocol
-from hpctrain.jobs import index
 from hpctrain.commands.report import gpus_of, ledger_entries, sacct_runs
 from hpctrain.errors import ReportError, SlurmError
+from hpctrain.jobs import index
 from hpctrain.report.build import build
 from hpctrain.report.partition import PartitionReport, RunRow, aggregate
 from hpctrain.slurm import client

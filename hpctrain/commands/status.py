@@ -50,7 +50,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
     """State, elapsed time, nodes, requeues by cause, last checkpoint step and why the
     last run ended (the supervisor's verdict: a crash names its rank, node and error).
 
-    Without JOB_IDs: the jobs this user submitted through hpctrain (local record).
+    Without JOB_IDs: the jobs this user submitted through hpctrain (the local job index).
     A sweep is one row with per-state counts; give its id (or --expand) for its tasks.
     """
     if watch_s is None:

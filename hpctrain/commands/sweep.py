@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from hpctrain.commands.options import load_spec, sets_option, templates_option
-from hpctrain.spec.model import JobSpec
 from hpctrain.jobs.sweep import parse_grid, point_label
+from hpctrain.spec.model import JobSpec
 
 
 @click.command()

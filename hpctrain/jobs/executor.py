@@ -97,7 +97,8 @@ class RenderedExecutor(submitit.SlurmExecutor):
                              "(check partition, nodes, GPUs, time and account in the spec; "
                              "`hpctrain submit --dry-run` shows the script)") from None
         job_id = parse_sbatch_parsable(res.stdout)
-        job = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
+        tasks = list(range(self._num_tasks()))
+        job = self.job_class(folder=self.folder, job_id=job_id, tasks=tasks)
         job.paths.move_temporary_file(tmp, "submission_file", keep_as_symlink=True)
         self._write_job_id(job.job_id, tmp_uuid)
         self._set_job_permissions(job.paths.folder)
@@ -122,7 +123,7 @@ def function_results(job: Any, info: Any) -> Any:
 
     from hpctrain.errors import JobError
 
-    ntasks = max(1, job.record.num_tasks)
+    ntasks = max(1, job.entry.num_tasks)
     sjob = submitit.SlurmJob(folder=job.folder, job_id=job.job_id, tasks=list(range(ntasks)))
     try:
         values = sjob.results()

@@ -1,6 +1,6 @@
 """The handle on a submitted job: ``job_id``, ``state``, ``wait()``, ``logs()``, ``cancel()``, ``result()``.
 
-A :class:`Job` is built from the local record (``hpctrain.jobs.index``), so it works
+A :class:`Job` is built from its entry in the local index (``hpctrain.jobs.index``), so it works
 the same from the submitting notebook, from another shell (``Job.attach("123")``) and
 from the CLI. States come from one batched poll (``hpctrain.jobs.poll``); results of
 function jobs from submitit's result files, imported only when asked for.
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from hpctrain.jobs import index, poll
 from hpctrain.errors import JobError, SlurmError
+from hpctrain.jobs import index, poll
 from hpctrain.jobs.index import JobEntry
+from hpctrain.jobs.poll import JobInfo
+from hpctrain.jobs.view import job_status
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sbatch_directives
 from hpctrain.slurm.states import ENDED, State
-from hpctrain.jobs.poll import JobInfo
-from hpctrain.jobs.view import job_status
 
 
 def is_over(info: JobInfo, queued: Callable[[], bool]) -> bool:
@@ -41,18 +41,18 @@ def is_over(info: JobInfo, queued: Callable[[], bool]) -> bool:
 class Job:
     """A submitted hpctrain job (or one task of a sweep array: ``123_4``)."""
 
-    def __init__(self, record: JobEntry, task: str | None = None,
+    def __init__(self, entry: JobEntry, task: str | None = None,
                  submitit_job: Any = None) -> None:
-        self.record = record
-        self.job_id = f"{record.job_id}_{task}" if task is not None else record.job_id
+        self.entry = entry
+        self.job_id = f"{entry.job_id}_{task}" if task is not None else entry.job_id
         self._submitit_job = submitit_job
 
     @classmethod
     def attach(cls, job_id: str) -> "Job":
-        """The handle of a job submitted earlier through hpctrain (from the local record)."""
+        """The handle of a job submitted earlier through hpctrain (from the local index)."""
         rec = index.find(job_id)
         if rec is None:
-            raise JobError(f"job {job_id} is not in hpctrain's record ({index.index_path()}): "
+            raise JobError(f"job {job_id} is not in hpctrain's job index ({index.index_path()}): "
                            "pass a job id that `hpctrain status` lists")
         task = job_id.split("_", 1)[1] if "_" in job_id else None
         return cls(rec, task)
@@ -61,14 +61,19 @@ class Job:
         return f"Job(job_id={self.job_id!r}, name={self.name!r})"
 
     @property
+    def record(self) -> JobEntry:
+        """The index entry (the name before 0.2; use :attr:`entry`)."""
+        return self.entry
+
+    @property
     def name(self) -> str:
-        return self.record.name
+        return self.entry.name
 
     # ---- state ------------------------------------------------------------------------
     def info(self) -> JobInfo:
         """What Slurm says now (one sacct call; squeue and the job folder without sacct),
         with requeue causes from the supervisor's ledger (plain file reads)."""
-        return job_status(self.job_id, self.record, poll.snapshot([self.job_id]),
+        return job_status(self.job_id, self.entry, poll.snapshot([self.job_id]),
                           details=False).info
 
     @property
@@ -104,17 +109,17 @@ class Job:
     @property
     def folder(self) -> str:
         """The job folder (submission file, pickles, results)."""
-        return self.record.folder
+        return self.entry.folder
 
     @property
     def submission_file(self) -> Path:
         """The script Slurm ran (submitit's ``<id>_submission.sh``)."""
-        return Path(self.folder) / f"{self.record.job_id}_submission.sh"
+        return Path(self.folder) / f"{self.entry.job_id}_submission.sh"
 
     def log_path(self, rank: int | None = None, raw_id: str | None = None) -> Path:
         """The log file of the job, or of one rank when ranks have their own files."""
-        pattern = self.record.rank_log if (rank is not None and self.record.rank_log) \
-            else self.record.log
+        pattern = self.entry.rank_log if (rank is not None and self.entry.rank_log) \
+            else self.entry.log
         return Path(expand_pattern(pattern, self.job_id, rank, self.name, raw_id))
 
     def logs(self, rank: int | None = None) -> str:
@@ -124,7 +129,7 @@ class Job:
             text = path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             return ""
-        return filter_rank(text, rank) if rank is not None and not self.record.rank_log else text
+        return filter_rank(text, rank) if rank is not None and not self.entry.rank_log else text
 
     def follow(self, rank: int | None = None, poll_s: float = 0.5,
                stop_when_done: bool = True) -> Iterator[str]:
@@ -142,7 +147,7 @@ class Job:
                 lines = (partial + chunk).split("\n")
                 partial = lines.pop()
                 for line in lines:
-                    if rank is None or self.record.rank_log or line_rank(line) in (None, rank):
+                    if rank is None or self.entry.rank_log or line_rank(line) in (None, rank):
                         yield line
                 continue
             now = time.monotonic()
@@ -170,7 +175,7 @@ class Job:
         Raises JobError for script jobs (they have logs, not results) and when the job
         did not complete, with the job's own traceback when it raised.
         """
-        if self.record.kind != "function":
+        if self.entry.kind != "function":
             raise JobError(f"job {self.job_id} runs a script, not a Python callable: it has no "
                            "result; read its output with job.logs() / `hpctrain logs`")
         info = self.wait(timeout_s=timeout_s)

@@ -1,10 +1,11 @@
-"""A small local record of what hpctrain submitted, so ``hpctrain status`` knows the user's jobs.
+"""The job index: what hpctrain submitted from this login node, so ``hpctrain status`` knows
+the user's jobs.
 
 One JSON object per line in ``$HPCTRAIN_CACHE_DIR/jobs.jsonl`` (default
 ``${XDG_CACHE_HOME:-~/.cache}/hpctrain/jobs.jsonl``). Appends take an exclusive lock,
-so concurrent submits from one login node never interleave lines. The record is a
-convenience index: Slurm (sacct/squeue) stays the source of truth for states; the
-record adds what Slurm does not know (spec, job folder, log path, checkpoint dir,
+so concurrent submits from one login node never interleave lines. The index is a
+convenience: Slurm (sacct/squeue) stays the source of truth for states; an entry adds
+what Slurm does not know (spec, job folder, log path, checkpoint dir,
 sweep membership).
 """
 
@@ -12,14 +13,12 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-ENV_VAR = "HPCTRAIN_CACHE_DIR"
-JOBS_DIR_ENV = "HPCTRAIN_JOBS_DIR"
+from hpctrain.jobs.paths import cache_dir
 
 
 @dataclass
@@ -48,39 +47,14 @@ class JobEntry:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
-def cache_dir() -> Path:
-    """Where the record lives (created on first write)."""
-    if os.environ.get(ENV_VAR):
-        return Path(os.environ[ENV_VAR])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hpctrain"
-
-
-def jobs_root() -> Path:
-    """Where job folders go: ``$HPCTRAIN_JOBS_DIR`` or ``~/hpctrain-jobs``.
-
-    Job folders hold the submission file, pickles and results, so on a real cluster
-    this must be storage the compute nodes see (home or a shared scratch).
-    """
-    return Path(os.environ.get(JOBS_DIR_ENV) or Path.home() / "hpctrain-jobs").expanduser()
-
-
-def job_folder(name: str, root: str | os.PathLike[str] | None = None) -> Path:
-    """The submitit folder of a job name: ``ROOT/NAME`` (files inside carry the job id).
-
-    No ``%j`` in the folder itself, so it exists before sbatch returns and Slurm can
-    open the job's log there however fast the job starts.
-    """
-    return (Path(root) if root else jobs_root()).expanduser().absolute() / name
-
-
 def index_path() -> Path:
+    """The index file: ``<cache dir>/jobs.jsonl``."""
     return cache_dir() / "jobs.jsonl"
 
 
-def append(records: Iterable[JobEntry]) -> None:
-    """Add records (one locked append, so concurrent writers never interleave)."""
-    lines = "".join(json.dumps(asdict(r), sort_keys=True) + "\n" for r in records)
+def append(entries: Iterable[JobEntry]) -> None:
+    """Add entries (one locked append, so concurrent writers never interleave)."""
+    lines = "".join(json.dumps(asdict(e), sort_keys=True) + "\n" for e in entries)
     if not lines:
         return
     path = index_path()
@@ -94,25 +68,25 @@ def append(records: Iterable[JobEntry]) -> None:
 
 
 def load(limit: int | None = None) -> list[JobEntry]:
-    """Every record, oldest first (the newest ``limit`` when given).
+    """Every entry, oldest first (the newest ``limit`` when given).
 
     A damaged line (a crash mid-write on another machine's NFS) is skipped, not fatal:
-    the other records stay readable.
+    the other entries stay readable.
     """
     path = index_path()
     if not path.is_file():
         return []
-    records = []
+    entries = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            records.append(JobEntry.from_dict(json.loads(line)))
+            entries.append(JobEntry.from_dict(json.loads(line)))
         except (ValueError, TypeError):
             continue
-    return records[-limit:] if limit else records
+    return entries[-limit:] if limit else entries
 
 
 def find(job_id: str) -> JobEntry | None:
-    """The record of a job id, an array task id (``123_4``) or a sweep id."""
+    """The entry of a job id, an array task id (``123_4``) or a sweep id."""
     base = job_id.split("_")[0]
     for rec in reversed(load()):
         if rec.job_id == base or rec.sweep_id == job_id:

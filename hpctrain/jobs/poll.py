@@ -79,13 +79,13 @@ def _expand_ids(job_id: str) -> list[str]:
     return out
 
 
-def infos_from_sacct(records: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
-    """Fold ``sacct -X -D`` records (oldest first) into one JobInfo per job id.
+def infos_from_sacct(rows: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
+    """Fold ``sacct -X -D`` rows (oldest first) into one JobInfo per job id.
 
     Every run but the last ended in a state whose cause counts as one requeue.
     """
     runs: dict[str, list[dict[str, str]]] = {}
-    for rec in records:
+    for rec in rows:
         for jid in _expand_ids(rec.get("JobID", "")):
             if jid and "." not in jid:
                 runs.setdefault(jid, []).append(rec)
@@ -111,10 +111,10 @@ def infos_from_sacct(records: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
     return infos
 
 
-def infos_from_squeue(records: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
-    """squeue records -> JobInfo (no requeue history: squeue does not keep it)."""
+def infos_from_squeue(rows: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
+    """squeue rows -> JobInfo (no requeue history: squeue does not keep it)."""
     infos = {}
-    for rec in records:
+    for rec in rows:
         jid = rec["JobID"]
         infos[jid] = JobInfo(
             job_id=jid, state=from_slurm(rec["State"]), slurm_state=rec["State"],

@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping, Sequence
 from hpctrain.errors import SlurmError, SpecError
 from hpctrain.jobs import index
 from hpctrain.jobs.handle import Job, log_paths
-from hpctrain.jobs.index import JobEntry, job_folder
+from hpctrain.jobs.index import JobEntry
+from hpctrain.jobs.paths import job_folder
 from hpctrain.jobs.sweep import (differing_directives, dispatcher_script, grid_points, index_width,
                                  plan_arrays, task_checkpoint_dir)
 from hpctrain.runtime.function import CheckpointableRankCall, RankCall

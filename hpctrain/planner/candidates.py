@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from hpctrain.mesh import divisors
 from hpctrain.planner.memory import RECOMPUTE, Breakdown, Parallelism, Workload, breakdown
 from hpctrain.planner.scaling import Curve, efficiency
 from hpctrain.planner.sizes import GB
@@ -55,11 +56,6 @@ class Candidate:
                 self.memory.total)
 
 
-def divisors(n: int) -> list[int]:
-    """Positive divisors of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def node_counts(low: int, high: int) -> list[int]:
     """Every count up to 32, then powers of two, and ``high`` itself (keeps plans instant)."""
     counts = {n for n in range(low, min(high, 32) + 1)}
@@ -81,8 +77,8 @@ def _settings(w: Workload, pp: int, dp: int, zero: int | None,
             yield z, r
 
 
-def layouts_for(w: Workload, hw: Hardware, nodes: int, zero: int | None,
-                recompute: str | None) -> Iterator[Candidate]:
+def best_per_layout(w: Workload, hw: Hardware, nodes: int, zero: int | None,
+                    recompute: str | None) -> Iterator[Candidate]:
     """The best setting of each (tp, pp, dp) on exactly ``nodes`` nodes."""
     per_node = divisors(hw.gpus_per_node) if nodes == 1 else [hw.gpus_per_node]
     capacity = hw.gpu_mem_gb * GB
@@ -112,5 +108,5 @@ def layouts_for(w: Workload, hw: Hardware, nodes: int, zero: int | None,
 def enumerate_candidates(w: Workload, hw: Hardware, counts: Sequence[int],
                          zero: int | None, recompute: str | None) -> list[Candidate]:
     """Every layout on every node count in ``counts``, ranked (see :meth:`Candidate.rank_key`)."""
-    found = [c for n in counts for c in layouts_for(w, hw, n, zero, recompute)]
+    found = [c for n in counts for c in best_per_layout(w, hw, n, zero, recompute)]
     return sorted(found, key=Candidate.rank_key)

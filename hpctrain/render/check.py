@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Sequence
 
 from hpctrain.errors import HpctrainError
-from hpctrain.spec.partitions import Partition, partitions_in
-from hpctrain.spec.model import LAUNCHERS, JobSpec
 from hpctrain.spec.checks import slurm_time_seconds
+from hpctrain.spec.model import LAUNCHERS, JobSpec
+from hpctrain.spec.partitions import Partition, partitions_in
 
 BASH_TIMEOUT_S = 10.0
 SBATCH_TIMEOUT_S = 30.0
@@ -40,7 +40,7 @@ class CheckResult:
     message: str = ""
 
 
-def layouts_for(part: Partition) -> list[tuple[str, int, int, int]]:
+def sample_layouts(part: Partition) -> list[tuple[str, int, int, int]]:
     """(label, nodes, tp, pp) covering DP, TP, PP and all three on this partition."""
     g = part.gpus_per_node
     n = min(2, part.max_nodes or 2)
@@ -56,13 +56,13 @@ def layouts_for(part: Partition) -> list[tuple[str, int, int, int]]:
 
 
 def check_cases(partitions: Sequence[Partition]) -> list[CheckCase]:
-    """The matrix: every partition x launcher x :func:`layouts_for` layout."""
+    """The matrix: every partition x launcher x :func:`sample_layouts` layout."""
     cases = []
     for part in partitions:
         limit = slurm_time_seconds(part.max_time)
         minutes = 10 if limit is None else max(1, min(10, limit // 60))
         for launcher in LAUNCHERS:
-            for label, nodes, tp, pp in layouts_for(part):
+            for label, nodes, tp, pp in sample_layouts(part):
                 name = f"check-{part.name}-{launcher}-{label.replace('+', '-')}"
                 spec = JobSpec.from_dict({
                     "name": name, "partition": part.name, "nodes": nodes,

@@ -29,11 +29,11 @@ from jinja2.runtime import BlockReference, Context
 
 from hpctrain import __version__, protocol
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
+from hpctrain.spec.checks import DIRECTIVE_VALUE_RE, ENV_KEY_RE
 from hpctrain.spec.layout import LayoutPlan, plan_layout
+from hpctrain.spec.model import JobSpec
 from hpctrain.spec.partitions import Partition, find_partition
 from hpctrain.spec.site import template_dirs as _search_path
-from hpctrain.spec.model import JobSpec
-from hpctrain.spec.checks import DIRECTIVE_VALUE_RE, ENV_KEY_RE
 
 BASE_TEMPLATE = "base.sbatch.j2"
 DEFAULT_OUTPUT = "hpctrain-%x-%j.out"

@@ -8,7 +8,7 @@
             ctx.exit_for_requeue(step + 1)
 
 Runs inside the job: imports nothing from submission code (hpctrain.slurm, .render,
-.spec, .submission, submitit); tests/test_runtime_boundary.py enforces it. Importing
+.spec, .submission, submitit); tests/unit/test_architecture.py enforces it. Importing
 this package does not import torch; :func:`init` does.
 """
 

@@ -43,12 +43,12 @@ def parse_sacct_parsable2(text: str) -> list[dict[str, str]]:
     if not lines:
         return []
     names = lines[0].split("|")
-    records = []
+    rows = []
     for line in lines[1:]:
         values = line.split("|", len(names) - 1)
         values += [""] * (len(names) - len(values))
-        records.append({n: v.strip() for n, v in zip(names, values)})
-    return records
+        rows.append({n: v.strip() for n, v in zip(names, values)})
+    return rows
 
 
 # `squeue --noheader --array --format` with these fields; the job name is last because
@@ -64,15 +64,15 @@ def parse_squeue(text: str) -> list[dict[str, str]]:
     squeue prints elapsed time as ``M:SS`` or ``H:MM:SS`` or ``D-HH:MM:SS``; it is kept
     as printed (see :func:`parse_elapsed`).
     """
-    records = []
+    rows = []
     for line in text.splitlines():
         if not line.strip():
             continue
         values = line.split("|", len(SQUEUE_FIELDS) - 1)
         if len(values) != len(SQUEUE_FIELDS):
             continue
-        records.append({n: v.strip() for n, v in zip(SQUEUE_FIELDS, values)})
-    return records
+        rows.append({n: v.strip() for n, v in zip(SQUEUE_FIELDS, values)})
+    return rows
 
 
 def parse_elapsed(text: str) -> int | None:

@@ -16,10 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.errors import LayoutError
-from hpctrain.mesh import Coords, Mesh, coords_to_rank, rank_to_coords
-from hpctrain.spec.partitions import Partition
-from hpctrain.spec.model import JobSpec
+from hpctrain.mesh import Coords, Mesh, coords_to_rank, divisors, rank_to_coords
 from hpctrain.spec.checks import slurm_time_seconds
+from hpctrain.spec.model import JobSpec
+from hpctrain.spec.partitions import Partition
 
 __all__ = ["Coords", "LayoutPlan", "Mesh", "coords_to_rank", "plan_layout", "rank_to_coords"]
 
@@ -53,10 +53,6 @@ class LayoutPlan:
         """Index of the node that runs ``rank`` (launchers number ranks node by node)."""
         self.layout.coords(rank)  # range check
         return rank // self.gpus_per_node
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _choices(values: list[int]) -> str:
@@ -101,9 +97,9 @@ def _check_layout(spec: JobSpec, gpn: int) -> Mesh:
     tp, pp, world = spec.layout.tp, spec.layout.pp, spec.nodes * gpn
     if gpn % tp:
         raise LayoutError(f"tp={tp} does not divide gpus_per_node={gpn}: choose tp in "
-                          f"{_choices(_divisors(gpn))} (tensor parallelism stays inside a node)")
+                          f"{_choices(divisors(gpn))} (tensor parallelism stays inside a node)")
     if world % (tp * pp):
-        fits = _divisors(world // tp) if world % tp == 0 else [1]
+        fits = divisors(world // tp) if world % tp == 0 else [1]
         raise LayoutError(f"tp={tp} x pp={pp} = {tp * pp} does not divide world={world} "
                           f"(nodes={spec.nodes} x gpus_per_node={gpn}): with tp={tp} choose "
                           f"pp in {_choices(fits)}")
@@ -116,11 +112,11 @@ def _check_layout(spec: JobSpec, gpn: int) -> Mesh:
                           f"pp={pp}) = {dp}: set dp={dp} or leave it out{hint}")
     layers, heads = spec.layout.num_layers, spec.layout.num_heads
     if layers is not None and layers % pp:
-        ok = [p for p in _divisors(layers) if (world // tp) % p == 0]
+        ok = [p for p in divisors(layers) if (world // tp) % p == 0]
         raise LayoutError(f"num_layers={layers} is not divisible by pp={pp} (each pipeline "
                           f"stage holds the same number of layers): choose pp in {_choices(ok)}")
     if heads is not None and heads % tp:
-        ok = [t for t in _divisors(gpn) if heads % t == 0]
+        ok = [t for t in divisors(gpn) if heads % t == 0]
         raise LayoutError(f"num_heads={heads} is not divisible by tp={tp} (each tensor-"
                           f"parallel rank holds whole heads): choose tp in {_choices(ok)}")
     return Mesh(tp=tp, dp=dp, pp=pp)

@@ -1,0 +1,63 @@
+"""Fixtures of the tests that use the real local SLURM cluster (``hpctrain devcluster``).
+
+The house rule holds here too: without the cluster (not Linux, not root) the ``cluster``
+fixture skips locally and FAILS when CI=true (:func:`helpers.prereq.require`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from helpers.prereq import require
+
+
+def _queued() -> set[str]:
+    from hpctrain.slurm import client
+
+    return set(client.run(["squeue", "-h", "-o", "%A"], check=False).stdout.split())
+
+
+@pytest.fixture(autouse=True)
+def _cluster_left_usable(request: pytest.FixtureRequest):
+    """After each devcluster test, cancel the jobs it left queued and resume any node it
+    left DOWN or DRAIN: a failed test must not make the next one wait for a node forever.
+    Jobs queued before the test (somebody's demo) are left alone."""
+    if "cluster" not in request.fixturenames:
+        yield
+        return
+    dev = request.getfixturevalue("cluster")
+    before = _queued()
+    yield
+    from hpctrain.slurm import client
+
+    left = sorted(_queued() - before)
+    if left:
+        client.run(["scancel", *left], check=False)
+        deadline = time.monotonic() + 60
+        while still := _queued() & set(left):
+            if time.monotonic() > deadline:
+                pytest.fail(f"jobs {sorted(still)} left by this test are still queued 60 s "
+                            "after scancel")
+            time.sleep(0.5)
+    dev.make_nodes_usable()
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The real local SLURM cluster (``hpctrain devcluster``), brought up once per session.
+
+    Sets SLURM_CONF for this process and its children so plain ``sbatch`` etc. find it.
+    Never brought down here: later sessions reuse it (``up`` is idempotent).
+    """
+    require(sys.platform.startswith("linux"), "Linux")
+    require(os.geteuid() == 0, "root (the devcluster starts slurmctld/slurmd as root)")
+    from hpctrain.devcluster.cluster import DevCluster, Shape
+
+    dev = DevCluster()
+    dev.up(Shape())
+    os.environ.update(dev.client_env())
+    return dev

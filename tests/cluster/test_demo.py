@@ -1,0 +1,29 @@
+"""The README's demo command, end to end: examples/demo.sh on the devcluster."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+@pytest.mark.slow
+def test_demo_trains_the_example_to_completion(cluster) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run(["bash", str(ROOT / "examples" / "demo.sh")], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    out = res.stdout
+    assert re.search(r"job \d+ ended COMPLETED", out), out[-2000:]
+    assert '"event": "done", "step": 200' in out
+    # checkpoints listed and valid, the nodes idle again afterwards
+    assert re.search(r"^\s+200\s.*\sok$", out, re.M), out[-2000:]
+    assert re.search(r"n1\s+IDLE", out) and re.search(r"n2\s+IDLE", out)

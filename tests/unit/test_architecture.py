@@ -1,0 +1,225 @@
+"""The house's boundaries, enforced: who may import whom, and who may start processes.
+
+One allow-list (:data:`MAY_IMPORT`) says, for each part of the package, which other parts
+it may import; a part not in the table fails the test until somebody places it (new code
+is not allowed by default). It is checked twice: on the source (every import statement,
+also those inside functions) and on what a fresh interpreter really loads.
+
+The two sides (docs/architecture.md):
+
+- login node: spec -> render -> jobs (submit, handle, poll, view) -> report, and the
+  commands/cli/api on top; planner and devcluster beside them;
+- in the job: runtime (every rank) -> checkpoint, and the supervisor (the batch step);
+- shared by both: errors, files, hostlist, mesh, protocol (standard library only).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "hpctrain"
+
+SHARED = {"hpctrain.errors", "hpctrain.files", "hpctrain.hostlist", "hpctrain.mesh",
+          "hpctrain.protocol"}
+# part -> the parts (packages, modules, or one module of a package) it may import
+MAY_IMPORT: dict[str, set[str]] = {
+    "hpctrain": set(),                       # the package root: public names load lazily
+    "hpctrain.__main__": {"hpctrain.cli"},
+    "hpctrain.errors": set(),
+    "hpctrain.files": set(),
+    "hpctrain.hostlist": {"hpctrain.errors"},
+    "hpctrain.mesh": {"hpctrain.errors"},
+    "hpctrain.protocol": {"hpctrain.errors", "hpctrain.files"},
+    # ---- in the job: imports nothing of the login side --------------------------------
+    # the runtime waits for the checkpoint manager's background saves before it exits;
+    # a function job's wrapper hands submitit its requeue (the job runs submitit anyway)
+    "hpctrain.runtime": SHARED | {"hpctrain.checkpoint.manager", "torch", "submitit"},
+    # the manager tells the watchdog it is saving/loading (the rank's progress record)
+    "hpctrain.checkpoint": SHARED | {"hpctrain.runtime.progress", "torch", "numpy",
+                                     "safetensors", "deepspeed"},
+    # the batch step: asks Slurm through hpctrain.slurm, knows the runtime's exit causes
+    "hpctrain.supervisor": SHARED | {"hpctrain.slurm", "hpctrain.runtime"},
+    "hpctrain.slurm": {"hpctrain.errors"},
+    # ---- the login node ---------------------------------------------------------------
+    "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh"},
+    "hpctrain.planner": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.spec"},
+    "hpctrain.render": SHARED | {"hpctrain.spec", "hpctrain.slurm", "jinja2"},
+    "hpctrain.jobs": SHARED | {"hpctrain.spec", "hpctrain.render", "hpctrain.slurm",
+                               "hpctrain.runtime.function", "submitit"},
+    "hpctrain.report": {"hpctrain.errors"},
+    "hpctrain.devcluster": {"hpctrain.errors", "hpctrain.slurm"},
+    "hpctrain.api": {"hpctrain.jobs", "hpctrain.spec", "hpctrain.runtime.function"},
+    "hpctrain.cli": {"hpctrain.errors", "click"},
+    "hpctrain.commands": SHARED | {"hpctrain.spec", "hpctrain.planner", "hpctrain.render",
+                                   "hpctrain.jobs", "hpctrain.report", "hpctrain.slurm",
+                                   "hpctrain.devcluster", "hpctrain.checkpoint", "click",
+                                   "jinja2", "torch"},
+}
+THIRD_PARTY = ("torch", "numpy", "submitit", "jinja2", "click", "safetensors", "deepspeed")
+
+# pure: no subprocess, no environment reads (files are read where the docstring says so)
+PURE = ("hpctrain.spec.model", "hpctrain.spec.checks", "hpctrain.spec.layout",
+        "hpctrain.spec.tomlwriter", "hpctrain.render.script", "hpctrain.planner",
+        "hpctrain.jobs.sweep", "hpctrain.report", "hpctrain.devcluster.config",
+        "hpctrain.slurm.parse", "hpctrain.slurm.states", "hpctrain.slurm.view",
+        "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
+        "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog", "hpctrain.hostlist",
+        "hpctrain.mesh")
+# modules allowed to start processes, and why
+PROCESS_STARTERS = {
+    "hpctrain.slurm.client": "the one runner of SLURM binaries",
+    "hpctrain.devcluster.daemons": "starts munged/mariadbd/slurm daemons",
+    "hpctrain.devcluster.packages": "apt-get",
+    "hpctrain.render.check": "bash -n on rendered scripts",
+    "hpctrain.checkpoint.storage": "lfs setstripe on Lustre",
+    "hpctrain.supervisor.step": "starts the training step (the launcher) in the batch step",
+}
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in PKG.rglob("*.py"):
+        parts = path.relative_to(PKG.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = ast.parse(path.read_text(), str(path))
+    return found
+
+
+def imported(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from a.b import c` uses a.b.c (a module or a name of a.b): judged as that
+            names |= {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def part_of(module: str) -> str | None:
+    """The MAY_IMPORT key that ``module`` belongs to (the longest matching one)."""
+    keys = [k for k in MAY_IMPORT if within(module, k) and k != "hpctrain"]
+    return max(keys, key=len) if keys else ("hpctrain" if module == "hpctrain" else None)
+
+
+def allowed(part: str, target: str) -> bool:
+    if within(target, part) or target == "hpctrain":  # itself; `from hpctrain import x`
+        return True
+    return any(within(target, a) for a in MAY_IMPORT[part])
+
+
+def relevant(name: str) -> bool:
+    return within(name, "hpctrain") or any(within(name, t) for t in THIRD_PARTY)
+
+
+def test_every_part_is_placed() -> None:
+    unplaced = sorted(m for m in modules() if part_of(m) is None)
+    assert unplaced == [], "add these to MAY_IMPORT (and docs/architecture.md)"
+
+
+def test_imports_follow_the_allow_list() -> None:
+    problems = []
+    for mod, tree in modules().items():
+        part = part_of(mod)
+        for target in sorted(imported(tree)):
+            if target == "hpctrain.__version__":
+                continue
+            if relevant(target) and not allowed(part, target):
+                problems.append(f"{mod} imports {target}")
+    assert problems == []
+
+
+def test_planning_and_rendering_are_pure() -> None:
+    problems = []
+    for mod, tree in modules().items():
+        if any(within(mod, p) for p in PURE):
+            imps = imported(tree)
+            problems += [f"{mod} imports {i}" for i in imps
+                         if within(i, "subprocess") or within(i, "hpctrain.slurm.client")]
+            problems += [f"{mod} reads os.environ (line {n.lineno})" for n in ast.walk(tree)
+                         if isinstance(n, ast.Attribute) and n.attr in ("environ", "getenv")]
+    assert problems == []
+
+
+def test_only_known_modules_start_processes() -> None:
+    starters = {mod for mod, tree in modules().items()
+                if any(within(i, "subprocess") for i in imported(tree))
+                or any(isinstance(n, ast.Attribute) and n.attr in ("system", "popen", "execvp")
+                       and isinstance(n.value, ast.Name) and n.value.id == "os"
+                       for n in ast.walk(tree))}
+    assert starters - set(PROCESS_STARTERS) == set(), "add to PROCESS_STARTERS with a reason"
+
+
+def test_no_shell_strings() -> None:
+    offenders = [mod for mod, tree in modules().items() for n in ast.walk(tree)
+                 if isinstance(n, ast.keyword) and n.arg == "shell"
+                 and isinstance(n.value, ast.Constant) and n.value.value is True]
+    assert offenders == []
+
+
+# ---- what a fresh interpreter really loads ----------------------------------------------
+def loaded_after(code: str) -> set[str]:
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=120)
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def outside(mods: set[str], *parts: str) -> list[str]:
+    """The loaded hpctrain modules (and submitit) that none of ``parts`` may import."""
+    return sorted(m for m in mods if (within(m, "hpctrain") or within(m, "submitit"))
+                  and not any(allowed(part, m) for part in parts))
+
+
+def test_runtime_loads_no_login_side_code_and_no_torch() -> None:
+    mods = loaded_after("import hpctrain.runtime\nfrom hpctrain.runtime import init, CAUSES")
+    assert outside(mods, "hpctrain.runtime") == []
+    assert "torch" not in mods and "submitit" not in mods  # cheap for the batch script
+
+
+@pytest.mark.torch
+def test_runtime_and_checkpoint_in_use_load_no_login_side_code() -> None:
+    mods = loaded_after(
+        "import hpctrain.runtime.context, hpctrain.checkpoint\n"
+        "from hpctrain.checkpoint import CheckpointManager\n"
+        "import torch.distributed.device_mesh")
+    assert "hpctrain.checkpoint.manager" in mods  # the probe did load it
+    assert outside(mods, "hpctrain.runtime", "hpctrain.checkpoint") == []
+
+
+def test_function_wrapper_loads_no_login_side_code() -> None:
+    # every rank of a function job unpickles RankCall: it must not drag the login side in
+    mods = loaded_after("import hpctrain.runtime.function")
+    assert outside(mods, "hpctrain.runtime") == []
+    assert "jinja2" not in mods and "click" not in mods
+
+
+def test_supervisor_loads_only_its_allowed_parts() -> None:
+    mods = loaded_after("import hpctrain.supervisor.run")
+    assert outside(mods, "hpctrain.supervisor") == []
+    assert "torch" not in mods
+
+
+def test_checkpoint_loads_no_slurm_code() -> None:
+    mods = loaded_after("import hpctrain.checkpoint, hpctrain.checkpoint.manifest")
+    assert outside(mods, "hpctrain.checkpoint") == []
+
+
+def test_the_checker_catches_what_it_should() -> None:
+    assert not allowed("hpctrain.runtime", "hpctrain.jobs.submit")
+    assert not allowed("hpctrain.checkpoint", "hpctrain.slurm.client")
+    assert not allowed("hpctrain.checkpoint", "hpctrain.runtime.context")
+    assert not allowed("hpctrain.supervisor", "hpctrain.render.script")
+    assert not allowed("hpctrain.spec", "hpctrain.render")
+    assert part_of("hpctrain.newthing") is None        # unplaced: test_every_part_is_placed
+    assert allowed("hpctrain.checkpoint", "hpctrain.runtime.progress")

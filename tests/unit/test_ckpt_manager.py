@@ -1,0 +1,360 @@
+"""CheckpointManager end to end in one process: round trips, async, retention, damage, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.ckpt import assert_state_is, child_env, loop_ext4, make_state, run_cli, tmpfs
+from helpers.prereq import require
+
+pytestmark = pytest.mark.torch
+# tests/: its subprocess imports helpers.ckpt; the `lfs` stand-in is in its programs/
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _manager(root: Path, **kw):
+    from hpctrain.checkpoint import CheckpointManager
+
+    return CheckpointManager(root, **kw)
+
+
+def test_save_and_load_latest_round_trip_in_place(tmp_path: Path) -> None:
+    import torch
+
+    with _manager(tmp_path) as mgr:
+        assert mgr.latest_step() is None and mgr.load_latest(make_state(0)) is None
+        mgr.save(100, make_state(100))
+        mgr.save(200, make_state(200))
+        target = make_state(0)
+        w = target["model"]["w"]
+        assert mgr.load_latest(target) == 200
+        assert target["model"]["w"] is w  # in place: the caller's tensors are filled
+        assert_state_is(target, 200)
+        mgr.load(100, target)
+        assert_state_is(target, 100)
+        fresh: dict = {}
+        mgr.load(200, fresh)  # an empty state receives every saved value
+        assert_state_is(fresh, 200)
+        assert fresh["model"]["w"].dtype == torch.float32
+    names = sorted(os.listdir(tmp_path))
+    assert names == [".hpctrain-ckpt.lock", "latest", "step_000000100", "step_000000200"]
+    assert (tmp_path / "latest").read_text() == "step_000000200\n"
+    man = json.loads((tmp_path / "step_000000200" / "manifest.json").read_text())
+    assert man["step"] == 200 and man["world_size"] == 1 and man["versions"]["torch"]
+    # few large files per rank, never one per tensor
+    assert sorted(os.listdir(tmp_path / "step_000000200")) == [
+        "manifest.json", "rank00000.bin", "rank00000.extra.pkl"]
+
+
+def test_retention_keeps_last_n_plus_every_kth(tmp_path: Path) -> None:
+    with _manager(tmp_path, keep_last=2, keep_every=30) as mgr:
+        for step in range(10, 110, 10):
+            mgr.save(step, make_state(step, rows=2))
+        assert [i.step for i in mgr.list()] == [30, 60, 90, 100]
+        assert all(i.valid for i in mgr.list())
+
+
+def test_async_save_is_durable_after_wait_and_reuses_staging(tmp_path: Path) -> None:
+    with _manager(tmp_path, async_save=True, keep_last=5) as mgr:
+        state = make_state(1)
+        mgr.save(1, state)
+        buffers = list(mgr._staging._buffers)
+        state["model"]["w"].fill_(-1.0)  # mutating after save() must not reach the disk
+        state["data_pos"]["index"] = -5
+        mgr.save(2, make_state(2))
+        assert [b.data_ptr() for b in mgr._staging._buffers] == [b.data_ptr() for b in buffers]
+        mgr.wait()
+        assert [i.step for i in mgr.list()] == [1, 2]
+        got = make_state(0)
+        mgr.load(1, got)
+        assert_state_is(got, 1)
+
+
+def test_async_background_failure_is_raised_at_next_wait(tmp_path: Path) -> None:
+    from hpctrain.errors import CheckpointError
+
+    with tmpfs(tmp_path / "small", "1m") as root:
+        require(root is not None, "mount -t tmpfs (root in a sandbox that allows mounts)")
+        mgr = _manager(root, async_save=True)
+        mgr.save(1, make_state(1, rows=4))
+        mgr.save(2, make_state(2, rows=4096))  # 4 MiB of w alone: cannot fit in 1 MiB
+        with pytest.raises(CheckpointError, match="file system is full"):
+            mgr.wait()
+        mgr.wait()  # raised once, then cleared
+        got = make_state(0, rows=4)
+        assert mgr.load_latest(got) == 1
+        assert_state_is(got, 1)
+        mgr.close()
+
+
+def test_async_save_is_flushed_at_interpreter_exit(tmp_path: Path) -> None:
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {str(TESTS)!r})
+        from helpers.ckpt import make_state
+        from hpctrain.checkpoint import CheckpointManager
+        mgr = CheckpointManager({str(tmp_path)!r}, async_save=True)
+        mgr.save(7, make_state(7, rows=20000))   # ~20 MiB, still in flight at exit
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=child_env())
+    with _manager(tmp_path) as mgr:
+        got = make_state(0, rows=20000)
+        assert mgr.load_latest(got) == 7
+        assert_state_is(got, 7)
+
+
+def _damage(root: Path, step: int, how: str) -> Path:
+    path = root / f"step_{step:09d}" / "rank00000.bin"
+    data = bytearray(path.read_bytes())
+    if how == "flip":
+        data[len(data) // 3] ^= 0x40
+    else:
+        data = data[: len(data) - 100]
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_damaged_newest_is_detected_skipped_and_reported(tmp_path: Path, how: str) -> None:
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, make_state(1))
+        mgr.save(2, make_state(2))
+    bad = _damage(tmp_path, 2, how)
+    with _manager(tmp_path) as mgr:
+        got = make_state(0)
+        with pytest.warns(RuntimeWarning, match=f"skipping checkpoint step 2: {bad}"):
+            assert mgr.load_latest(got) == 1
+        assert_state_is(got, 1)
+    out = run_cli("ckpt", "verify", str(tmp_path))
+    assert out.returncode == 1
+    assert str(bad) in out.stdout and "step 1: ok" in out.stdout
+    assert "1 of 2 checkpoint(s)" in out.stderr
+    assert run_cli("ckpt", "verify", str(tmp_path), "--step", "1").returncode == 0
+
+
+def test_unreadable_manifest_is_skipped(tmp_path: Path) -> None:
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, make_state(1))
+        mgr.save(2, make_state(2))
+        manifest = tmp_path / "step_000000002" / "manifest.json"
+        manifest.write_bytes(manifest.read_bytes()[:50])
+        assert mgr.latest_step() == 1
+        got = make_state(0)
+        with pytest.warns(RuntimeWarning, match="manifest.json is not valid JSON"):
+            assert mgr.load_latest(got) == 1
+        assert_state_is(got, 1)
+
+
+def test_verification_can_be_turned_off(tmp_path: Path) -> None:
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, make_state(1))
+    _damage(tmp_path, 1, "flip")
+    with _manager(tmp_path, verify=False) as mgr:
+        assert mgr.load_latest(make_state(0)) == 1  # loads the flipped byte, unchecked
+
+
+def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
+    from hpctrain.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'nope'} does not exist.*mkdir -p"):
+        _manager(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CheckpointError, match="not a directory"):
+        _manager(tmp_path / "file")
+
+
+def test_read_only_root_is_a_clear_error(tmp_path: Path) -> None:
+    from hpctrain.errors import CheckpointError
+
+    # root ignores permission bits, so a real read-only mount makes the root unwritable
+    with tmpfs(tmp_path / "ro", "1m", "ro") as root:
+        require(root is not None, "mount -t tmpfs (root in a sandbox that allows mounts)")
+        with pytest.raises(CheckpointError, match="is not writable.*Read-only"):
+            _manager(root)
+
+
+def test_second_job_on_same_root_waits_then_is_refused_as_storage_trouble(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """A held lock may be a dead node's (it lingers on a shared file system): wait a
+    bounded time, saying so, then refuse as StorageUnavailable (requeued, not a crash)."""
+    from hpctrain.errors import StorageUnavailable
+
+    with _manager(tmp_path):
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnavailable, match=f"locked by another job \\(host=.* "
+                                                     f"pid={os.getpid()}\\) \\(waited 2 s\\)"):
+            _manager(tmp_path, lock_wait_s=2)
+        assert time.monotonic() - t0 >= 2
+        assert "waiting up to 2 s for it" in capfd.readouterr().err
+        assert run_cli("ckpt", "prune", str(tmp_path), "--keep", "1").returncode == 5
+    _manager(tmp_path).close()  # released on close
+
+
+def test_a_lock_released_while_waiting_is_taken(tmp_path: Path) -> None:
+    first = _manager(tmp_path)
+    threading.Timer(1.0, first.close).start()
+    t0 = time.monotonic()
+    _manager(tmp_path, lock_wait_s=30).close()
+    assert 0.9 <= time.monotonic() - t0 < 10
+
+
+def test_bad_state_and_policy_are_refused(tmp_path: Path) -> None:
+    import torch
+
+    from hpctrain.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="keep_last=0"):
+        _manager(tmp_path, keep_last=0)
+    with _manager(tmp_path) as mgr:
+        with pytest.raises(CheckpointError, match="state must be a dict"):
+            mgr.save(1, [torch.zeros(1)])  # type: ignore[arg-type]
+        with pytest.raises(CheckpointError, match=r"state key \(1, 2\)"):
+            mgr.save(1, {(1, 2): torch.zeros(1)})
+        mgr.save(1, {"w": torch.zeros(3)})
+        with pytest.raises(CheckpointError, match=r"saved with shape \[3\].*\[4\]"):
+            mgr.load(1, {"w": torch.zeros(4)})
+        with pytest.raises(CheckpointError, match=r"no tensor at \['v'\]"):
+            mgr.load(1, {"v": torch.zeros(3)})
+        with pytest.raises(CheckpointError, match=r"no checkpoint for step 9.*\[1\]"):
+            mgr.load(9, {})
+        assert [i.step for i in mgr.list()] == [1]  # failed calls lost nothing
+
+
+STANDIN_BIN = TESTS / "programs" / "standin_bin"  # holds the `lfs` stand-in
+
+
+def test_lfs_setstripe_is_applied_when_lfs_exists(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    root, log = tmp_path / "root", tmp_path / "lfs.log"
+    root.mkdir()
+    monkeypatch.setenv("PATH", f"{STANDIN_BIN}:{os.environ['PATH']}")
+    monkeypatch.setenv("LFS_LOG", str(log))
+    with _manager(root, stripe_count=4) as mgr:
+        mgr.save(3, make_state(3))
+    calls = log.read_text().splitlines()
+    assert calls == [f"setstripe -c 4 {root}", f"setstripe -c 4 {root}/.tmp-step_000000003"]
+    # lfs present but the path is not on Lustre: ignored, the save still commits
+    monkeypatch.setenv("LFS_NOT_LUSTRE", "1")
+    with _manager(root, stripe_count=4) as mgr:
+        mgr.save(4, make_state(4))
+        assert mgr.latest_step() == 4
+    assert len(log.read_text().splitlines()) == 4
+    monkeypatch.setenv("PATH", "/nonexistent")  # no lfs at all: silently skipped
+    with _manager(root, stripe_count=4) as mgr:
+        mgr.save(5, make_state(5))
+    assert len(log.read_text().splitlines()) == 4
+
+
+@pytest.mark.parametrize("fs", ["tmpfs", "ext4"])  # buffered and O_DIRECT write paths
+def test_enospc_is_a_clear_error_and_previous_checkpoint_survives(tmp_path: Path,
+                                                                  fs: str) -> None:
+    from hpctrain.errors import CheckpointError
+
+    small = tmpfs(tmp_path / "small", "2m") if fs == "tmpfs" else loop_ext4(tmp_path / "small", 4)
+    with small as root:
+        require(root is not None, f"mounting a small {fs} (root in a sandbox that allows it)")
+        for name in os.listdir(root):  # ext4's lost+found
+            os.rmdir(root / name)
+        with _manager(root) as mgr:
+            mgr.save(1, make_state(1, rows=256))  # ~0.4 MiB
+            with pytest.raises(CheckpointError, match=r"step 2 was not saved.*file system is "
+                                                      r"full.*previous checkpoint \(step 1\)"):
+                mgr.save(2, make_state(2, rows=8192))  # ~12 MiB
+            assert sorted(os.listdir(root)) == [".hpctrain-ckpt.lock", "latest", "step_000000001"]
+            got = make_state(0, rows=256)
+            assert mgr.load_latest(got) == 1
+            assert_state_is(got, 1)
+            mgr.save(3, make_state(3, rows=256))  # the space was given back
+        assert run_cli("ckpt", "verify", str(root)).returncode == 0
+
+
+def test_real_model_and_adam_resume_exactly(tmp_path: Path) -> None:
+    import torch
+
+    def build(seed: int):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def train(model, optim, steps: int) -> None:
+        for _ in range(steps):
+            loss = model(torch.randn(8, 16)).pow(2).mean()
+            optim.zero_grad()
+            loss.backward()
+            optim.step()
+
+    model, optim = build(0)
+    train(model, optim, 3)
+    saved_rng = torch.get_rng_state()
+    with _manager(tmp_path) as mgr:
+        mgr.save(3, {"model": model.state_dict(), "optim": optim.state_dict(),
+                     "rng": saved_rng})
+        train(model, optim, 2)  # training goes on after the save
+        model2, optim2 = build(1)  # a fresh process: other weights, empty optimizer state
+        state = {"model": model2.state_dict(), "optim": optim2.state_dict()}
+        assert mgr.load_latest(state) == 3
+    model2.load_state_dict(state["model"])
+    optim2.load_state_dict(state["optim"])
+    assert torch.equal(state["rng"], saved_rng)
+    # reference: the same seed and batches give the same step-3 model in memory; the same
+    # two further batches on both must then give bit-identical parameters
+    model3, optim3 = build(0)
+    train(model3, optim3, 3)
+    batches = [torch.randn(8, 16) for _ in range(2)]
+    for m, o in ((model2, optim2), (model3, optim3)):
+        for x in batches:
+            loss = m(x).pow(2).mean()
+            o.zero_grad()
+            loss.backward()
+            o.step()
+    for a, b in zip(model2.parameters(), model3.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_steps_get_the_roots_permissions_whatever_the_umask(tmp_path: Path) -> None:
+    """A private root keeps its checkpoints private, and no step is ever world-writable."""
+    for mode, want_dir in ((0o700, 0o700), (0o777, 0o775), (0o750, 0o750)):
+        root = tmp_path / f"r{mode:o}"
+        root.mkdir()
+        os.chmod(root, mode)
+        old = os.umask(0)  # the writers' umask would make everything 0o777 / 0o666
+        try:
+            with _manager(root) as mgr:
+                mgr.save(1, make_state(1))
+        finally:
+            os.umask(old)
+        step = root / "step_000000001"
+        assert step.stat().st_mode & 0o777 == want_dir
+        assert {p.stat().st_mode & 0o777 for p in step.iterdir()} == {want_dir & 0o666}
+
+
+def test_extras_are_only_unpickled_from_a_root_you_own_or_trust(tmp_path: Path) -> None:
+    from hpctrain.errors import CheckpointError
+
+    require(os.geteuid() == 0, "root, to give the checkpoint root to another user")
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, make_state(1))
+    os.chown(tmp_path, 65534, 65534)  # somebody else's root: its pickles could run code
+    with _manager(tmp_path) as mgr:
+        with pytest.raises(CheckpointError, match="owned by uid 65534, not by you.*trust=True"):
+            mgr.load_latest(make_state(0))
+    with _manager(tmp_path, trust=True) as mgr:
+        got = make_state(0)
+        assert mgr.load_latest(got) == 1
+        assert_state_is(got, 1)
+    os.chown(tmp_path, 0, 0)
+    os.chmod(tmp_path, 0o777)  # anyone may plant a step
+    with _manager(tmp_path) as mgr:
+        with pytest.raises(CheckpointError, match="every user may write in it"):
+            mgr.load_latest(make_state(0))
+    os.chmod(tmp_path, 0o1777)  # sticky, like /tmp: only the owner replaces its files
+    with _manager(tmp_path) as mgr:
+        assert mgr.load_latest(make_state(0)) == 1

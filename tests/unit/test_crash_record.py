@@ -1,0 +1,128 @@
+"""User crash -> exit record with cause=user_crash (never over a requeue record), and
+`hpctrain status` reading the supervisor's verdict back from the job's state directory
+(in the checkpoint dir or the submit dir; the command on the cluster:
+tests/cluster/test_status_cluster.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hpctrain import protocol
+from hpctrain.commands.jobview import format_cause
+from hpctrain.protocol import read_record, write_record
+from hpctrain.runtime.crashrecord import crash_fields, write_crash_record
+from hpctrain.runtime.exitrecord import previous_cause
+
+
+def test_crash_fields_are_one_line_each_and_short() -> None:
+    exc = ValueError("bad\nshape " + "x" * 1000)
+    fields = crash_fields(ValueError, exc, step=7, restart_count=2, job_id="42", rank=3,
+                          node="n2", run_id="r1")
+    assert fields["cause"] == "user_crash" and fields["requeue"] == 0
+    assert fields["step"] == 7 and fields["rank"] == 3 and fields["restart_count"] == 2
+    assert fields["node"] == "n2" and fields["run_id"] == "r1"
+    error = str(fields["error"])
+    assert error.startswith("ValueError: bad shape xxx") and "\n" not in error
+    assert len(error) <= 300 and error.endswith("...")
+
+
+def test_storage_trouble_is_recorded_as_a_requeue_not_a_crash() -> None:
+    """A root still locked by a dead node's job is not the code's fault: cause=storage,
+    requeue=1, and the supervisor requeues (within max_storage_retries)."""
+    from hpctrain.errors import StorageUnavailable
+
+    exc = StorageUnavailable("checkpoint root /x is locked by another job (host=n2 pid=1)")
+    fields = crash_fields(StorageUnavailable, exc, step=3, restart_count=0, job_id="42", rank=1)
+    assert fields["cause"] == "storage" and fields["requeue"] == 1
+    assert fields["error"].startswith("StorageUnavailable: checkpoint root /x is locked")
+
+
+def test_first_crash_wins_and_a_requeue_record_of_the_same_run_survives(
+        tmp_path: Path) -> None:
+    path = tmp_path / "exit"
+    requeue = {"cause": "preemption", "exit_code": 75, "requeue": 1, "step": 40,
+               "restart_count": 0, "job_id": "42"}
+    write_record(path, requeue)
+    assert not write_crash_record(str(path), RuntimeError, RuntimeError("late"), step=41,
+                                  restart_count=0, job_id="42", rank=0)
+    assert read_record(path)["cause"] == "preemption"
+    # the requeued run (restart 1) crashes: its record replaces the previous run's
+    assert write_crash_record(str(path), RuntimeError, RuntimeError("boom"), step=45,
+                              restart_count=1, job_id="42", rank=1)
+    assert not write_crash_record(str(path), OSError, OSError("peer gone"), step=45,
+                                  restart_count=1, job_id="42", rank=0)
+    rec = read_record(path)
+    assert (rec["cause"], rec["rank"], rec["error"]) == ("user_crash", "1", "RuntimeError: boom")
+
+
+def test_crash_record_never_raises_and_skips_ctrl_c(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    # the record's directory cannot be created (a file is in the way): no exception
+    assert not write_crash_record(str(blocker / "sub" / "exit"), RuntimeError, RuntimeError(),
+                                  step=None, restart_count=0, job_id="1", rank=0)
+    assert not write_crash_record(str(tmp_path / "exit"), KeyboardInterrupt,
+                                  KeyboardInterrupt(), step=1, restart_count=0, job_id="1",
+                                  rank=0)
+    assert not write_crash_record(None, RuntimeError, RuntimeError(), step=1,
+                                  restart_count=0, job_id="1", rank=0)
+
+
+HOOKED = """
+import sys
+from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
+install_excepthook(lambda t, e: write_crash_record(sys.argv[1], t, e, step=3,
+                   restart_count=0, job_id="9", rank=0))
+raise ZeroDivisionError("division by zero at step 3")
+"""
+
+
+def test_excepthook_writes_the_record_and_keeps_the_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "exit"
+    res = subprocess.run([sys.executable, "-c", HOOKED, str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1
+    assert "Traceback" in res.stderr and "ZeroDivisionError" in res.stderr
+    rec = read_record(path)
+    assert rec["cause"] == "user_crash" and rec["step"] == "3" and rec["requeue"] == "0"
+    assert rec["error"] == "ZeroDivisionError: division by zero at step 3"
+
+
+def test_format_cause() -> None:
+    """The supervisor's verdict in the status table's CAUSE cell."""
+    assert format_cause({}) == "-"
+    assert format_cause({"cause": "completed", "action": "finish"}) == "-"
+    crash = {"cause": "user_crash", "action": "finish", "step": "7", "rank": "1",
+             "node": "n2", "error": "RuntimeError: x"}
+    assert format_cause(crash) == "user_crash@7 RuntimeError: x (rank 1, n2)"
+    assert format_cause({"cause": "preemption", "action": "requeue", "step": "40"}) \
+        == "last requeue: preemption@40"
+    assert format_cause({"cause": "node_fail", "action": "leave"}) == "last requeue: node_fail"
+    assert format_cause({"cause": "preemption", "action": "stop",
+                         "limit": "max_preemptions=1"}) == "requeue limit max_preemptions=1 reached"
+    assert format_cause({"cause": "cancelled", "action": "finish"}) == "cancelled"
+
+
+def test_a_state_record_is_read_from_the_checkpoint_dir_first(tmp_path: Path) -> None:
+    ckpt, submit = tmp_path / "ckpt", tmp_path / "submit"
+    write_record(protocol.state_dir(submit, "5") / protocol.OUTCOME, {"cause": "time_limit"})
+    assert protocol.find_record("5", protocol.OUTCOME, str(ckpt), str(submit)) == \
+        {"cause": "time_limit"}
+    write_record(protocol.state_dir(ckpt, "5") / protocol.OUTCOME, {"cause": "user_crash"})
+    assert protocol.find_record("5", protocol.OUTCOME, str(ckpt), str(submit))["cause"] == \
+        "user_crash"
+    assert protocol.find_record("6", protocol.OUTCOME, str(ckpt), str(submit)) == {}
+    # an array task is its own job: 7_1's state is not 7's
+    write_record(protocol.state_dir(ckpt, "7_1") / protocol.OUTCOME, {"cause": "cancelled"})
+    assert protocol.find_record("7", protocol.OUTCOME, str(ckpt)) == {}
+
+
+def test_a_crash_record_followed_by_a_requeue_means_node_failure() -> None:
+    """Without a supervisor (the runtime under a plain launcher): the ranks that survive a
+    node loss die of the lost peers and write a crash record (requeue=0); Slurm requeues
+    the job anyway, so the next run reports node_fail."""
+    crash = {"cause": "user_crash", "requeue": "0", "restart_count": "0", "step": "13"}
+    assert previous_cause(crash, 1) == "node_fail"
+    assert previous_cause({**crash, "cause": "preemption", "requeue": "1"}, 1) == "preemption"

@@ -1,0 +1,288 @@
+"""The hang watchdog's pure parts: progress records (the runtime's reporter), the
+judgement (hpctrain.supervisor.watchdog), the decision rows for hangs and in-place
+restarts, and the ledger lines they leave. The devcluster runs are in
+tests/cluster/test_watchdog_cluster.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hpctrain import protocol as p
+from hpctrain.protocol.ledger import parse_ledger
+from hpctrain.runtime.progress import Reporter, phase
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
+from hpctrain.supervisor.watchdog import (Limits, RankProgress, assess, culprits, in_collective,
+                                          innermost, main_stack, node_of, suspects)
+
+NOW = 1_800_000_000.0
+LIMITS = Limits(hang_s=10, startup_s=30, save_s=60, beat_s=2.0)
+
+
+def rank(r: int, *, step: str = "5", boundaries: int = 5, phase: str = "training",
+         changed: float = NOW - 1, beat: float = NOW - 1, node: str = "n1") -> RankProgress:
+    return RankProgress(r, node, step, boundaries, phase, changed, beat)
+
+
+# ---- judgement ------------------------------------------------------------------------------
+def test_no_hang_while_every_rank_moves_within_its_phase_limit() -> None:
+    ranks = {0: rank(0), 1: rank(1, phase="saving", changed=NOW - 50),
+             2: rank(2, phase="startup", changed=NOW - 25)}
+    assert assess(ranks, 3, NOW - 100, NOW, LIMITS) is None
+
+
+def test_a_rank_past_its_phase_limit_is_a_hang_and_the_one_behind_is_named() -> None:
+    ranks = {0: rank(0, changed=NOW - 12, boundaries=6), 1: rank(1, changed=NOW - 14,
+                                                                boundaries=5, node="n2")}
+    hang = assess(ranks, 2, NOW - 100, NOW, LIMITS)
+    assert hang is not None and hang.phase == "training" and hang.limit_s == 10
+    assert (hang.ranks, hang.nodes, hang.why) == ((1,), ("n2",), "behind the other ranks")
+    assert round(hang.idle_s) == 14 and hang.detected_at == NOW
+
+
+def test_a_slow_save_gets_the_save_timeout_not_the_hang_timeout() -> None:
+    ranks = {r: rank(r, phase="saving", changed=NOW - 40) for r in range(2)}
+    assert assess(ranks, 2, NOW - 100, NOW, LIMITS) is None
+    late = assess({r: replace(ranks[r], changed_at=NOW - 61) for r in range(2)}, 2,
+                  NOW - 100, NOW, LIMITS)
+    assert late is not None and late.phase == "saving" and late.ranks == ()
+
+
+def test_a_rank_that_never_reported_is_a_start_up_hang_counted_from_the_step_start() -> None:
+    ranks = {0: rank(0, phase="startup", changed=NOW - 20, boundaries=0, step="")}
+    assert assess(ranks, 2, NOW - 29, NOW, LIMITS) is None
+    hang = assess(ranks, 2, NOW - 31, NOW, LIMITS)
+    assert hang is not None and hang.phase == "startup" and hang.ranks == (1,)
+    assert hang.why.startswith("never reported")
+
+
+def test_a_frozen_heartbeat_names_its_rank_and_node() -> None:
+    ranks = {0: rank(0, changed=NOW - 20), 1: rank(1, changed=NOW - 20, beat=NOW - 30,
+                                                    node="n2")}
+    hang = assess(ranks, 2, NOW - 100, NOW, LIMITS)
+    assert hang is not None and hang.ranks == (1,) and hang.frozen_nodes == ("n2",)
+
+
+def test_plain_scripts_are_watched_by_output_only_when_asked() -> None:
+    auto = Limits.from_spec(None, None, None, 2.0)
+    assert assess({}, 2, NOW - 10_000, NOW, auto, output_at=NOW - 5_000) is None
+    asked = Limits.from_spec(6, None, None, 2.0)
+    assert asked.plain and asked.startup_s == 1800
+    assert assess({}, 2, NOW - 100, NOW, asked, output_at=NOW - 5) is None
+    hang = assess({}, 2, NOW - 100, NOW, asked, output_at=NOW - 7)
+    assert hang is not None and hang.ranks == () and hang.phase == "output"
+    assert hang.text() == ("no output from the step for 7 s (limit 6 s; it does not report "
+                           "progress through hpctrain.runtime)")
+    # before its first output a script gets the start-up timeout
+    assert assess({}, 2, NOW - 100, NOW, asked, output_at=None) is None
+
+
+def test_zero_turns_a_timeout_off() -> None:
+    off = Limits.from_spec(0, None, None, 2.0)
+    assert (off.hang_s, off.startup_s, off.save_s, off.any) == (None, None, None, False)
+    ranks = {0: rank(0, changed=NOW - 10_000)}
+    assert assess(ranks, 1, NOW - 10_000, NOW, off) is None
+
+
+def test_suspects_say_nothing_when_every_rank_stands_at_the_same_place() -> None:
+    assert suspects({r: rank(r) for r in range(4)}, 4, NOW, 2.0) == ((), "")
+
+
+# ---- stacks ---------------------------------------------------------------------------------
+WAITING = """rank 0 on n1 (pid 1), step 5, 5 step boundaries, phase training
+--- main thread ---
+  File "train.py", line 40, in main
+    dist.all_reduce(grad)
+  File "/venv/torch/distributed/distributed_c10d.py", line 3252, in all_reduce
+    work.wait()
+--- thread hpctrain-ckpt ---
+  File "/usr/lib/python3.11/threading.py", line 327, in wait
+"""
+SLEEPING = """rank 3 on n2 (pid 4), step 5, 5 step boundaries, phase training
+--- main thread ---
+  File "train.py", line 38, in main
+    time.sleep(3600)
+--- thread pin_memory ---
+  File "/venv/torch/distributed/foo.py", line 1, in bar
+"""
+
+
+def test_the_rank_outside_the_collective_is_the_culprit() -> None:
+    assert in_collective(WAITING) and not in_collective(SLEEPING)   # main thread only
+    assert "time.sleep" in main_stack(SLEEPING) and "pin_memory" not in main_stack(SLEEPING)
+    assert innermost(SLEEPING) == 'File "train.py", line 38, in main'
+    ranks, why = culprits({0: WAITING, 1: WAITING, 2: WAITING, 3: SLEEPING}, 4)
+    assert ranks == (3,) and "while rank(s) 0,1,2 wait in one" in why and "line 38" in why
+
+
+def test_a_rank_that_reported_but_did_not_answer_is_the_culprit() -> None:
+    ranks, why = culprits({0: WAITING, 1: WAITING}, 3, known={0, 1, 2})
+    assert ranks == (2,) and why.startswith("did not answer")
+    # a rank that never reported could not answer: not named again
+    assert culprits({0: WAITING, 1: WAITING}, 3, known={0, 1}) == ((), "")
+
+
+# ---- the runtime's reporter -------------------------------------------------------------------
+def test_the_reporter_writes_progress_and_answers_a_stack_request(tmp_path: Path) -> None:
+    reporter = Reporter(str(tmp_path), 2, node="n1", run_id="r1", restart_count=1, attempt=3,
+                        beat_s=0.2).start()
+    try:
+        reporter.set_step(7)
+        reporter.boundary()
+        with phase("saving"):
+            pass   # no module-level reporter: a no-op, never an error
+        before = reporter.set_phase("saving")
+        assert before == "training"
+        time.sleep(1.0)
+        record = p.read_record(p.rank_file(tmp_path, p.PROGRESS, 2))
+        got = RankProgress.parse(record)
+        assert got is not None and (got.step, got.boundaries, got.phase) == ("7", 1, "saving")
+        assert (record["run_id"], record["restart_count"], record["attempt"]) == ("r1", "1", "3")
+        # a request for another attempt is not answered; this attempt's is
+        p.write_record(tmp_path / p.DUMP, {"run_id": "r1", "restart_count": 1, "attempt": 2,
+                                           "seq": "a"})
+        time.sleep(0.8)
+        assert not p.rank_file(tmp_path, p.STACKS, 2).exists()
+        p.write_record(tmp_path / p.DUMP, {"run_id": "r1", "restart_count": 1, "attempt": 3,
+                                           "seq": "b"})
+        deadline = time.monotonic() + 5
+        while not p.rank_file(tmp_path, p.STACKS, 2).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        text = p.rank_file(tmp_path, p.STACKS, 2).read_text()
+        assert text.startswith("seq=b\nrank 2 on n1") and "--- main thread ---" in text
+        assert "test_the_reporter_writes_progress" in main_stack(text)
+        assert threading.main_thread().is_alive()
+    finally:
+        reporter.close()
+
+
+def test_rank_0_keeps_a_history_of_steps_and_phases(tmp_path: Path) -> None:
+    import json
+
+    first = Reporter(str(tmp_path), 0, run_id="r1", restart_count=2, attempt=1, beat_s=0.2)
+    other = Reporter(str(tmp_path), 1, run_id="r1", restart_count=2, attempt=1, beat_s=0.2)
+    for reporter in (first, other):
+        reporter.start()
+        reporter.set_step(4)
+        reporter.boundary()
+        reporter.set_phase("saving")
+        reporter.set_phase("training")
+        reporter.close()
+    lines = [json.loads(x) for x in (tmp_path / p.HISTORY).read_text().splitlines()]
+    assert [(e["event"], e.get("phase"), e.get("step")) for e in lines] == [
+        ("phase", "startup", None), ("phase", "training", None), ("step", None, 4),
+        ("phase", "saving", None), ("phase", "training", None)]   # rank 0's only
+    assert {(e["restart"], e["attempt"]) for e in lines} == {(2, 1)}
+    assert all(lines[i]["t"] <= lines[i + 1]["t"] for i in range(len(lines) - 1))
+
+
+# ---- decisions --------------------------------------------------------------------------------
+VIEW = JobView("42", "RUNNING", "None", 0, None, NOW + 3000, True)
+BUDGET = Budget(10, {"user_crash": 1, "hang": 2})
+
+
+def facts(**kw: Any) -> Facts:
+    base: dict[str, Any] = dict(restart_count=0, requeue_signal="USR2", budget=BUDGET,
+                                requeues={}, view=VIEW, now=NOW, status=137,
+                                inplace=InPlace(2, 0))
+    return Facts(**{**base, **kw})
+
+
+def test_a_hang_is_restarted_in_place_then_requeued_then_stopped() -> None:
+    hang = "no progress in phase training for 11 s (limit 10 s)"
+    first = decide(facts(hang=hang))
+    assert (first.action, first.cause) == ("restart", "hang")
+    assert first.detail == "in-place restart 1 of max_step_restarts=2"
+    spent = decide(facts(hang=hang, inplace=InPlace(2, 2), restarts={"hang": 2}))
+    assert (spent.action, spent.cause) == ("requeue", "hang")
+    assert "not in place: max_step_restarts=2 spent" in spent.detail
+    sick = decide(facts(hang=hang, inplace=InPlace(2, 0, "node(s) n2 DOWN*")))
+    assert sick.action == "requeue" and "n2 DOWN*" in sick.detail
+    over = decide(facts(hang=hang, inplace=InPlace(2, 2), requeues={"hang": 2}))
+    assert (over.action, over.limit) == ("stop", "max_hangs=2")
+
+
+def test_slurm_facts_still_win_over_a_hang() -> None:
+    preempted = replace(VIEW, preempt_time=NOW - 1)
+    assert decide(facts(hang="x", view=preempted)).cause == "preemption"
+    assert decide(facts(hang="x", status=0)).cause == "completed"
+
+
+def test_a_crash_counts_in_place_restarts_and_requeues_against_its_limit() -> None:
+    assert decide(facts()).action == "restart"                    # crash 1 of 1, in place
+    again = decide(facts(restarts={"user_crash": 1}, inplace=InPlace(2, 1)))
+    assert (again.action, again.limit) == ("stop", "max_crash_restarts=1")
+    assert "recovery (in place or requeue) 2" in again.detail
+    no_retry = replace(BUDGET, per_cause={"user_crash": 0})
+    assert decide(facts(budget=no_retry)).action == "finish"      # the default: not retried
+
+
+# ---- the ledger ------------------------------------------------------------------------------
+def test_the_ledger_counts_in_place_restarts_and_excluded_nodes() -> None:
+    led = parse_ledger("requeue cause=preemption restart_count=1 by=slurm\n"
+                       "restart cause=hang restart_count=1 attempt=1 at=1 ranks=3\n"
+                       "restart cause=user_crash restart_count=1 attempt=2 at=2\n"
+                       "exclude node=n2 cause=node_fail restart_count=1\n")
+    assert led.requeues == {"preemption": 1} and led.total == 1
+    assert led.restarts == {"hang": 1, "user_crash": 1} and led.step_restarts == 2
+    assert led.excluded == {"n2": "node_fail"} and led.recoveries("hang") == 1
+
+
+# ---- py-spy (plain scripts) ---------------------------------------------------------------
+SPY = """==== launcher n1 100
+Process 100: python -m torch.distributed.run
+==== 0 n1 101
+Process 101: python train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 101 (idle): "MainThread"
+    backward (torch/autograd/__init__.py:353)
+    backward (torch/_tensor.py:648)
+    main (train.py:71)
+Thread 140 (idle): "pin_memory"
+    wait (threading.py:327)
+==== 1 n2 102
+Thread 102 (idle): "MainThread"
+    main (train.py:68)
+    <module> (train.py:90)
+"""
+
+
+def test_py_spy_dumps_become_rank_stacks_and_name_the_culprit() -> None:
+    from hpctrain.supervisor.hang import parse_spy
+
+    stacks = parse_spy(SPY)
+    assert sorted(stacks) == [0, 1]                        # the launcher has no rank
+    assert stacks[1].startswith("rank 1 on n2 (pid 102), by py-spy")
+    assert in_collective(stacks[0]) and not in_collective(stacks[1])
+    assert "pin_memory" not in main_stack(stacks[0])
+    assert innermost(stacks[1]) == "main (train.py:68)"   # py-spy: innermost first
+    ranks, why = culprits(stacks, 2)
+    assert ranks == (1,) and "rank 1 is at main (train.py:68)" in why
+    assert node_of(stacks[1]) == "n2" and node_of(WAITING) == "n1" and node_of("x") == ""
+
+
+# ---- the partition's health check ------------------------------------------------------------
+def test_a_health_check_requeue_is_free_of_the_requeue_budget() -> None:
+    tight = Budget(1, {"user_crash": 1, "hang": 1})
+    # one earlier requeue was the health check's: a hang may still requeue once
+    d = decide(facts(budget=tight, restart_count=1, requeues={"health_check": 1},
+                     hang="x", inplace=InPlace(0, 0)))
+    assert d.action == "requeue", d
+    counted = decide(facts(budget=tight, restart_count=1, requeues={"preemption": 1},
+                           hang="x", inplace=InPlace(0, 0)))
+    assert (counted.action, counted.limit) == ("stop", "max_requeues=1")
+
+
+def test_srun_names_every_node_where_the_check_failed() -> None:
+    from hpctrain.supervisor.diagnosis import srun_failures
+
+    out = ("gpu-check: GPU 1 fell off the bus\n"
+           "srun: error: n2: task 1: Exited with exit code 1\n"
+           "srun: error: n4: task 3: Exited with exit code 2\n"
+           "srun: error: n1: task 0: Killed\n")
+    assert [(f["node"], f["tasks"]) for f in srun_failures(out)] == [("n2", "1"), ("n4", "3")]
