@@ -21,6 +21,7 @@ from typing import Any, Iterator
 
 from hpctrain.devcluster import config, daemons
 from hpctrain.devcluster.config import Paths, Ports, Shape
+from hpctrain.devcluster.containers import ensure_host_image
 from hpctrain.devcluster.packages import ensure_packages
 from hpctrain.errors import DevclusterError, SlurmError
 from hpctrain.slurm import client
@@ -128,6 +129,7 @@ class DevCluster:
             wanted = self._daemons(shape)
             fresh = previous == shape and not self._configs_changed(shape)
             if fresh and all(daemons.running_pid(d) for d in wanted):
+                ensure_host_image(self.paths)  # cheap; a cluster from before 0.2 gets it
                 return UpResult("already up", self.make_nodes_usable(shape))
             self._prepare_dirs(shape)
             # A new shape (or settings from a newer hpctrain) needs slurmctld and the
@@ -147,6 +149,7 @@ class DevCluster:
             for d in slurmds:
                 daemons.start(d, env)
             resumed = self.make_nodes_usable(shape)
+            ensure_host_image(self.paths)
             self.paths.shape_file.write_text(shape.to_json())
             self._link_system_conf()
             return UpResult("reshaped" if reshaped else "started", resumed)

@@ -82,6 +82,10 @@ class Paths:
     mysql_run = property(lambda self: self.root / "mysql-run")  # owned by the mysql user
     mysql_socket = property(lambda self: self.mysql_run / "mysqld.sock")
     db_password_file = property(lambda self: self.etc / "db-password")
+    oci_conf = property(lambda self: self.etc / "oci.conf")   # read by each container step
+    images = property(lambda self: self.root / "images")
+    host_image = property(lambda self: self.images / "host")  # an OCI bundle of this host
+    runc_root = property(lambda self: self.run / "runc")      # runc's state of containers
 
     def pid_file(self, daemon: str) -> Path:
         """Pid file of a daemon: 'munged', 'mariadbd', 'slurmdbd', 'slurmctld', 'slurmd-n1'."""
@@ -225,3 +229,49 @@ def updated_hosts(current: str, shape: Shape | None) -> str:
     if shape is not None:
         kept.append(hosts_line(shape))
     return "\n".join(kept) + "\n"
+
+
+# ---- containers: Slurm's own OCI support with runc (crun fails on this machine kind) ----
+# Host directories the devcluster's image binds (those that exist): the system, Python
+# installs under /root (pyenv) and /opt, and homes, /work, /tmp and the devcluster's shared
+# storage, so a job's venv, code and checkpoints are where they are on the host.
+HOST_IMAGE_BINDS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/root", "/home",
+                    "/opt", "/srv", "/work", "/tmp", "/var/lib/hpctrain")
+
+
+def oci_conf(paths: Paths) -> str:
+    """oci.conf beside slurm.conf: how slurmstepd runs a container (runc; Slurm 22.05 keys).
+
+    Container names carry the node (%n), so the emulated nodes of this one machine never
+    share one; runc keeps its state under the devcluster's run directory."""
+    runc = f"runc --root={paths.runc_root}"
+    name = "%n.%u.%j.%s.%t"
+    return f"""\
+# Written by `hpctrain devcluster up`. Slurm's OCI containers (srun --container=BUNDLE).
+RunTimeQuery="{runc} state {name}"
+RunTimeRun="{runc} run {name} -b %b"
+RunTimeKill="{runc} kill -a {name}"
+RunTimeDelete="{runc} delete --force {name}"
+"""
+
+
+def host_image_config(spec: dict, binds: list[str]) -> dict:
+    """The host image's config.json from ``runc spec``'s: the host's directories
+    bind-mounted over an empty root, and only a mount namespace (with a pid namespace every
+    torchrun agent is pid 1 on one hostname, and the c10d rendezvous across emulated nodes
+    hangs; a network namespace would cut the ranks off from each other). No cgroup
+    settings: runc needs no cgroup setup then."""
+    config = json.loads(json.dumps(spec))
+    config["root"] = {"path": "rootfs", "readonly": False}
+    config.pop("hostname", None)
+    process = config.setdefault("process", {})
+    process["terminal"] = False
+    linux = config.setdefault("linux", {})
+    linux["namespaces"] = [{"type": "mount"}]
+    for key in ("resources", "cgroupsPath", "seccomp"):
+        linux.pop(key, None)
+    mounts = [m for m in config.get("mounts", []) if m.get("destination") not in binds]
+    mounts += [{"destination": d, "type": "bind", "source": d, "options": ["rbind", "rw"]}
+               for d in binds]
+    config["mounts"] = mounts
+    return config

@@ -8,7 +8,8 @@ import subprocess
 
 from hpctrain.errors import DevclusterError
 
-PACKAGES = ("munge", "slurm-client", "slurmctld", "slurmd", "slurmdbd", "mariadb-server")
+# runc: Slurm's OCI containers (`srun --container`); crun fails on this machine kind
+PACKAGES = ("munge", "slurm-client", "slurmctld", "slurmd", "slurmdbd", "mariadb-server", "runc")
 # binaries each package must provide, checked instead of asking dpkg (works off Debian too)
 BINARIES = {
     "munge": "/usr/sbin/munged",
@@ -17,6 +18,7 @@ BINARIES = {
     "slurmd": "/usr/sbin/slurmd",
     "slurmdbd": "/usr/sbin/slurmdbd",
     "mariadb-server": "/usr/sbin/mariadbd",
+    "runc": "/usr/sbin/runc",
 }
 APT_TIMEOUT_S = 900
 

@@ -64,6 +64,7 @@ MAX_STEP_RESTARTS = "HPCTRAIN_MAX_STEP_RESTARTS"
 EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
 HEALTH_CHECK = "HPCTRAIN_HEALTH_CHECK"        # the partition's node check: a JSON argv list
 HEALTH_CHECK_TIMEOUT_S = "HPCTRAIN_HEALTH_CHECK_TIMEOUT_S"
+CONTAINER = "HPCTRAIN_CONTAINER"              # the step's container (JSON), for an OCI bundle
 
 # ---- the rendezvous port: one rule for the template, the runtime and function jobs ---------
 # 20000-29999 from the job id: clear of Slurm's own ports and of the ephemeral range, and two

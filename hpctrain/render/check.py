@@ -4,11 +4,13 @@ Each case is rendered (pure), syntax-checked with ``bash -n``, checked to end wi
 supervisor's hand-over and, with ``slurm=True``,
 handed to ``sbatch --test-only`` on the live cluster (through hpctrain.slurm.client),
 which validates the directives against the real partitions without queueing anything.
+With ``slurm=True`` a partition's container runtime is checked to be there too.
 This is the one module of the render side that starts processes.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -56,25 +58,71 @@ def sample_layouts(part: Partition) -> list[tuple[str, int, int, int]]:
 
 
 def check_cases(partitions: Sequence[Partition]) -> list[CheckCase]:
-    """The matrix: every partition x launcher x :func:`sample_layouts` layout."""
+    """The matrix: every partition x launcher x :func:`sample_layouts` layout, and on a
+    partition with a container runtime every launcher it can run in a container."""
     cases = []
     for part in partitions:
         limit = slurm_time_seconds(part.max_time)
         minutes = 10 if limit is None else max(1, min(10, limit // 60))
+        facts = part.container
         for launcher in LAUNCHERS:
-            for label, nodes, tp, pp in sample_layouts(part):
-                name = f"check-{part.name}-{launcher}-{label.replace('+', '-')}"
-                spec = JobSpec.from_dict({
-                    "name": name, "partition": part.name, "nodes": nodes,
-                    "time": str(minutes), "layout": {"tp": tp, "pp": pp},
-                    "run": {"launcher": launcher, "command": ["python", "train.py", "--steps", "10"],
-                            "setup": ["true"], "env": {"OMP_NUM_THREADS": "1"}},
-                    "checkpoint": {"dir": f"/tmp/hpctrain-check/{name}", "stripe_count": 2},
-                    "requeue": {"signal_lead_s": min(30, minutes * 60 - 1)},
-                })
+            layouts = [] if facts is not None and facts.required else sample_layouts(part)
+            for label, nodes, tp, pp in layouts:
+                spec = _case_spec(part, launcher, label, nodes, tp, pp, minutes)
                 cases.append(CheckCase(f"{part.name:10} {launcher:9} {label:9} "
                                        f"nodes={nodes} tp={tp} pp={pp}", spec))
+            if facts is None or (facts.runtime == "oci" and launcher != "torchrun"
+                                 and part.gpus_per_node > 1):
+                continue  # Slurm's OCI containers start one task per node
+            image = (facts.image_prefixes[0] if facts.image_prefixes else "/images/") + "check"
+            spec = _case_spec(part, launcher, "container", 1, 1, 1, minutes,
+                              {"image": image, "mounts": ["/tmp:/scratch"]})
+            cases.append(CheckCase(f"{part.name:10} {launcher:9} in a {facts.runtime} "
+                                   "container", spec))
     return cases
+
+
+def _case_spec(part: Partition, launcher: str, label: str, nodes: int, tp: int, pp: int,
+               minutes: int, container: dict | None = None) -> JobSpec:
+    name = f"check-{part.name}-{launcher}-{label.replace('+', '-')}"
+    data = {"name": name, "partition": part.name, "nodes": nodes, "time": str(minutes),
+            "layout": {"tp": tp, "pp": pp},
+            "run": {"launcher": launcher, "command": ["python", "train.py", "--steps", "10"],
+                    "setup": ["true"], "env": {"OMP_NUM_THREADS": "1"}},
+            "checkpoint": {"dir": f"/tmp/hpctrain-check/{name}", "stripe_count": 2},
+            "requeue": {"signal_lead_s": min(30, minutes * 60 - 1)}}
+    if container is not None:
+        data["container"] = container
+    return JobSpec.from_dict(data)
+
+
+def runtime_error(part: Partition) -> str | None:
+    """None when the partition's container runtime is there (asked of the live cluster and
+    this node), else what is missing and how to get it."""
+    from hpctrain.slurm import client
+    from hpctrain.slurm.parse import parse_scontrol_config
+
+    facts = part.container
+    if facts is None:
+        return None
+    if facts.runtime == "apptainer":
+        return None if shutil.which(facts.apptainer) else (
+            f"{facts.apptainer!r} is not on PATH here: install Apptainer (or set "
+            "container.apptainer to the site's binary, e.g. singularity)")
+    usage = client.run(["srun", "--help"], check=False, timeout=SBATCH_TIMEOUT_S)
+    help_text = usage.stdout + usage.stderr
+    if facts.runtime == "pyxis":
+        return None if "--container-image" in help_text else (
+            "srun --help lists no --container-image: the pyxis SPANK plugin is not loaded "
+            "(plugstack.conf) on this cluster")
+    if not re.search(r"^\s*--container\b(?!-)", help_text, re.M):
+        return "srun --help lists no --container: this Slurm has no OCI support (21.08+)"
+    conf = parse_scontrol_config(client.run(["scontrol", "show", "config"],
+                                            timeout=SBATCH_TIMEOUT_S).stdout).get("SLURM_CONF")
+    if conf and not (Path(conf).parent / "oci.conf").is_file():
+        return (f"no oci.conf beside {conf}: slurmstepd cannot run containers (write one "
+                "with RunTimeQuery/RunTimeRun/RunTimeKill/RunTimeDelete, see docs/containers.md)")
+    return None
 
 
 def bash_syntax_error(script: str) -> str | None:
@@ -149,7 +197,16 @@ def run_checks(dirs: Sequence[Path], slurm: bool = False) -> list[CheckResult]:
                                      _placeholder()), True, "skipped")
                for p in parts if p.gpus_per_node < 1]
     gpu_parts = [p for p in parts if p.gpus_per_node >= 1]
-    return skipped + [check_one(case, dirs, slurm) for case in check_cases(gpu_parts)]
+    runtimes = []
+    for part in gpu_parts if slurm else []:
+        if part.container is not None:
+            err = runtime_error(part)
+            case = CheckCase(f"{part.name:10} container runtime {part.container.runtime}",
+                             _placeholder())
+            runtimes.append(CheckResult(case, err is None, "runtime" if err else "ok",
+                                        err or ""))
+    return skipped + runtimes + [check_one(case, dirs, slurm)
+                                 for case in check_cases(gpu_parts)]
 
 
 def _placeholder() -> JobSpec:

@@ -3,7 +3,8 @@
 Safety model, enforced here rather than trusted to each template:
 
 - every ``{{ ... }}`` must produce a :class:`ShellSafe` string (the output of the
-  ``shq``, ``directive`` or ``envname`` filters) or an integer; anything else is
+  ``shq``, ``directive`` or ``envname`` filters of :mod:`hpctrain.render.shell`, or the
+  container words :mod:`hpctrain.render.container` builds from them) or an integer; anything else is
   refused with a TemplateError, so a template (built-in or a site's) cannot paste a
   raw user value into the script by forgetting a filter;
 - ``shq`` quotes with :func:`shlex.quote`; ``directive`` only lets through values that
@@ -19,7 +20,6 @@ from __future__ import annotations
 import functools
 import json
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -29,7 +29,10 @@ from jinja2.runtime import BlockReference, Context
 
 from hpctrain import __version__, protocol
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
-from hpctrain.spec.checks import DIRECTIVE_VALUE_RE, ENV_KEY_RE
+from hpctrain.render.container import apptainer_env, container_words
+from hpctrain.render.shell import ShellSafe, directive, envname, shq
+from hpctrain.spec.checks import DIRECTIVE_VALUE_RE
+from hpctrain.spec.container import plan_container
 from hpctrain.spec.layout import LayoutPlan, plan_layout
 from hpctrain.spec.model import JobSpec
 from hpctrain.spec.partitions import Partition, find_partition
@@ -42,41 +45,6 @@ DEFAULT_OUTPUT = "hpctrain-%x-%j.out"
 DEFAULT_PYTHON = "python3"
 SUPERVISOR_MODULE = "hpctrain.supervisor"
 _PYTHON = re.compile(r"(^|/)python[0-9.]*$")
-
-
-class ShellSafe(str):
-    """Text that may go into the script as is: quoted, checked, or template-made."""
-
-
-def shq(value: Any) -> ShellSafe:
-    """Shell-quote one value, or a list of values into space-separated words."""
-    if isinstance(value, jinja2.Undefined):
-        str(value)  # StrictUndefined raises here, naming the missing variable
-    if isinstance(value, (list, tuple)):
-        return ShellSafe(" ".join(shq(v) for v in value))
-    if isinstance(value, bool) or value is None or not isinstance(value, (str, int, float, Path)):
-        raise TemplateError(f"shq: cannot quote {value!r} ({type(value).__name__}): pass a "
-                            "string, a number or a list of them")
-    text = str(value)
-    if "\0" in text:
-        raise TemplateError(f"shq: {text!r} contains a NUL byte, which bash cannot hold")
-    return ShellSafe(shlex.quote(text))
-
-
-def directive(value: Any) -> ShellSafe:
-    """A value for an ``#SBATCH`` line: allowed only when it needs no quoting at all."""
-    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not DIRECTIVE_VALUE_RE.match(text):
-        raise TemplateError(f"{value!r} cannot go on an #SBATCH line (spaces, quotes, $, "
-                            "newlines and the like are refused): fix the value")
-    return ShellSafe(text)
-
-
-def envname(value: Any) -> ShellSafe:
-    """A shell variable name, checked."""
-    if not isinstance(value, str) or not ENV_KEY_RE.match(value):
-        raise TemplateError(f"{value!r} is not a shell variable name")
-    return ShellSafe(value)
 
 
 def _finalize(value: Any) -> Any:
@@ -210,13 +178,23 @@ def _get(env: jinja2.Environment, name: str) -> jinja2.Template:
 def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
                    python: str = DEFAULT_PYTHON) -> dict[str, Any]:
     """The variables every template gets (documented in docs/templates.md)."""
+    container = plan_container(spec.container, partition.container, partition.name,
+                               tasks_per_node=plan.tasks_per_node,
+                               checkpoint_dir=spec.checkpoint.dir, workdir=spec.workdir)
+    exports = job_exports(spec, plan) + health_check_exports(partition)
+    if container is not None:  # the supervisor builds an OCI bundle from it
+        exports.append((protocol.CONTAINER, json.dumps(container.to_json(), sort_keys=True)))
     return {
         "version": __version__,
         "spec": spec,
         "plan": plan,
         "partition": partition,
         "directives": sbatch_directives(spec, plan, partition),
-        "exports": job_exports(spec, plan) + health_check_exports(partition),
+        "exports": exports,
+        # the container the launcher's tasks run in (render/container.py), else None
+        "container": container,
+        "container_words": container_words(container),
+        "apptainer_env": apptainer_env(container),
         "launcher_template": f"launchers/{plan.launcher}.j2",
         "supervisor": [python, "-m", SUPERVISOR_MODULE],
         # the batch step's stop signals: the time-limit warning (--signal=B:...) and TERM

@@ -21,6 +21,7 @@ from hpctrain.errors import SpecError
 from hpctrain.spec.checks import (ENV_KEY_RE, MAIL_RE, check_directive_value, check_name,
                                check_sbatch_option, check_signal, check_text, closest,
                                slurm_time_seconds)
+from hpctrain.spec.container import ContainerSpec, Mount
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
@@ -229,7 +230,7 @@ class WatchdogSpec:
 
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
-             "requeue": RequeueSpec, "watchdog": WatchdogSpec}
+             "requeue": RequeueSpec, "watchdog": WatchdogSpec, "container": ContainerSpec}
 _DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
 
 
@@ -256,6 +257,7 @@ class JobSpec:
     checkpoint: CheckpointSpec = CheckpointSpec()
     requeue: RequeueSpec = RequeueSpec()
     watchdog: WatchdogSpec = WatchdogSpec()
+    container: ContainerSpec | None = None   # run the step in a container (docs/containers.md)
     sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     # ---- construction ------------------------------------------------------------------
@@ -350,6 +352,8 @@ def _mail_type(value: Any) -> str:
 
 
 def _plain(obj: Any) -> Any:
+    if isinstance(obj, Mount):
+        return str(obj)
     if hasattr(obj, "__dataclass_fields__"):
         return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)
                 if getattr(obj, f.name) is not None}

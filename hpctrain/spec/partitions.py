@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from hpctrain.errors import PartitionError
+from hpctrain.spec.container import ContainerFacts
 from hpctrain.spec.site import template_dirs
 
 
@@ -47,6 +48,8 @@ class Partition:
     # the training step: a node where it fails is left out and the job requeued for free
     health_check: tuple[str, ...] = ()
     health_check_timeout_s: int = 120
+    # how this site runs containers ([container]: runtime, allowed images, mounts, required)
+    container: ContainerFacts | None = None
     source: str = ""                     # the file it was read from
 
     @classmethod
@@ -68,6 +71,8 @@ class Partition:
                                  'of words, e.g. ["/opt/site/gpu-check", "--quick"]')
         values["health_check"] = tuple(check)
         values["env"] = {str(k): str(v) for k, v in values.get("env", {}).items()}
+        if "container" in values:
+            values["container"] = ContainerFacts.from_dict(values["container"], source)
         try:
             part = cls(**values, source=source)
         except TypeError as exc:  # pragma: no cover - guarded by the key checks

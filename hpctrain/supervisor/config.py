@@ -39,6 +39,8 @@ class Config:
     nodes: int = 1             # nodes of the step (HPCTRAIN_NODES)
     health_check: tuple[str, ...] = ()   # the partition's node check (argv), run per node
     health_check_timeout_s: int = 120
+    container: dict | None = None        # the step's container (HPCTRAIN_CONTAINER), if any
+    submit_dir: str = ""                 # SLURM_SUBMIT_DIR: mounted into a container
 
     @property
     def step_signal(self) -> str:
@@ -89,6 +91,7 @@ class Config:
             world=_int(env, "HPCTRAIN_WORLD_SIZE", 1), nodes=_int(env, "HPCTRAIN_NODES", 1),
             health_check=parse_argv(env, p.HEALTH_CHECK),
             health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S, 120),
+            container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
             where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on "
                   f"{env.get('SLURM_JOB_NODELIST', '?')}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")
@@ -127,6 +130,21 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         return float(env.get(name) or default)
     except ValueError:
         raise SupervisorError(f"{name}={env.get(name)!r} is not a number of seconds") from None
+
+
+def parse_container(env: Mapping[str, str]) -> dict | None:
+    """The step's container as the rendered script exports it (JSON), None without one."""
+    raw = env.get(p.CONTAINER, "")
+    if not raw:
+        return None
+    try:
+        plan = json.loads(raw)
+    except ValueError:
+        plan = None
+    if not isinstance(plan, dict) or not isinstance(plan.get("image"), str):
+        raise SupervisorError(f"{p.CONTAINER}={raw!r} is not the container hpctrain renders: "
+                              "render the script again with `hpctrain render`")
+    return plan
 
 
 def parse_argv(env: Mapping[str, str], name: str) -> tuple[str, ...]:

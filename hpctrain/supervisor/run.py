@@ -24,6 +24,7 @@ from hpctrain.errors import HpctrainError, SlurmError
 from hpctrain.protocol.ledger import line
 from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
+from hpctrain.supervisor import container
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, FREE_CAUSES, REQUEUE_CAUSES,
                                           Caught, Decision, Facts, InPlace, decide, limit_text,
@@ -114,6 +115,9 @@ class Supervisor:
         cfg = self.cfg
         logfile = view.std_err if view is not None else ""
         logs = (logfile, view.std_out if view is not None else "")
+        argv, notes = container.step_argv(cfg.argv, cfg.container, state.path, cfg.submit_dir)
+        for note in notes:
+            say(note)
         attempt = 0
         while True:
             if cfg.health_check:
@@ -126,7 +130,7 @@ class Supervisor:
             again = f", in-place restart {attempt}" if attempt else ""
             say(f"starting the training step of job {cfg.key}: {cfg.where}, "
                 f"restart {cfg.restart_count}{again}{after}")
-            step = Step(cfg.argv, self.step_env(state, view, last_cause, attempt))
+            step = Step(argv, self.step_env(state, view, last_cause, attempt))
             watch = Watch(state, cfg.limits, cfg.world, cfg.restart_count, attempt, logs,
                           cfg.nodes)
             status, self._hang = self.supervise(step, state, watch)

@@ -20,7 +20,6 @@ each layout ends FAILED, is not requeued, and status names it. Prints the figure
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ import pytest
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
 from hpctrain.jobs.poll import last_checkpoint_step
+from helpers.cluster import status
 from helpers.examples import example_spec, submit_example
 from helpers.jobs import isolate
 from helpers.nodes import LOST_NODE, bring_back, lose_node, node_state, report_down
@@ -99,13 +99,6 @@ def steps_lost(log_records: list[dict], stop: dict) -> int:
     saved (the next run starts there), plus one. 0 when the save was up to date."""
     before = log_records[:log_records.index(stop)]
     return max(r["step"] for r in before if "loss" in r) + 1 - stop["step"]
-
-
-def status_of(job: str) -> dict:
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["jobs"][0]
 
 
 def reference_run(case: Case, tmp: Path) -> subprocess.Popen:
@@ -209,7 +202,7 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
     assert refs[0].returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
     assert bitwise_equal(final_state(tmp_path / "ref", 4), final_state(root / "final", 4))
 
-    row = status_of(job)
+    row = status(job)
     assert row["requeues"] == {"preemption": 1, "time_limit": 1, "node_fail": 1}, row
     assert row["requeue_limit"] is None and row["cause"] == "completed", row
 
@@ -241,7 +234,7 @@ def test_user_crash_fails_without_requeue_and_status_names_it(
     assert state == "FAILED", job_out(root, job)
     assert sacct_states(job) == ["FAILED"]  # no REQUEUED: a crash is not retried
     assert steps(root / "loss.jsonl") == list(range(7))
-    row = status_of(job)
+    row = status(job)
     assert row["state"] == "FAILED" and row["requeues"] == {}, row
     assert row["cause"] == "user_crash", row
     verdict = row["verdict"]

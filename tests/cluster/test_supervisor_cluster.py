@@ -31,6 +31,7 @@ import pytest
 from hpctrain import protocol
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
+from helpers.cluster import events, job_log, preempt, status, submit
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, sbatch, wait_done, wait_until
 from helpers.specs import spec_toml
@@ -88,41 +89,14 @@ def spec_text(root: Path, name: str, kind: Kind, command: list[str], *,
         **({"checkpoint": {"dir": f"{root}/ckpt"}} if checkpoint else {}))
 
 
-def submit(root: Path, text: str, *args: str) -> str:
-    (root / "job.toml").write_text(text)
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(root / "job.toml"),
-                          "--json", *args], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["job_id"]
 
 
-def events(root: Path, name: str | None = None) -> list[dict[str, Any]]:
-    path = root / "events.jsonl"
-    if not path.exists():
-        return []
-    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [e for e in found if name is None or e["event"] == name]
 
 
-def job_log(root: Path, job: str) -> str:
-    path = root / f"job-{job}.out"
-    return path.read_text(errors="replace") if path.exists() else "(no log)"
 
 
-def status(job: str) -> dict[str, Any]:
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)["jobs"][0]
 
 
-def preempt(job: str) -> None:
-    """An urgent job on the node the debug job runs on: Slurm preempts it (GraceTime 10 s)."""
-    node = client.run(["squeue", "-h", "-j", job, "-o", "%N"]).stdout.strip()
-    assert node, f"job {job} is not running"
-    urgent = sbatch("-p", "urgent", f"--nodelist={node}", "--gres=gpu:2", "-o", "/dev/null",
-                    "--wrap", "sleep 1")
-    assert wait_done(urgent, 120) == "COMPLETED"
 
 
 def progress_after_start(root: Path, kind: Kind, starts: int, steps: int) -> bool:

@@ -33,11 +33,11 @@ import pytest
 
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_kv_records
+from helpers.cluster import events, job_log, preempt, status, submit
 from helpers.jobs import isolate
 from helpers.nodes import lose_node, report_down
 from helpers.slurm import sacct_states, wait_done, wait_until
 from helpers.specs import spec_toml
-from test_supervisor_cluster import events, job_log, preempt, status, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"

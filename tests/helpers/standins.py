@@ -1,10 +1,11 @@
-"""Recorded-behaviour STAND-INS for srun, scontrol, scancel, sacct and lfs, to run rendered
-scripts in bash.
+"""Recorded-behaviour STAND-INS for srun (with pyxis's container options), scontrol, scancel,
+sacct, apptainer and lfs, to run rendered scripts in bash.
 
 Real Slurm runs in the slurm-marked tests; these exist so a rendered script can be
 *executed* in a plain unit test (is a hostile value ever run? does a signal during setup
 reach the supervisor?) without a cluster, and so the Lustre branch (no Lustre here) can
-be exercised.
+be exercised, and the container runtimes that cannot be installed here (pyxis/enroot,
+Apptainer) have their argument handling checked.
 Each stand-in only records its arguments and answers as the real tool did on the
 devcluster; none of them pretends to schedule anything.
 """
@@ -24,6 +25,28 @@ STANDINS = {
 # training step "sleep" (record only, then sleep).
 printf '%s\0' "$@" > "$STANDIN_LOG/srun.argv"
 echo $$ > "$STANDIN_LOG/srun.pid"
+# pyxis's options, as the SPANK plugin parses them (pyxis wiki "Usage", 0.11+): mounts are
+# SRC:DST[:FLAGS] separated by ",", flags by "+", and a target must start with / or .;
+# what it understood goes to pyxis.args, one "key value..." line each
+for arg in "$@"; do
+  case "$arg" in
+    --container-image=*) echo "image ${arg#*=}" >> "$STANDIN_LOG/pyxis.args" ;;
+    --container-workdir=*) echo "workdir ${arg#*=}" >> "$STANDIN_LOG/pyxis.args" ;;
+    --container-env=*) echo "env ${arg#*=}" >> "$STANDIN_LOG/pyxis.args" ;;
+    --container-writable|--container-readonly|--no-container-mount-home)
+      echo "flag ${arg#--}" >> "$STANDIN_LOG/pyxis.args" ;;
+    --container-mounts=*)
+      IFS=, read -ra specs <<< "${arg#*=}"
+      for spec in "${specs[@]}"; do
+        IFS=: read -r src dst flags extra <<< "$spec"
+        if [[ -z $src || -z $dst || -n $extra || ! $dst =~ ^[/.] ]]; then
+          echo "pyxis: invalid mount: $spec" >&2; exit 1
+        fi
+        echo "mount $src $dst ${flags:-rw}" >> "$STANDIN_LOG/pyxis.args"
+      done ;;
+    --container-*) echo "srun: unrecognized option '$arg'" >&2; exit 1 ;;
+  esac
+done
 while [[ $# -gt 0 && $1 == --* ]]; do shift; done
 export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_NODEID=0 SLURM_NNODES=1
 case "${STANDIN_SRUN_MODE:-exec}" in
@@ -68,6 +91,35 @@ fi
 # (one run per line, oldest first, as `sacct -n -X -D -P` printed them on the devcluster).
 printf '%s\n' "$*" >> "$STANDIN_LOG/sacct.calls"
 printf '%b' "${STANDIN_SACCT_STATES:-}"
+''',
+    "apptainer": r'''#!/bin/bash
+# STAND-IN for `apptainer exec` (apptainer-exec(1)): [-B|--bind SPEC]... [--pwd DIR]
+# [--writable-tmpfs] IMAGE COMMAND...; a bind SPEC is src[:dest[:opts]], comma-separated,
+# opts ro or rw. Records what it understood in apptainer.args, then runs the command in
+# DIR on the host (it cannot bind anything), the way the container would see it.
+[[ $1 == exec ]] || { echo "apptainer stand-in: only exec" >&2; exit 1; }
+shift
+pwd_dir=""
+while [[ $# -gt 0 && $1 == -* ]]; do
+  case "$1" in
+    -B|--bind) IFS=, read -ra specs <<< "$2"
+      for spec in "${specs[@]}"; do
+        IFS=: read -r src dst opts extra <<< "$spec"
+        if [[ -z $src || -n $extra || ! ${opts:-rw} =~ ^(ro|rw)$ ]]; then
+          echo "FATAL: invalid bind path specification: $spec" >&2; exit 255
+        fi
+        echo "bind $src ${dst:-$src} ${opts:-rw}" >> "$STANDIN_LOG/apptainer.args"
+      done; shift 2 ;;
+    --pwd) pwd_dir=$2; echo "pwd $2" >> "$STANDIN_LOG/apptainer.args"; shift 2 ;;
+    --writable-tmpfs) echo "flag writable-tmpfs" >> "$STANDIN_LOG/apptainer.args"; shift ;;
+    *) echo "Error: unknown flag: $1" >&2; exit 255 ;;
+  esac
+done
+echo "image $1" >> "$STANDIN_LOG/apptainer.args"
+shift
+env | grep '^APPTAINERENV_' | sort >> "$STANDIN_LOG/apptainer.env"
+[[ -n $pwd_dir ]] && cd "$pwd_dir"
+exec "$@"
 ''',
     "argv-recorder": r'''#!/bin/bash
 # STAND-IN for the training program: records its argv and environment, NUL-separated.

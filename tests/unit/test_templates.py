@@ -49,10 +49,13 @@ def test_check_covers_every_partition_launcher_and_layout(capsys) -> None:
     assert main(["templates", "check"]) == 0
     out = capsys.readouterr().out
     parts = partitions_in(resolve_dirs())
-    expected = sum(3 * len(sample_layouts(p)) for p in parts)
+    # every launcher x layout, and per partition with Slurm's OCI runtime one torchrun job
+    # in a container (OCI containers start one task per node)
+    expected = sum(3 * len(sample_layouts(p)) + (p.container is not None) for p in parts)
     assert len(check_cases(parts)) == expected and f"{expected} passed, 0 failed" in out
-    labels = {c.label.split()[2] for c in check_cases(parts)}
+    labels = {c.label.split()[2] for c in check_cases(parts) if "container" not in c.label}
     assert labels == {"dp", "tp", "pp", "tp+pp+dp"}
+    assert "ok    debug      torchrun  in a oci container" in out
 
 
 def test_check_reports_broken_site_templates(tmp_path: Path, capsys) -> None:
@@ -66,7 +69,8 @@ def test_check_reports_broken_site_templates(tmp_path: Path, capsys) -> None:
     assert "FAIL  urgent     deepspeed" in captured.out
     assert "render: " in captured.out and "without a quoting filter" in captured.out
     assert "ok    debug      torchrun" in captured.out
-    assert "24 of 36 case(s) failed" in captured.err   # 3 partitions x 12 cases
+    # 3 partitions x (12 cases + 1 torchrun job in a container)
+    assert "24 of 39 case(s) failed" in captured.err
 
 
 def test_check_reports_broken_partition_facts(tmp_path: Path, capsys) -> None:
@@ -82,7 +86,7 @@ def test_check_skips_partitions_without_gpus(tmp_path: Path, capsys) -> None:
         'name = "cpu"\ngpus_per_node = 0\ncpus_per_node = 64\nmem_per_node_gb = 256\n')
     assert main(["templates", "check", "--templates", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "skip  cpu        (no GPUs" in out and "36 passed, 0 failed, 1 partition(s) skipped" in out
+    assert "skip  cpu        (no GPUs" in out and "39 passed, 0 failed, 1 partition(s) skipped" in out
 
 
 def test_show_base_by_short_name(capsys) -> None:

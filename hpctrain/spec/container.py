@@ -1,0 +1,234 @@
+"""Containers: the job's ``[container]`` table and the partition's container facts.
+
+A job says *what* runs in a container (the image, extra mounts, the working directory,
+which host variables win over the image's, whether the root file system is writable);
+the partition's sysadmins say *how* their site runs containers (``pyxis`` for NVIDIA's
+pyxis/enroot, ``apptainer``, ``oci`` for Slurm's own ``srun --container``), which images
+are allowed, which mounts every job gets and whether containers are required.
+:func:`hpctrain.render.script.render` joins the two (docs/containers.md). Pure.
+
+Every value ends up in a launcher word or a runtime's comma/colon-separated list, so
+paths are held to characters those lists cannot misread: no commas, colons or
+whitespace inside a path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
+
+from hpctrain.errors import PartitionError, SpecError
+from hpctrain.spec.checks import ENV_KEY_RE, closest
+
+RUNTIMES = ("pyxis", "apptainer", "oci")
+# registry references (enroot's [USER@][REGISTRY#]IMAGE[:TAG], docker://..., oras://...)
+# and paths (squashfs, sif, an OCI bundle directory)
+IMAGE_RE = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_.:/@#+-]*$")
+PATH_RE = re.compile(r"^/[A-Za-z0-9_./+@%=-]*$")
+MOUNT_FLAGS = ("ro", "rw")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """``source`` on the host at ``target`` in the container, read-only when ``ro``."""
+
+    source: str
+    target: str
+    ro: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.target}" + (":ro" if self.ro else "")
+
+
+def parse_mount(value: Any, where: str) -> Mount:
+    """``/src``, ``/src:/dst`` or ``/src:/dst:ro`` (``rw`` also accepted) -> :class:`Mount`."""
+    if not isinstance(value, str):
+        raise SpecError(f"{where}={value!r} must be a string such as \"/data:/data:ro\"")
+    parts = value.split(":")
+    if len(parts) > 3 or not parts[0]:
+        raise SpecError(f"{where}={value!r}: write source[:target[:ro]], e.g. "
+                        "\"/lustre/data:/data:ro\"")
+    source, target = parts[0], parts[1] if len(parts) > 1 and parts[1] else parts[0]
+    flag = parts[2] if len(parts) == 3 else "rw"
+    for role, path in (("source", source), ("target", target)):
+        if not PATH_RE.match(path) or ".." in path.split("/"):
+            raise SpecError(f"{where}={value!r}: the {role} {path!r} must be an absolute path "
+                            "without commas, colons, spaces or '..' (container runtimes "
+                            "split mount lists on , and :)")
+    if flag not in MOUNT_FLAGS:
+        raise SpecError(f"{where}={value!r}: the flag {flag!r} is not one of "
+                        f"{', '.join(MOUNT_FLAGS)}")
+    return Mount(source, target, flag == "ro")
+
+
+def _mounts(value: Any, where: str) -> tuple[Mount, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise SpecError(f"{where}={value!r} must be a list, e.g. "
+                        f'{where} = ["/lustre/data:/data:ro"]')
+    return tuple(parse_mount(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def check_image(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not value or not IMAGE_RE.match(value):
+        raise SpecError(f"{where}={value!r} is not an image: give a registry reference "
+                        "(nvcr.io#nvidia/pytorch:24.05-py3, docker://...) or an absolute "
+                        "path (a .sqsh, .sif or OCI bundle directory)")
+    return value
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """The job's ``[container]`` table (docs/containers.md)."""
+
+    image: str
+    mounts: tuple[Mount, ...] = ()
+    workdir: str | None = None        # None: the job's workdir, else the submit directory
+    env: tuple[str, ...] = ()         # host variables whose values win over the image's
+    writable: bool = False            # a writable root file system (else read-only)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ContainerSpec":
+        if not isinstance(data, Mapping):
+            raise SpecError(f"container must be a table ([container]), not {data!r}")
+        known = [f.name for f in fields(cls)]
+        for key in data:
+            if key not in known:
+                raise SpecError(f"unknown key 'container.{key}'"
+                                f"{closest(str(key), known, 'container.')}; valid keys in "
+                                f"[container]: {', '.join(known)}")
+        if "image" not in data:
+            raise SpecError('container.image is missing: add image = "..." under [container]')
+        workdir = data.get("workdir")
+        if workdir is not None and (not isinstance(workdir, str) or not PATH_RE.match(workdir)):
+            raise SpecError(f"container.workdir={workdir!r} must be an absolute path without "
+                            "commas, colons or spaces")
+        env = data.get("env", [])
+        if isinstance(env, str) or not isinstance(env, Sequence) or not all(
+                isinstance(n, str) and ENV_KEY_RE.match(n) for n in env):
+            raise SpecError(f"container.env={env!r} must be a list of variable names, e.g. "
+                            'env = ["NCCL_DEBUG", "WANDB_PROJECT"]')
+        writable = data.get("writable", False)
+        if not isinstance(writable, bool):
+            raise SpecError(f"container.writable={writable!r} must be true or false")
+        return cls(image=check_image(data["image"], "container.image"),
+                   mounts=_mounts(data.get("mounts", []), "container.mounts"),
+                   workdir=workdir, env=tuple(env), writable=writable)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"image": self.image, "mounts": [str(m) for m in self.mounts],
+                               "env": list(self.env), "writable": self.writable}
+        if self.workdir is not None:
+            out["workdir"] = self.workdir
+        return out
+
+
+@dataclass(frozen=True)
+class ContainerFacts:
+    """A partition's ``[container]`` table, kept by its sysadmins."""
+
+    runtime: str
+    image_prefixes: tuple[str, ...] = ()   # allowed image prefixes; empty: any image
+    mounts: tuple[Mount, ...] = ()         # mounted into every job's container
+    required: bool = False                 # jobs on this partition must use a container
+    apptainer: str = "apptainer"           # the apptainer binary (apptainer or singularity)
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str) -> "ContainerFacts":
+        if not isinstance(data, Mapping):
+            raise PartitionError(f"{source}: container must be a table ([container])")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise PartitionError(f"{source}: unknown key(s) container.{', container.'.join(unknown)}"
+                                 f"; valid keys: {', '.join(sorted(known))}")
+        runtime = data.get("runtime")
+        if runtime not in RUNTIMES:
+            raise PartitionError(f"{source}: container.runtime={runtime!r}: use one of "
+                                 f"{', '.join(RUNTIMES)}")
+        prefixes = data.get("image_prefixes", [])
+        if isinstance(prefixes, str) or not all(isinstance(p, str) and p for p in prefixes):
+            raise PartitionError(f"{source}: container.image_prefixes={prefixes!r} must be a "
+                                 "list of strings")
+        try:
+            mounts = _mounts(data.get("mounts", []), "container.mounts")
+        except SpecError as exc:
+            raise PartitionError(f"{source}: {exc}") from None
+        required = data.get("required", False)
+        apptainer = data.get("apptainer", "apptainer")
+        if not isinstance(required, bool) or not isinstance(apptainer, str) or not apptainer:
+            raise PartitionError(f"{source}: container.required must be true or false and "
+                                 "container.apptainer a program name")
+        return cls(runtime=runtime, image_prefixes=tuple(prefixes), mounts=mounts,
+                   required=required, apptainer=apptainer)
+
+
+@dataclass(frozen=True)
+class ContainerPlan:
+    """What the launcher templates need to run the step in the partition's runtime."""
+
+    runtime: str
+    image: str
+    mounts: tuple[Mount, ...]
+    workdir: str | None
+    env: tuple[str, ...]
+    writable: bool
+    apptainer: str = "apptainer"
+
+    @property
+    def mounts_csv(self) -> str:
+        """``a:a,b:/b:ro,`` (trailing comma: the template appends the submit directory)."""
+        return "".join(f"{m.source}:{m.target}{':ro' if m.ro else ''}," for m in self.mounts)
+
+    @property
+    def env_csv(self) -> str:
+        return ",".join(self.env)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the job supervisor reads (HPCTRAIN_CONTAINER): it builds an OCI bundle."""
+        return {"runtime": self.runtime, "image": self.image,
+                "mounts": [str(m) for m in self.mounts], "workdir": self.workdir,
+                "writable": self.writable}
+
+
+def plan_container(spec_container: ContainerSpec | None, facts: ContainerFacts | None,
+                   partition: str, *, tasks_per_node: int, checkpoint_dir: str | None,
+                   workdir: str | None) -> ContainerPlan | None:
+    """Join the job's container with its partition's facts, or say why they do not fit.
+
+    The checkpoint dir and the job's workdir are mounted at their own paths (the submit
+    directory too, by the templates: its path is known only when the job runs)."""
+    if spec_container is None:
+        if facts is not None and facts.required:
+            raise SpecError(f"partition {partition!r} runs jobs only in containers: add a "
+                            "[container] table with image = ... (docs/containers.md)")
+        return None
+    if facts is None:
+        raise SpecError(f"partition {partition!r} has no container runtime (its facts file "
+                        "has no [container] table): drop [container] from the spec, pick "
+                        "another partition, or ask the sysadmins to declare the runtime")
+    image = spec_container.image
+    if facts.image_prefixes and not image.startswith(facts.image_prefixes):
+        raise SpecError(f"container.image={image!r} is not allowed on partition "
+                        f"{partition!r}: use an image starting with "
+                        f"{' or '.join(repr(p) for p in facts.image_prefixes)}")
+    if facts.runtime == "oci" and tasks_per_node > 1:
+        raise SpecError(f"partition {partition!r} runs Slurm's OCI containers, which start "
+                        f"one task per node, but this job starts {tasks_per_node} tasks per "
+                        "node: use launcher = \"torchrun\" (one agent per node starts the "
+                        "ranks inside the container)")
+    mounts: list[Mount] = [*facts.mounts, *spec_container.mounts]
+    for key, path in (("checkpoint.dir", checkpoint_dir), ("workdir", workdir)):
+        if not path:
+            continue
+        if not PATH_RE.match(path):
+            raise SpecError(f"{key}={path!r} cannot be mounted into the container (runtimes "
+                            "split mount lists on , and :): choose a path without commas, "
+                            "colons or spaces")
+        if all(m.target != path for m in mounts):
+            mounts.append(Mount(path, path))
+    # the tasks start where they would without a container: the job's workdir, else (the
+    # templates and the supervisor fill it in) the submit directory
+    return ContainerPlan(runtime=facts.runtime, image=image, mounts=tuple(mounts),
+                         workdir=spec_container.workdir or workdir, env=spec_container.env,
+                         writable=spec_container.writable, apptainer=facts.apptainer)

@@ -1,0 +1,51 @@
+"""The CLI and the cluster as the devcluster tests drive them: submit a spec file with
+`hpctrain submit`, read `hpctrain status --json`, a job's log and its events file, and
+preempt a job with an `urgent` one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpctrain.slurm import client
+from helpers.slurm import sbatch, wait_done
+
+
+def submit(root: Path, text: str, *args: str) -> str:
+    (root / "job.toml").write_text(text)
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(root / "job.toml"),
+                          "--json", *args], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["job_id"]
+
+
+def events(root: Path, name: str | None = None) -> list[dict[str, Any]]:
+    path = root / "events.jsonl"
+    if not path.exists():
+        return []
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [e for e in found if name is None or e["event"] == name]
+
+
+def job_log(root: Path, job: str) -> str:
+    path = root / f"job-{job}.out"
+    return path.read_text(errors="replace") if path.exists() else "(no log)"
+
+
+def status(job: str) -> dict[str, Any]:
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["jobs"][0]
+
+
+def preempt(job: str) -> None:
+    """An urgent job on the node the debug job runs on: Slurm preempts it (GraceTime 10 s)."""
+    node = client.run(["squeue", "-h", "-j", job, "-o", "%N"]).stdout.strip()
+    assert node, f"job {job} is not running"
+    urgent = sbatch("-p", "urgent", f"--nodelist={node}", "--gres=gpu:2", "-o", "/dev/null",
+                    "--wrap", "sleep 1")
+    assert wait_done(urgent, 120) == "COMPLETED"

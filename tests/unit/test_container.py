@@ -1,0 +1,304 @@
+"""Containers without a cluster: the spec's [container], the partition's facts, the words
+each runtime gets, scripts run through recorded-behaviour stand-ins of pyxis's srun and
+`apptainer exec`, hostile values, and the supervisor's per-job OCI bundle.
+
+The real runtime (Slurm's OCI containers with runc) runs in
+tests/cluster/test_container_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain import protocol
+from hpctrain.errors import PartitionError, SpecError, SupervisorError
+from hpctrain.render.check import check_cases
+from hpctrain.render.script import render, render_script
+from hpctrain.spec.container import ContainerSpec, Mount, parse_mount
+from hpctrain.spec.model import JobSpec
+from hpctrain.spec.partitions import Partition, read_partition_file
+from hpctrain.supervisor.container import bundle_config, hpctrain_inside, step_argv
+from helpers.standins import run_script
+
+FACTS = {"pyxis": 'runtime = "pyxis"\nmounts = ["/lustre"]\n',
+         "apptainer": 'runtime = "apptainer"\nmounts = ["/lustre"]\n',
+         "oci": 'runtime = "oci"\nimage_prefixes = ["/images/"]\n',
+         "required": 'runtime = "pyxis"\nrequired = true\n'}
+
+
+def site(tmp: Path) -> Path:
+    """A site directory with one 2-GPU partition per runtime (c-pyxis, c-apptainer, ...)."""
+    (tmp / "site" / "partitions").mkdir(parents=True, exist_ok=True)
+    for name, facts in FACTS.items():
+        (tmp / "site" / "partitions" / f"c-{name}.toml").write_text(
+            f'name = "c-{name}"\ngpus_per_node = 2\ncpus_per_node = 4\nmem_per_node_gb = 8\n'
+            f"[container]\n{facts}")
+    return tmp / "site"
+
+
+def spec(partition: str, container: dict[str, Any] | None = None, **fields: Any) -> JobSpec:
+    data: dict[str, Any] = {"name": "c", "partition": partition, "nodes": 2,
+                            "time": "00:10:00", "requeue": {"signal_lead_s": 30},
+                            "run": {"launcher": "torchrun", "command": ["python", "train.py"]},
+                            **fields}
+    if container is not None:
+        data["container"] = container
+    return JobSpec.from_dict(data)
+
+
+def launcher_line(script: str) -> str:
+    """The hand-over to the supervisor, continuation lines joined."""
+    tail = script[script.index("exec "):]
+    return " ".join(part.strip() for part in tail.split("\\\n"))
+
+
+# ---- the spec ---------------------------------------------------------------------------
+def test_container_table_reads_and_round_trips() -> None:
+    s = spec("debug", {"image": "/var/lib/hpctrain/devcluster/images/host",
+                       "mounts": ["/data", "/lustre/ds:/ds:ro"], "workdir": "/code",
+                       "env": ["NCCL_DEBUG"], "writable": True})
+    assert s.container == ContainerSpec(
+        image="/var/lib/hpctrain/devcluster/images/host",
+        mounts=(Mount("/data", "/data"), Mount("/lustre/ds", "/ds", ro=True)),
+        workdir="/code", env=("NCCL_DEBUG",), writable=True)
+    assert JobSpec.from_dict(s.to_dict()) == s
+    assert "[container]" in s.to_toml()
+    assert spec("debug").container is None
+    assert JobSpec.from_dict(s.to_dict()).with_overrides(
+        {"container.writable": False}).container.writable is False
+
+
+@pytest.mark.parametrize(("container", "message"), [
+    ({}, "container.image is missing"),
+    ({"image": "x", "mount": []}, "unknown key 'container.mount'.*did you mean 'container.mounts'"),
+    ({"image": "$(touch /x)"}, "is not an image"),
+    ({"image": "-rm"}, "is not an image"),
+    ({"image": "x", "mounts": "/data"}, "must be a list"),
+    ({"image": "x", "mounts": ["data"]}, "must be an absolute path"),
+    ({"image": "x", "mounts": ["/a,/b"]}, "without commas"),
+    ({"image": "x", "mounts": ["/a:/b:/c:/d"]}, "source\\[:target\\[:ro\\]\\]"),
+    ({"image": "x", "mounts": ["/a:/b:rx"]}, "the flag 'rx' is not one of ro, rw"),
+    ({"image": "x", "mounts": ["/a/../etc:/b"]}, "'..'"),
+    ({"image": "x", "workdir": "code"}, "container.workdir='code' must be an absolute path"),
+    ({"image": "x", "env": ["NCCL DEBUG"]}, "list of variable names"),
+    ({"image": "x", "writable": "yes"}, "container.writable='yes' must be true or false"),
+])
+def test_bad_container_tables_name_the_value_and_the_fix(container: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        spec("debug", container)
+
+
+def test_mount_forms() -> None:
+    assert parse_mount("/d", "m") == Mount("/d", "/d")
+    assert parse_mount("/d:/e:rw", "m") == Mount("/d", "/e")
+    assert str(parse_mount("/d::ro", "m")) == "/d:/d:ro"
+
+
+# ---- the partition's facts --------------------------------------------------------------
+def test_partition_facts(tmp_path: Path) -> None:
+    part = read_partition_file(site(tmp_path) / "partitions" / "c-oci.toml")
+    assert part.container.runtime == "oci" and part.container.image_prefixes == ("/images/",)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "b"\ngpus_per_node = 1\ncpus_per_node = 1\nmem_per_node_gb = 1\n'
+                   '[container]\nruntime = "docker"\n')
+    with pytest.raises(PartitionError, match="container.runtime='docker': use one of pyxis, "
+                                             "apptainer, oci"):
+        read_partition_file(bad)
+
+
+def test_devcluster_partitions_declare_slurms_oci_runtime() -> None:
+    from hpctrain.spec.partitions import list_partitions
+
+    facts = {p.name: p.container for p in list_partitions()}
+    assert {facts[n].runtime for n in ("debug", "urgent", "wide")} == {"oci"}
+
+
+# ---- joining the two ----------------------------------------------------------------------
+@pytest.mark.parametrize(("partition", "container", "message"), [
+    ("c-required", None, "runs jobs only in containers: add a \\[container\\] table"),
+    ("c-oci", {"image": "/elsewhere/img"}, "is not allowed on partition 'c-oci': use an "
+                                           "image starting with '/images/'"),
+])
+def test_the_partition_decides(tmp_path: Path, partition: str, container: dict | None,
+                               message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        render(spec(partition, container), [site(tmp_path)])
+
+
+def test_a_partition_without_a_runtime_refuses_a_container(tmp_path: Path) -> None:
+    site(tmp_path)
+    (tmp_path / "site" / "partitions" / "plain.toml").write_text(
+        'name = "plain"\ngpus_per_node = 2\ncpus_per_node = 4\nmem_per_node_gb = 8\n')
+    with pytest.raises(SpecError, match="partition 'plain' has no container runtime"):
+        render(spec("plain", {"image": "/img"}), [tmp_path / "site"])
+
+
+@pytest.mark.parametrize("launcher", ["srun", "deepspeed"])
+def test_oci_runs_one_task_per_node(tmp_path: Path, launcher: str) -> None:
+    s = spec("c-oci", {"image": "/images/x"}, run={"launcher": launcher, "command": ["x"]})
+    with pytest.raises(SpecError, match='one task per node.*use launcher = "torchrun"'):
+        render(s, [site(tmp_path)])
+    one_gpu = spec("c-oci", {"image": "/images/x"}, gpus_per_node=1,
+                   run={"launcher": launcher, "command": ["x"]})
+    assert "--container=/images/x" in render_script(one_gpu, [site(tmp_path)])
+
+
+# ---- the words per runtime ----------------------------------------------------------------
+def test_pyxis_flags(tmp_path: Path) -> None:
+    s = spec("c-pyxis", {"image": "nvcr.io#nvidia/pytorch:24.05-py3", "mounts": ["/ds:/ds:ro"],
+                         "env": ["NCCL_DEBUG", "WANDB_PROJECT"]},
+             checkpoint={"dir": "/ck/c"})
+    line = launcher_line(render_script(s, [site(tmp_path)]))
+    assert ("srun '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
+            "--container-mounts=/lustre:/lustre,/ds:/ds:ro,/ck/c:/ck/c,"
+            '"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR" --container-workdir="$SLURM_SUBMIT_DIR" '
+            "--no-container-mount-home --container-readonly "
+            "--container-env=NCCL_DEBUG,WANDB_PROJECT --nodes=2 --ntasks-per-node=1") in line
+
+
+def test_apptainer_wrap(tmp_path: Path) -> None:
+    s = spec("c-apptainer", {"image": "/img/pt.sif", "workdir": "/code", "writable": True,
+                             "env": ["NCCL_DEBUG"]})
+    script = render_script(s, [site(tmp_path)])
+    assert ("apptainer exec --bind /lustre:/lustre,\"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR\" "
+            "--pwd /code --writable-tmpfs /img/pt.sif python -m torch.distributed.run"
+            ) in launcher_line(script)
+    assert ('if [[ -v NCCL_DEBUG ]]; then export APPTAINERENV_NCCL_DEBUG="$NCCL_DEBUG"; fi'
+            in script)
+
+
+def test_oci_flag_and_the_supervisors_plan(tmp_path: Path) -> None:
+    s = spec("c-oci", {"image": "/images/pt", "mounts": ["/ds:/ds:ro"]},
+             checkpoint={"dir": "/ck/c"}, workdir="/code")
+    script = render_script(s, [site(tmp_path)])
+    assert "srun --container=/images/pt --nodes=2" in launcher_line(script)
+    line = next(ln for ln in script.splitlines() if ln.startswith(f"export {protocol.CONTAINER}="))
+    plan = json.loads(line.split("=", 1)[1].strip("'"))
+    assert plan == {"image": "/images/pt", "mounts": ["/ds:/ds:ro", "/ck/c:/ck/c", "/code:/code"],
+                    "runtime": "oci", "workdir": "/code", "writable": False}  # the job's
+
+
+def test_templates_check_covers_containers(tmp_path: Path) -> None:
+    from hpctrain.spec.partitions import partitions_in
+
+    parts = {p.name: p for p in partitions_in([site(tmp_path)])}
+    labels = [c.label for c in check_cases([parts["c-oci"], parts["c-required"]])]
+    assert [lb for lb in labels if "container" in lb] == [
+        "c-oci      torchrun  in a oci container", "c-required torchrun  in a pyxis container",
+        "c-required srun      in a pyxis container",
+        "c-required deepspeed in a pyxis container"]
+    assert not any(lb.startswith("c-required") and "container" not in lb for lb in labels)
+
+
+# ---- executed through the stand-ins ---------------------------------------------------------
+def stood_in(tmp_path: Path, partition: str, container: dict, launcher: str = "srun") -> Any:
+    s = spec(partition, container, nodes=1,
+             run={"launcher": launcher,
+                  "command": [str(tmp_path / "standin-bin" / "argv-recorder"), "a b"]})
+    return run_script(render_script(s, [site(tmp_path)], python=sys.executable), tmp_path,
+                      NCCL_DEBUG="INFO")
+
+
+def test_pyxis_flags_pass_pyxis_argument_handling(tmp_path: Path) -> None:
+    run = stood_in(tmp_path, "c-pyxis", {"image": "nvcr.io#nvidia/pytorch:24.05-py3",
+                                         "mounts": ["/ds:/ds:ro"], "env": ["NCCL_DEBUG"]})
+    assert run.returncode == 0, run.stderr
+    assert run.read("pyxis.args").splitlines() == [
+        "image nvcr.io#nvidia/pytorch:24.05-py3", "mount /lustre /lustre rw",
+        "mount /ds /ds ro", f"mount {tmp_path} {tmp_path} rw", f"workdir {tmp_path}",
+        "flag no-container-mount-home", "flag container-readonly", "env NCCL_DEBUG"]
+    assert run.nul_list("command.argv") == ["a b"]
+
+
+def test_apptainer_words_pass_apptainers_argument_handling(tmp_path: Path) -> None:
+    run = stood_in(tmp_path, "c-apptainer", {"image": "/img/pt.sif", "mounts": ["/ds::ro"],
+                                             "env": ["NCCL_DEBUG", "UNSET_HERE"]})
+    assert run.returncode == 0, run.stderr
+    assert run.read("apptainer.args").splitlines() == [
+        "bind /lustre /lustre rw", "bind /ds /ds ro", f"bind {tmp_path} {tmp_path} rw",
+        f"pwd {tmp_path}", "image /img/pt.sif"]
+    assert run.read("apptainer.env").splitlines() == ["APPTAINERENV_NCCL_DEBUG=INFO"]
+    assert run.nul_list("command.argv") == ["a b"]
+
+
+PAYLOADS = ["$(touch {m})", "`touch {m}`", "'; touch {m}; '", "x; touch {m}", "x\ntouch {m}",
+            "/a,/b:/c", "/a:$(touch {m})", "/a;touch {m}", "/a b", "--bind=/etc"]
+
+
+@pytest.mark.parametrize("key", ["image", "mounts", "workdir", "env"])
+def test_hostile_container_values_are_refused_or_inert(tmp_path: Path, key: str) -> None:
+    marker = tmp_path / "PWNED"
+    for template in PAYLOADS:
+        payload = template.format(m=marker)
+        container: dict[str, Any] = {"image": "/img/pt.sif"}
+        container[key] = [payload] if key in ("mounts", "env") else payload
+        try:
+            run = stood_in(tmp_path, "c-apptainer", container)
+        except SpecError:
+            continue
+        assert not marker.exists(), f"container.{key}={payload!r} was executed"
+        assert run.returncode == 0, run.stderr
+
+
+# ---- the supervisor's bundle for Slurm's OCI containers -------------------------------------
+IMAGE = {"ociVersion": "1.0.2", "root": {"path": "rootfs", "readonly": False},
+         "process": {"cwd": "/", "args": ["sh"]},
+         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                    {"destination": "/data", "type": "bind", "source": "/data",
+                     "options": ["rbind", "rw"]}]}
+
+
+def test_bundle_config_adds_the_jobs_mounts_and_working_directory() -> None:
+    plan = {"runtime": "oci", "image": "/images/pt", "writable": False, "workdir": None,
+            "mounts": ["/ds:/ds:ro", "/data:/data", "/ck:/ck"]}
+    config = bundle_config(IMAGE, "/images/pt", plan, "/home/u/proj")
+    assert config["root"] == {"path": "/images/pt/rootfs", "readonly": True}
+    assert config["process"]["cwd"] == "/home/u/proj"
+    added = [(m["source"], m["destination"], m["options"]) for m in config["mounts"][2:]]
+    assert added == [("/ds", "/ds", ["rbind", "ro"]), ("/ck", "/ck", ["rbind", "rw"]),
+                     ("/home/u/proj", "/home/u/proj", ["rbind", "rw"])]   # /data: the image's
+    assert IMAGE["root"]["path"] == "rootfs"   # the image's own config is left alone
+    assert bundle_config(IMAGE, "/i", {**plan, "workdir": "/code", "writable": True},
+                         "/s")["process"]["cwd"] == "/code"
+
+
+def test_step_argv_writes_the_bundle_and_points_srun_at_it(tmp_path: Path) -> None:
+    image = tmp_path / "image"
+    image.mkdir()
+    (image / "config.json").write_text(json.dumps(IMAGE))
+    plan = {"runtime": "oci", "image": str(image), "mounts": [], "workdir": None,
+            "writable": False}
+    argv = ["srun", f"--container={image}", "--nodes=2", "torchrun", "x.py"]
+    state = tmp_path / "state"
+    new, notes = step_argv(argv, plan, state, str(tmp_path))
+    assert new == ["srun", f"--container={state / 'container'}", "--nodes=2", "torchrun",
+                   "x.py"]
+    written = json.loads((state / "container" / "config.json").read_text())
+    assert written["root"]["path"] == str(image / "rootfs")
+    assert notes[0].startswith("container: Slurm OCI bundle") and "hpctrain" in notes[1]
+    assert step_argv(argv, {**plan, "runtime": "pyxis"}, state, "")[0] == argv
+    assert step_argv(argv, None, state, "") == (argv, [])
+    with pytest.raises(SupervisorError, match="is not an OCI bundle"):
+        step_argv(["srun", "--container=/nope"], {**plan, "image": "/nope"}, state, "")
+
+
+def test_partition_dataclass_keeps_facts_optional() -> None:
+    part = Partition.from_dict({"name": "p", "gpus_per_node": 1, "cpus_per_node": 1,
+                                "mem_per_node_gb": 1})
+    assert part.container is None
+
+
+def test_where_the_ranks_find_hpctrain(tmp_path: Path) -> None:
+    assert "mounted in from the host" in hpctrain_inside("/work/main/hpctrain",
+                                                         [("/work", "/work")])
+    assert "neither in the image nor mounted" in hpctrain_inside(
+        "/opt/x/hpctrain", [("/work", "/work")], str(tmp_path))
+    (tmp_path / "opt" / "x" / "hpctrain").mkdir(parents=True)
+    assert "is in the image" in hpctrain_inside("/opt/x/hpctrain", [], str(tmp_path))
+    opaque = hpctrain_inside("/opt/x/hpctrain", [("/data", "/d")])
+    assert "unless the image has it" in opaque and 'mounts = ["/opt/x/hpctrain"]' in opaque
