@@ -9,8 +9,8 @@ and shared storage bind-mounted (no registry is reachable here). A job runs in i
     image = "/var/lib/hpctrain/devcluster/images/host"
 
 docs/containers.md and docs/devcluster.md have the details; the facts behind the choices
-(runc works here, crun does not; one task per node per container step) are in
-hpctrain.devcluster.config.
+(runc works here, crun does not; one task per node per container step, each with the
+same Slurm variables) are in hpctrain.devcluster.config and hpctrain.spec.container.
 """
 
 from __future__ import annotations

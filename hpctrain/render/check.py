@@ -71,9 +71,8 @@ def check_cases(partitions: Sequence[Partition]) -> list[CheckCase]:
                 spec = _case_spec(part, launcher, label, nodes, tp, pp, minutes)
                 cases.append(CheckCase(f"{part.name:10} {launcher:9} {label:9} "
                                        f"nodes={nodes} tp={tp} pp={pp}", spec))
-            if facts is None or (facts.runtime == "oci" and launcher != "torchrun"
-                                 and part.gpus_per_node > 1):
-                continue  # Slurm's OCI containers start one task per node
+            if facts is None or (facts.runtime == "oci" and launcher != "torchrun"):
+                continue  # Slurm's OCI containers: torchrun only (spec/container.py)
             image = (facts.image_prefixes[0] if facts.image_prefixes else "/images/") + "check"
             spec = _case_spec(part, launcher, "container", 1, 1, 1, minutes,
                               {"image": image, "mounts": ["/tmp:/scratch"]})

@@ -179,7 +179,7 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
                    python: str = DEFAULT_PYTHON) -> dict[str, Any]:
     """The variables every template gets (documented in docs/templates.md)."""
     container = plan_container(spec.container, partition.container, partition.name,
-                               tasks_per_node=plan.tasks_per_node,
+                               launcher=plan.launcher,
                                checkpoint_dir=spec.checkpoint.dir, workdir=spec.workdir)
     exports = job_exports(spec, plan) + health_check_exports(partition)
     if container is not None:  # the supervisor builds an OCI bundle from it

@@ -78,10 +78,20 @@ class Environment:
             stop_file=env.get(protocol.STOP_FILE) or None,
             last_exit_cause=env.get(protocol.LAST_EXIT_CAUSE) or None,
             run_id=env.get(protocol.RUN_ID) or None,
-            node=env.get("SLURMD_NODENAME") or None,
+            node=_node(env),
             job_end_time=_float(env, "SLURM_JOB_END_TIME"),
             signal_lead_s=_float(env, protocol.SIGNAL_LEAD_S),
         )
+
+
+def _node(env: Mapping[str, str]) -> str | None:
+    """SLURMD_NODENAME, unless it cannot be trusted: in a step of Slurm's own OCI
+    containers (22.05) every node's tasks get one task's Slurm variables (SLURM_PROCID=0,
+    the first node's SLURMD_NODENAME, found on the devcluster). Better no node than the
+    wrong one: the watchdog would name, and exclude, a healthy node."""
+    if env.get("SLURM_CONTAINER"):
+        return None
+    return env.get("SLURMD_NODENAME") or None
 
 
 def _layout(env: Mapping[str, str], world: int) -> tuple[int, int, int]:

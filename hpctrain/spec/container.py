@@ -192,7 +192,7 @@ class ContainerPlan:
 
 
 def plan_container(spec_container: ContainerSpec | None, facts: ContainerFacts | None,
-                   partition: str, *, tasks_per_node: int, checkpoint_dir: str | None,
+                   partition: str, *, launcher: str, checkpoint_dir: str | None,
                    workdir: str | None) -> ContainerPlan | None:
     """Join the job's container with its partition's facts, or say why they do not fit.
 
@@ -212,11 +212,12 @@ def plan_container(spec_container: ContainerSpec | None, facts: ContainerFacts |
         raise SpecError(f"container.image={image!r} is not allowed on partition "
                         f"{partition!r}: use an image starting with "
                         f"{' or '.join(repr(p) for p in facts.image_prefixes)}")
-    if facts.runtime == "oci" and tasks_per_node > 1:
+    if facts.runtime == "oci" and launcher != "torchrun":
         raise SpecError(f"partition {partition!r} runs Slurm's OCI containers, which start "
-                        f"one task per node, but this job starts {tasks_per_node} tasks per "
-                        "node: use launcher = \"torchrun\" (one agent per node starts the "
-                        "ranks inside the container)")
+                        "one task per node and give every node's task the same Slurm "
+                        f"variables (SLURM_PROCID=0 everywhere), so launcher={launcher!r} "
+                        "cannot number the ranks: use launcher = \"torchrun\" (one agent "
+                        "per node starts the ranks inside the container and numbers them)")
     mounts: list[Mount] = [*facts.mounts, *spec_container.mounts]
     for key, path in (("checkpoint.dir", checkpoint_dir), ("workdir", workdir)):
         if not path:

@@ -6,9 +6,10 @@ outside, that a script importing hpctrain.runtime needs it there).
 
 ``srun --container=BUNDLE`` (Slurm's own OCI support) takes an OCI bundle directory and
 no mount option, so the job's mounts (the spec's, the partition's, the checkpoint dir and
-the submit directory) and its working directory go into a bundle of the job's own: the
-image's ``config.json`` with those mounts added and its root pointing at the image's
-root file system, written to ``<state dir>/container/``, which every node sees. The
+the submit directory) and its working directory go into a bundle of the job's own,
+written to ``<state dir>/container/``, which every node sees: the image's
+``config.json`` with those mounts added, over a root of mount points for the image's root
+(:func:`bundle_config` says why). The
 rendered ``--container=IMAGE`` word is then replaced by that bundle. pyxis and apptainer
 take everything as flags; the rendered script already has them (hpctrain.render.container).
 
@@ -29,19 +30,32 @@ from hpctrain.files import atomic_write
 BUNDLE_DIR = "container"
 
 
+def image_root(image: Mapping[str, Any], image_dir: str) -> str:
+    """The image's root file system, as an absolute path."""
+    path = str((image.get("root") or {}).get("path", "rootfs"))
+    return path if os.path.isabs(path) else os.path.join(image_dir, path)
+
+
 def bundle_config(image: Mapping[str, Any], image_dir: str, plan: Mapping[str, Any],
-                  submit_dir: str) -> dict[str, Any]:
-    """The job's OCI config: ``image`` (the image's config.json) with an absolute root,
-    read-only unless ``plan["writable"]``, the plan's mounts and the submit directory
-    bind-mounted, and the working directory set (``plan["workdir"]``, else the submit dir)."""
+                  submit_dir: str, entries: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The job's OCI config: ``image`` (the image's config.json) over a root of its own.
+
+    Slurm 22.05 always runs ``<bundle>/rootfs`` (it rewrites ``root.path``) and runc
+    refuses a symlink there, so the job's root is a directory of mount points: each
+    top-level entry of the image's root (``entries``: name, "dir" | "file") is
+    bind-mounted from the image, first, then come the image's own mounts, the plan's
+    mounts and the submit directory. Read-only unless ``plan["writable"]``; the working
+    directory is ``plan["workdir"]``, else the submit dir."""
     config = json.loads(json.dumps(image))  # a deep copy of plain JSON
-    root = dict(config.get("root") or {"path": "rootfs"})
-    if not os.path.isabs(root.get("path", "rootfs")):
-        root["path"] = os.path.join(image_dir, root.get("path", "rootfs"))
-    root["readonly"] = not plan.get("writable", False)
-    config["root"] = root
-    mounts = list(config.get("mounts") or [])
-    taken = {m.get("destination") for m in mounts}
+    ro = "rw" if plan.get("writable", False) else "ro"
+    config["root"] = {"path": "rootfs", "readonly": ro == "ro"}
+    own = list(config.get("mounts") or [])
+    taken = {m.get("destination") for m in own}
+    root = image_root(image, image_dir)
+    mounts = [{"destination": f"/{name}", "type": "bind", "source": os.path.join(root, name),
+               "options": ["rbind", ro]}
+              for name, _ in entries if f"/{name}" not in taken]
+    mounts += own
     wanted = [*plan.get("mounts", []), f"{submit_dir}:{submit_dir}"] if submit_dir \
         else list(plan.get("mounts", []))
     for text in wanted:
@@ -49,14 +63,42 @@ def bundle_config(image: Mapping[str, Any], image_dir: str, plan: Mapping[str, A
         if target in taken:
             continue
         taken.add(target)
-        options = ["rbind", "ro" if "ro" in flags else "rw"]
         mounts.append({"destination": target, "type": "bind", "source": source,
-                       "options": options})
+                       "options": ["rbind", "ro" if "ro" in flags else "rw"]})
     config["mounts"] = mounts
     process = dict(config.get("process") or {})
     process["cwd"] = plan.get("workdir") or submit_dir or process.get("cwd", "/")
     config["process"] = process
     return config
+
+
+def root_entries(root: str) -> list[tuple[str, str, str]]:
+    """(name, "dir" | "file" | "symlink", symlink target) of a root file system's top level."""
+    out = []
+    with os.scandir(root) as it:
+        for entry in sorted(it, key=lambda e: e.name):
+            if entry.is_symlink():
+                out.append((entry.name, "symlink", os.readlink(entry.path)))
+            elif entry.is_dir():
+                out.append((entry.name, "dir", ""))
+            else:
+                out.append((entry.name, "file", ""))
+    return out
+
+
+def build_root(rootfs: Path, entries: Sequence[tuple[str, str, str]]) -> None:
+    """The job's root: a mount point per directory or file, the image's symlinks as they are
+    (merged /usr: /bin -> usr/bin)."""
+    rootfs.mkdir(parents=True, exist_ok=True)
+    for name, kind, target in entries:
+        path = rootfs / name
+        if kind == "symlink":
+            if not path.is_symlink():
+                path.symlink_to(target)
+        elif kind == "dir":
+            path.mkdir(exist_ok=True)
+        else:
+            path.touch(exist_ok=True)
 
 
 def hpctrain_inside(package_dir: str, binds: Sequence[tuple[str, str]],
@@ -103,12 +145,19 @@ def step_argv(argv: Sequence[str], plan: Mapping[str, Any] | None, state_dir: Pa
                               f"{getattr(exc, 'strerror', None) or exc}): give a directory "
                               "with config.json and its root file system") from None
     bundle = state_dir / BUNDLE_DIR
-    bundle.mkdir(parents=True, exist_ok=True)
-    config = bundle_config(image_config, image, plan, submit_dir)
+    root = image_root(image_config, image)
+    try:
+        entries = root_entries(root)
+        build_root(bundle / "rootfs", entries)
+    except OSError as exc:
+        raise SupervisorError(f"cannot build the job's OCI bundle in {bundle} from the image's "
+                              f"root {root}: {exc.strerror or exc}") from None
+    config = bundle_config(image_config, image, plan, submit_dir,
+                           [(n, k) for n, k, _ in entries if k != "symlink"])
     atomic_write(bundle / "config.json", json.dumps(config, indent=1))
     argv[argv.index(word)] = f"--container={bundle}"
     binds = [(m.get("source", ""), m.get("destination", "")) for m in config["mounts"]
              if m.get("type") == "bind"]
     return argv, [f"container: Slurm OCI bundle {bundle} (image {image}, "
                   f"{len(config['mounts'])} mounts, cwd {config['process']['cwd']})",
-                  hpctrain_inside(package, binds, config["root"]["path"])]
+                  hpctrain_inside(package, binds, root)]

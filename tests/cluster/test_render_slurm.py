@@ -69,9 +69,12 @@ def test_examples_pass_sbatch_test_only(cluster, spec_path: Path) -> None:
 
 
 @pytest.mark.slurm
-def test_templates_check_slurm_passes(cluster) -> None:
+def test_templates_check_slurm_passes(cluster, capsys: pytest.CaptureFixture[str]) -> None:
     from hpctrain.cli import main
     assert main(["templates", "check", "--slurm"]) == 0
+    out = capsys.readouterr().out
+    assert "ok    debug      container runtime oci" in out   # srun --container, oci.conf
+    assert "ok    debug      torchrun  in a oci container" in out
 
 
 @pytest.mark.slurm

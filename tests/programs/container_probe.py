@@ -41,6 +41,9 @@ def main() -> None:
              "hello": (data / "hello").read_text() if (data / "hello").is_file() else None,
              "data_writable": writable, "cwd": os.getcwd(),
              "restart": os.environ.get("SLURM_RESTART_COUNT", "0")}
+    from hpctrain.runtime.environment import Environment   # mounted in from the host
+
+    facts["runtime_node"] = Environment.from_env().node
     out.mkdir(parents=True, exist_ok=True)
     (out / f"probe-{rank}-{facts['restart']}.json").write_text(json.dumps(facts))
     os.execv(rest[0], rest)

@@ -9,6 +9,7 @@ tests/cluster/test_container_cluster.py.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -139,13 +140,13 @@ def test_a_partition_without_a_runtime_refuses_a_container(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("launcher", ["srun", "deepspeed"])
-def test_oci_runs_one_task_per_node(tmp_path: Path, launcher: str) -> None:
-    s = spec("c-oci", {"image": "/images/x"}, run={"launcher": launcher, "command": ["x"]})
-    with pytest.raises(SpecError, match='one task per node.*use launcher = "torchrun"'):
-        render(s, [site(tmp_path)])
-    one_gpu = spec("c-oci", {"image": "/images/x"}, gpus_per_node=1,
-                   run={"launcher": launcher, "command": ["x"]})
-    assert "--container=/images/x" in render_script(one_gpu, [site(tmp_path)])
+def test_oci_runs_torchrun_only(tmp_path: Path, launcher: str) -> None:
+    for gpus in (2, 1):   # one task per node or not: every node's task is told it is task 0
+        s = spec("c-oci", {"image": "/images/x"}, gpus_per_node=gpus,
+                 run={"launcher": launcher, "command": ["x"]})
+        with pytest.raises(SpecError, match='SLURM_PROCID=0 everywhere.*use launcher = '
+                                            '"torchrun"'):
+            render(s, [site(tmp_path)])
 
 
 # ---- the words per runtime ----------------------------------------------------------------
@@ -256,20 +257,31 @@ IMAGE = {"ociVersion": "1.0.2", "root": {"path": "rootfs", "readonly": False},
 def test_bundle_config_adds_the_jobs_mounts_and_working_directory() -> None:
     plan = {"runtime": "oci", "image": "/images/pt", "writable": False, "workdir": None,
             "mounts": ["/ds:/ds:ro", "/data:/data", "/ck:/ck"]}
-    config = bundle_config(IMAGE, "/images/pt", plan, "/home/u/proj")
-    assert config["root"] == {"path": "/images/pt/rootfs", "readonly": True}
+    entries = [("etc", "dir"), ("proc", "dir"), ("usr", "dir"), ("hosts", "file")]
+    config = bundle_config(IMAGE, "/images/pt", plan, "/home/u/proj", entries)
+    # Slurm 22.05 runs <bundle>/rootfs whatever the config says: a root of mount points
+    assert config["root"] == {"path": "rootfs", "readonly": True}
     assert config["process"]["cwd"] == "/home/u/proj"
-    added = [(m["source"], m["destination"], m["options"]) for m in config["mounts"][2:]]
-    assert added == [("/ds", "/ds", ["rbind", "ro"]), ("/ck", "/ck", ["rbind", "rw"]),
-                     ("/home/u/proj", "/home/u/proj", ["rbind", "rw"])]   # /data: the image's
+    mounts = [(m["source"], m["destination"], m.get("options")) for m in config["mounts"]]
+    assert mounts == [
+        ("/images/pt/rootfs/etc", "/etc", ["rbind", "ro"]),     # the image's root, first
+        ("/images/pt/rootfs/usr", "/usr", ["rbind", "ro"]),
+        ("/images/pt/rootfs/hosts", "/hosts", ["rbind", "ro"]),
+        ("proc", "/proc", None), ("/data", "/data", ["rbind", "rw"]),   # the image's mounts
+        ("/ds", "/ds", ["rbind", "ro"]), ("/ck", "/ck", ["rbind", "rw"]),
+        ("/home/u/proj", "/home/u/proj", ["rbind", "rw"])]       # /data: the image's own
     assert IMAGE["root"]["path"] == "rootfs"   # the image's own config is left alone
-    assert bundle_config(IMAGE, "/i", {**plan, "workdir": "/code", "writable": True},
-                         "/s")["process"]["cwd"] == "/code"
+    writable = bundle_config(IMAGE, "/i", {**plan, "workdir": "/code", "writable": True}, "/s",
+                             entries)
+    assert writable["process"]["cwd"] == "/code" and writable["root"]["readonly"] is False
+    assert writable["mounts"][0]["options"] == ["rbind", "rw"]
 
 
 def test_step_argv_writes_the_bundle_and_points_srun_at_it(tmp_path: Path) -> None:
     image = tmp_path / "image"
-    image.mkdir()
+    (image / "rootfs" / "usr").mkdir(parents=True)
+    (image / "rootfs" / "bin").symlink_to("usr/bin")
+    (image / "rootfs" / "hosts").write_text("x")
     (image / "config.json").write_text(json.dumps(IMAGE))
     plan = {"runtime": "oci", "image": str(image), "mounts": [], "workdir": None,
             "writable": False}
@@ -279,7 +291,11 @@ def test_step_argv_writes_the_bundle_and_points_srun_at_it(tmp_path: Path) -> No
     assert new == ["srun", f"--container={state / 'container'}", "--nodes=2", "torchrun",
                    "x.py"]
     written = json.loads((state / "container" / "config.json").read_text())
-    assert written["root"]["path"] == str(image / "rootfs")
+    rootfs = state / "container" / "rootfs"
+    assert written["root"]["path"] == "rootfs" and (rootfs / "usr").is_dir()
+    assert os.readlink(rootfs / "bin") == "usr/bin" and (rootfs / "hosts").is_file()
+    assert {m["destination"] for m in written["mounts"]} >= {"/usr", "/hosts", "/proc"}
+    assert "/bin" not in {m["destination"] for m in written["mounts"]}
     assert notes[0].startswith("container: Slurm OCI bundle") and "hpctrain" in notes[1]
     assert step_argv(argv, {**plan, "runtime": "pyxis"}, state, "")[0] == argv
     assert step_argv(argv, None, state, "") == (argv, [])
@@ -302,3 +318,13 @@ def test_where_the_ranks_find_hpctrain(tmp_path: Path) -> None:
     assert "is in the image" in hpctrain_inside("/opt/x/hpctrain", [], str(tmp_path))
     opaque = hpctrain_inside("/opt/x/hpctrain", [("/data", "/d")])
     assert "unless the image has it" in opaque and 'mounts = ["/opt/x/hpctrain"]' in opaque
+
+
+def test_the_runtime_does_not_trust_the_node_name_in_an_oci_container_step() -> None:
+    from hpctrain.runtime.environment import Environment
+
+    env = {"RANK": "2", "WORLD_SIZE": "4", "SLURM_JOB_ID": "7", "SLURMD_NODENAME": "n1"}
+    assert Environment.from_env({**env, "SLURM_PROCID": "1"}).node == "n1"
+    # Slurm 22.05's container step: every node's task gets task 0's Slurm variables
+    assert Environment.from_env({**env, "SLURM_CONTAINER": "/b", "SLURM_PROCID": "0"}).node \
+        is None
