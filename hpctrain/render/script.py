@@ -4,8 +4,8 @@ Safety model, enforced here rather than trusted to each template:
 
 - every ``{{ ... }}`` must produce a :class:`ShellSafe` string (the output of the
   ``shq``, ``directive`` or ``envname`` filters of :mod:`hpctrain.render.shell`, or the
-  container words :mod:`hpctrain.render.container` builds from them) or an integer; anything else is
-  refused with a TemplateError, so a template (built-in or a site's) cannot paste a
+  container words :mod:`hpctrain.render.container` builds from them) or an integer;
+  anything else is refused with a TemplateError, so a template (built-in or a site's) cannot paste a
   raw user value into the script by forgetting a filter;
 - ``shq`` quotes with :func:`shlex.quote`; ``directive`` only lets through values that
   need no quoting on an ``#SBATCH`` line; values that cannot be made safe (NUL, a

@@ -7,7 +7,6 @@ runs anything.
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Iterable
 
@@ -73,6 +72,8 @@ _LIMIT = {"h": 24, "m": 60, "s": 60}
 
 def closest(word: str, choices: Iterable[str], prefix: str = "") -> str:
     """' (did you mean X?)' for the closest choice, or '' when nothing is close."""
+    import difflib  # only on an error: not on every spec load
+
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.5)
     return f" (did you mean {prefix + match[0]!r}?)" if match else ""
 
