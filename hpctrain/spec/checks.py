@@ -8,7 +8,8 @@ runs anything.
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from dataclasses import fields
+from typing import Any, Iterable, Mapping
 
 from hpctrain.errors import SpecError
 
@@ -68,6 +69,20 @@ _TIME_FORMS = (
 UNLIMITED = ("UNLIMITED", "INFINITE")
 _UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _LIMIT = {"h": 24, "m": 60, "s": 60}
+
+
+def check_table(data: Any, where: str, cls: type) -> dict[str, Any]:
+    """A TOML table for dataclass ``cls`` (``where`` names it, "" for the top level):
+    unknown keys name the closest valid one; keys set to None are dropped."""
+    if not isinstance(data, Mapping):
+        raise SpecError(f"{where} must be a table ([{where}]), not {data!r}")
+    known = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in known:
+            full = f"{where}.{key}" if where else str(key)
+            raise SpecError(f"unknown key {full!r}{closest(str(key), known, where + '.' if where else '')}; valid keys"
+                            f"{' in [' + where + ']' if where else ''}: {', '.join(known)}")
+    return {k: v for k, v in data.items() if v is not None}
 
 
 def closest(word: str, choices: Iterable[str], prefix: str = "") -> str:

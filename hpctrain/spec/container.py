@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import PartitionError, SpecError
-from hpctrain.spec.checks import ENV_KEY_RE, closest
+from hpctrain.spec.checks import ENV_KEY_RE, check_table
 
 RUNTIMES = ("pyxis", "apptainer", "oci")
 # registry references (enroot's [USER@][REGISTRY#]IMAGE[:TAG], docker://..., oras://...)
@@ -89,14 +89,7 @@ class ContainerSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "ContainerSpec":
-        if not isinstance(data, Mapping):
-            raise SpecError(f"container must be a table ([container]), not {data!r}")
-        known = [f.name for f in fields(cls)]
-        for key in data:
-            if key not in known:
-                raise SpecError(f"unknown key 'container.{key}'"
-                                f"{closest(str(key), known, 'container.')}; valid keys in "
-                                f"[container]: {', '.join(known)}")
+        data = check_table(data, "container", cls)
         if "image" not in data:
             raise SpecError('container.image is missing: add image = "..." under [container]')
         workdir = data.get("workdir")

@@ -19,8 +19,8 @@ from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import SpecError
 from hpctrain.spec.checks import (ENV_KEY_RE, MAIL_RE, check_directive_value, check_name,
-                               check_sbatch_option, check_signal, check_text, closest,
-                               slurm_time_seconds)
+                                  check_sbatch_option, check_signal, check_table, check_text,
+                                  closest, slurm_time_seconds)
 from hpctrain.spec.container import ContainerSpec, Mount
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
@@ -59,19 +59,6 @@ def _str_list(value: Any, where: str, *, allow_empty: bool = True,
     return items
 
 
-def _table(data: Any, where: str, cls: type) -> dict[str, Any]:
-    """A TOML table for dataclass ``cls``: unknown keys name the closest valid one."""
-    if not isinstance(data, Mapping):
-        raise SpecError(f"{where} must be a table ([{where}]), not {data!r}")
-    known = [f.name for f in fields(cls)]
-    for key in data:
-        if key not in known:
-            full = f"{where}.{key}" if where else str(key)
-            raise SpecError(f"unknown key {full!r}{closest(str(key), known, where + '.' if where else '')}; valid keys"
-                            f"{' in [' + where + ']' if where else ''}: {', '.join(known)}")
-    return {k: v for k, v in data.items() if v is not None}
-
-
 # ---- the sections ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class LayoutSpec:
@@ -85,7 +72,7 @@ class LayoutSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "LayoutSpec":
-        d = _table(data, "layout", cls)
+        d = check_table(data, "layout", cls)
         return cls(tp=_int(d.get("tp", 1), "layout.tp", 1), pp=_int(d.get("pp", 1), "layout.pp", 1),
                    dp=_opt_int(d.get("dp"), "layout.dp", 1),
                    num_layers=_opt_int(d.get("num_layers"), "layout.num_layers", 1),
@@ -103,7 +90,7 @@ class RunSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "RunSpec":
-        d = _table(data, "run", cls)
+        d = check_table(data, "run", cls)
         launcher = d.get("launcher", "torchrun")
         if launcher not in LAUNCHERS:
             raise SpecError(f"run.launcher={launcher!r} is not a launcher: use one of "
@@ -148,7 +135,7 @@ class CheckpointSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "CheckpointSpec":
-        d = _table(data, "checkpoint", cls)
+        d = check_table(data, "checkpoint", cls)
         ckpt_dir = d.get("dir")
         if ckpt_dir is not None:
             check_text(ckpt_dir, "checkpoint.dir")
@@ -183,7 +170,7 @@ class RequeueSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "RequeueSpec":
-        d = _table(data, "requeue", cls)
+        d = check_table(data, "requeue", cls)
         total = _int(d.get("max_requeues", 10), "requeue.max_requeues", 0, 10000)
 
         def per_cause(key: str, default: int) -> int:
@@ -218,7 +205,7 @@ class WatchdogSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "WatchdogSpec":
-        d = _table(data, "watchdog", cls)
+        d = check_table(data, "watchdog", cls)
         timeouts = {key: _opt_int(d.get(key), f"watchdog.{key}", 0)
                     for key in ("hang_timeout_s", "startup_timeout_s", "save_timeout_s")}
         exclude = d.get("exclude_bad_nodes", True)
@@ -264,7 +251,7 @@ class JobSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "JobSpec":
         """Build and check a spec from a dict shaped like the TOML file."""
-        d = _table(data, "", cls)
+        d = check_table(data, "", cls)
         for key in ("name", "partition", "run"):
             if key not in d:
                 raise SpecError(f"{key!r} is missing: every spec needs name, partition and "
