@@ -7,6 +7,8 @@ layout it returns file contents, so the settings are easy to read and to test.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -237,6 +239,31 @@ def updated_hosts(current: str, shape: Shape | None) -> str:
 # storage, so a job's venv, code and checkpoints are where they are on the host.
 HOST_IMAGE_BINDS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc", "/root", "/home",
                     "/opt", "/srv", "/work", "/tmp", "/var/lib/hpctrain")
+# Never bound whole: runc mounts its own /proc, /dev and /sys, and /var holds the image.
+_NOT_BINDABLE = ("/", "/proc", "/dev", "/sys", "/run", "/var")
+
+
+def image_binds(extra: Sequence[str], exists: Callable[[str], bool] = os.path.exists) -> list[str]:
+    """The host directories the image binds: HOST_IMAGE_BINDS and the top-level directory
+    of each ``extra`` path (the Python running ``devcluster up``, its venv, the hpctrain
+    package: a project cloned to /check/... must find its venv in the container as it
+    does on the host), those that exist, each once."""
+    tops = [d for d in (_top(p) for p in extra) if d not in _NOT_BINDABLE]
+    out: list[str] = []
+    for d in (*HOST_IMAGE_BINDS, *tops):
+        if d not in out and exists(d):
+            out.append(d)
+    return out
+
+
+def _top(path: str) -> str:
+    """``/check/work/x`` -> ``/check``; a path under /var/lib/hpctrain stays under it."""
+    path = os.path.abspath(path)
+    for bind in HOST_IMAGE_BINDS:
+        if path == bind or path.startswith(bind.rstrip("/") + "/"):
+            return bind
+    parts = path.split("/")
+    return "/" + parts[1] if len(parts) > 1 and parts[1] else "/"
 
 
 def oci_conf(paths: Paths) -> str:

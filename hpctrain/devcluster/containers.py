@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def ensure_host_image(paths: Paths) -> Path:
     for d in (paths.images, paths.runc_root):
         d.mkdir(parents=True, exist_ok=True)
     _write_if_changed(paths.oci_conf, config.oci_conf(paths))
-    binds = [d for d in config.HOST_IMAGE_BINDS if os.path.exists(d)]
+    here = [sys.prefix, sys.base_prefix, os.path.realpath(sys.executable),
+            str(Path(__file__).resolve().parents[2])]
+    binds = config.image_binds(here)
     image = paths.host_image
     rootfs = image / "rootfs"
     for d in ("proc", "dev", "sys", *(b.lstrip("/") for b in binds)):

@@ -101,3 +101,15 @@ def test_node_states_slurm_places_jobs_on(state: str, usable: bool, held: bool) 
     from hpctrain.devcluster.cluster import node_held, node_usable
 
     assert (node_usable(state), node_held(state)) == (usable, held)
+
+
+def test_the_host_image_binds_where_the_python_and_project_live() -> None:
+    # CI clones the project to /check/work/main: its venv must be in the container too
+    present = {"/usr", "/etc", "/work", "/tmp", "/check", "/var/lib/hpctrain", "/opt"}
+    binds = config.image_binds(
+        ["/check/work/main/.venv", "/usr/local", "/check/work/main/.venv/bin/python3.11",
+         "/var/lib/hpctrain/x/venv", "/opt/py/bin/python"], exists=present.__contains__)
+    assert binds == ["/usr", "/etc", "/opt", "/work", "/tmp", "/var/lib/hpctrain", "/check"]
+    # the pseudo file systems and /var (which holds the image itself) are never bound whole
+    assert config.image_binds(["/proc/1", "/var/cache/x", "/"], exists=lambda d: True) \
+        == list(config.HOST_IMAGE_BINDS)
