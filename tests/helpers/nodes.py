@@ -94,5 +94,22 @@ def bring_back(cluster: DevCluster, job: str) -> None:
         time.sleep(SETTLE_S)
         cluster.make_nodes_usable()  # slurmd started, node resumed, responding
         time.sleep(SETTLE_S)         # a ping round: Slurm has heard from it again
+        _wait_no_pending_rpcs()
     finally:
         client.run(["scontrol", "release", job], check=False)
+
+
+def _wait_no_pending_rpcs(timeout_s: float = 60) -> None:
+    """Until slurmctld has no RPC queued for a node (``sdiag``'s pending RPCs).
+
+    The lost run's REQUEST_TERMINATE_JOB is retried to the node until it answers. The
+    requeued run has the same job id, so that kill, delivered once the run has started
+    on the returned node, would end it. Once in a full run the requeued run's agent on n2
+    got a SIGTERM 33 s in that neither daemon logged; this is the likeliest sender, not a
+    proven one, and waiting for it costs nothing when the queue is already empty."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = client.run(["sdiag"], check=False).stdout
+        if "No pending RPCs" in out or "Pending RPC" not in out:
+            return
+        time.sleep(1)
