@@ -25,6 +25,11 @@ install() {
     echo "$want" > "$stamp"
 }
 
+bench_tools() {
+    # fio: the disk's ceiling in benchmarks/ckpt_bench.py (only the benchmarks need it)
+    command -v fio >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio; }
+}
+
 cluster_up() {
     hpctrain devcluster up
     export SLURM_CONF=/var/lib/hpctrain/devcluster/etc/slurm.conf
@@ -34,7 +39,7 @@ case "${1:-}" in
     install) install ;;
     demo)    install; cluster_up; exec bash examples/demo.sh ;;
     test)    install; cluster_up; shift; exec python -m pytest "$@" ;;
-    bench)   install; cluster_up; shift; exec bash benchmarks/run_all.sh "$@" ;;
+    bench)   install; bench_tools; cluster_up; shift; exec bash benchmarks/run_all.sh "$@" ;;
     regen)   install; exec python tools/regen_sbatch.py ;;
     *) echo "usage: ./dev.sh demo|test|bench|regen|install" >&2; exit 2 ;;
 esac

@@ -1,35 +1,38 @@
-"""Checkpoint benchmark: hpctrain's CheckpointManager against the disk and the usual savers.
+"""Checkpoint benchmark: hpctrain's CheckpointManager against DCP, torch.save and fio.
 
-One command, all figures from the same run and the same directory (so the same disk):
+One command; every figure of a table comes from the same run, the same state and the
+same disk, with the contenders interleaved in each repetition:
 
-    .venv/bin/python benchmarks/ckpt_bench.py                 # ~1 GiB model + Adam state
-    .venv/bin/python benchmarks/ckpt_bench.py --size 256M --repeat 3 --dir /var/tmp
+    .venv/bin/python benchmarks/ckpt_bench.py                       # 1 GiB, 1/2/4 ranks
+    .venv/bin/python benchmarks/ckpt_bench.py --size 256M --repeat 3 --ranks 2
 
-Prints medians of ``--repeat`` runs: dd oflag=direct write bandwidth (the baseline),
-torch.save+fsync, DCP save, hpctrain sync save (GB/s and ratio to dd); the async save's
-blocking time against one plain in-memory copy of the state; and hpctrain load (with
-verification) against a cold sequential read of the same files. Targets: durable save
->= 0.9x dd, async blocking <= 1.2x one copy, load >= 0.9x cold read.
+For each layout (``plain``: the state replicated on every rank, as DDP keeps it;
+``sharded``: DTensor ``Shard(0)`` over all ranks) and rank count it runs
+benchmarks/ckpt_worker.py under torchrun (gloo) and prints medians, ranges and ratios:
+
+* durable save time against ``dcp.save``'s, and throughput against fio's O_DIRECT write
+  (targets: <= 0.8x DCP, >= 0.9x fio);
+* cold verified load time against ``dcp.load``'s (target <= 0.8x), page cache dropped
+  before each load; every load is checked equal to what was saved;
+* the async save's stall against ``dcp.async_save``'s and one in-memory copy of the state
+  (targets: <= DCP, <= 1.2x the copy), and the staging memory (<= 1x the state, reused).
+
+Needs root (to drop the page cache) and fio (``./dev.sh bench`` installs it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Callable
 
-import torch
-
-from hpctrain.checkpoint import CheckpointManager
-from hpctrain.checkpoint.tree import flatten
-from hpctrain.checkpoint.writer import fingerprints
+WORKER = Path(__file__).with_name("ckpt_worker.py")
 
 
 def parse_size(text: str) -> int:
@@ -40,197 +43,93 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
-def make_state(nbytes: int) -> dict:
-    """Model params + Adam (exp_avg, exp_avg_sq): thirds of ``nbytes`` of float32."""
-    per_third = nbytes // 3 // 4
-    sizes, left = [], per_third
-    while left > 0:  # a transformer-like mix: a few large matrices, many small vectors
-        n = min(left, 16 << 20)
-        sizes.append(n)
-        left -= n
-    sizes += [4096] * 64
-    params = {f"layer{i}.weight": torch.randn(n) for i, n in enumerate(sizes)}
-    optim = {i: {"step": torch.tensor(10.0), "exp_avg": torch.randn(n), "exp_avg_sq": torch.rand(n)}
-             for i, n in enumerate(sizes)}
-    return {"model": params, "optim": {"state": optim, "param_groups": [{"lr": 1e-4}]},
-            "step": 10}
-
-
-def tensors(state: dict) -> list[torch.Tensor]:
-    out = []
-    for v in state.values():
-        if isinstance(v, torch.Tensor):
-            out.append(v)
-        elif isinstance(v, dict):
-            out += tensors(v)
-    return out
-
-
-def state_bytes(state: dict) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors(state))
-
-
-def drop_caches(paths: list[Path]) -> None:
-    """Make the next read cold: drop_caches when allowed, else fadvise DONTNEED per file."""
-    os.sync()
+def run_worker(world: int, layout: str, size: int, repeat: int, base: Path) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"{layout}-{world}-", dir=base))
+    out = work / "result.json"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={world}", str(WORKER), f"--size={size}", f"--layout={layout}",
+            f"--repeat={repeat}", f"--dir={work}", f"--out={out}"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
     try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        return
-    except OSError:
-        pass
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def files_under(path: Path) -> list[Path]:
-    return sorted(p for p in path.rglob("*") if p.is_file())
-
-
-def timed(fn: Callable[[], object]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def bench_dd(work: Path, nbytes: int) -> float:
-    target = work / "dd.bin"
-    count = max(1, nbytes // (64 << 20))
-    t = timed(lambda: subprocess.run(
-        ["dd", "if=/dev/zero", f"of={target}", "bs=64M", f"count={count}", "oflag=direct",
-         "conv=fsync"], check=True, capture_output=True))
-    target.unlink()
-    return count * (64 << 20) / t
-
-
-def bench_torch_save(work: Path, state: dict, nbytes: int) -> float:
-    target = work / "torch.pt"
-
-    def run() -> None:
-        with open(target, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-    t = timed(run)
-    target.unlink()
-    return nbytes / t
-
-
-def bench_dcp(work: Path, state: dict, nbytes: int) -> float:
-    import torch.distributed.checkpoint as dcp
-
-    target = work / "dcp"
-    writer = dcp.FileSystemWriter(str(target), thread_count=2, sync_files=True)
-    t = timed(lambda: dcp.save(state, storage_writer=writer))
-    shutil.rmtree(target)
-    return nbytes / t
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="1G", help="state size, e.g. 256M, 1G [1G]")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median) [3]")
-    ap.add_argument("--dir", default="/var/tmp", help="directory on the disk to test [/var/tmp]")
-    args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
-    try:
-        run(work, parse_size(args.size), args.repeat)
+        subprocess.run(argv, check=True, env=env)
+        return json.loads(out.read_text())
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(work: Path, size: int, repeat: int) -> None:
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
-    state = make_state(size)
-    nbytes = state_bytes(state)
-    print(f"state: {nbytes / 1e9:.3f} GB in {len(tensors(state))} tensors; dir {work}; "
-          f"median of {repeat}; {os.cpu_count()} CPUs; torch {torch.__version__}")
-    root = work / "hp"
-    root.mkdir()
-    mgr = CheckpointManager(root, keep_last=1)
-    # the baseline and the contenders back to back in each round: this disk's speed drifts
-    # by tens of percent within minutes (shared machine), and the ratio must not
-    dds, tsaves, dcps, sync_t = [], [], [], []
-    for s in range(1, repeat + 1):
-        dds.append(bench_dd(work, nbytes))
-        tsaves.append(bench_torch_save(work, state, nbytes))
-        dcps.append(bench_dcp(work, state, nbytes))
-        sync_t.append(timed(lambda s=s: mgr.save(s, state)))
-    dd, tsave, dcp_bw = median(dds), median(tsaves), median(dcps)
-    hp_bw = nbytes / median(sync_t)
-    mgr.close()
-    # what the per-rank rule adds under torch.distributed: every rank fingerprints (crc32)
-    # each plain tensor it holds before the save, to tell replicas from per-rank values
-    chunks, _ = flatten(state)
-    fp_t = median([timed(lambda: fingerprints(chunks)) for _ in range(repeat)])
-
-    # async: blocking time against one copy, measured back to back in each round so that
-    # both see the same load on a shared machine
-    amgr = CheckpointManager(root, keep_last=1, async_save=True)
-    amgr.save(100, state)  # first save allocates the staging buffers
-    amgr.wait()
-    dests = [torch.zeros_like(t) for t in tensors(state)]  # touched: no page faults timed
-    block, clone, copy = [], [], []
-    for s in range(101, 101 + repeat):
-        copy.append(timed(lambda: [d.copy_(t) for d, t in zip(dests, tensors(state))]))
-        clone.append(timed(lambda: [t.clone() for t in tensors(state)]))
-        block.append(timed(lambda s=s: amgr.save(s, state)))
-        amgr.wait()
-    amgr.close()
-    clone_t, copy_t = median(clone), median(copy)
-    dests.clear()  # free the copy before the load test
-
-    step_dir = root / f"step_{100 + repeat:09d}"
-    files = files_under(step_dir)
-    # the destination exists and is touched, as a live model and optimizer are
-    target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
-              "optim": {"state": {i: {k: torch.zeros_like(v) for k, v in d.items()}
-                                  for i, d in state["optim"]["state"].items()}}}
-    lmgr = CheckpointManager(root, keep_last=1)
-    load_t, read_t = [], []
-    buf = bytearray(16 << 20)
-    view = memoryview(buf)
-    for _ in range(repeat):
-        drop_caches(files)
-        load_t.append(timed(lambda: lmgr.load_latest(target)))
-        drop_caches(files)
-
-        def cold_read() -> None:
-            for p in files:
-                with open(p, "rb", buffering=0) as f:
-                    while f.readinto(view):
-                        pass
-        read_t.append(timed(cold_read))
-    lmgr.close()
-    assert torch.equal(target["model"]["layer0.weight"], state["model"]["layer0.weight"])
-    report(nbytes, dd, tsave, dcp_bw, hp_bw, median(block), clone_t, copy_t,
-           median(load_t), median(read_t))
-    print(f"per-rank check (crc32 of every plain tensor, on each rank) {fp_t:6.3f} s = "
-          f"{fp_t / median(sync_t):.2f}x this sync save; 0 extra bytes for a replicated state")
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
 
 
-def report(nbytes: int, dd: float, tsave: float, dcp_bw: float, hp_bw: float, block: float,
-           clone_t: float, copy_t: float, load_t: float, read_t: float) -> None:
+def spread(xs: list[float]) -> str:
+    return f"[{min(xs):.3f}-{max(xs):.3f}]"
+
+
+def verdict(ok: bool) -> str:
+    return "MET" if ok else "MISSED"
+
+
+def report(r: dict) -> list[tuple[str, bool]]:
+    """Print one (layout, world) table; return (target, met) pairs."""
+    f, nbytes = r["figures"], r["bytes"]
     gb = 1e9
-    print(f"dd oflag=direct write        {dd / gb:6.2f} GB/s   1.00x dd (baseline)")
-    print(f"torch.save + fsync           {tsave / gb:6.2f} GB/s   {tsave / dd:.2f}x dd")
-    print(f"DCP save (2 threads, fsync)  {dcp_bw / gb:6.2f} GB/s   {dcp_bw / dd:.2f}x dd")
-    print(f"hpctrain sync save (durable) {hp_bw / gb:6.2f} GB/s   {hp_bw / dd:.2f}x dd"
-          f"   target >= 0.90x  {'MET' if hp_bw >= 0.9 * dd else 'MISSED'}")
-    print(f"async save blocking          {block:6.3f} s      {block / clone_t:.2f}x one clone "
-          f"({clone_t:.3f} s), {block / copy_t:.2f}x copy into preallocated ({copy_t:.3f} s)"
-          f"   target <= 1.2x  {'MET' if block <= 1.2 * clone_t else 'MISSED'}")
-    print(f"hpctrain load (verified)     {load_t:6.3f} s      {nbytes / load_t / gb:.2f} GB/s; "
-          f"cold sequential read {read_t:.3f} s ({nbytes / read_t / gb:.2f} GB/s): "
-          f"{read_t / load_t:.2f}x   target >= 0.90x  {'MET' if read_t >= 0.9 * load_t else 'MISSED'}")
+    print(f"\n{r['layout']} state, {r['world']} rank(s): {nbytes / gb:.3f} GB in "
+          f"{r['tensors']} tensors ({r['local_bytes'] / gb:.3f} GB per rank); median "
+          f"[range] of {len(f['hp_save'])}")
+    fio_w, fio_r = med(f["fio_write"]), med(f["fio_read"])
+    print(f"  fio write (O_DIRECT, 4 MiB, iodepth 8) {fio_w / gb:6.3f} GB/s  "
+          f"read {fio_r / gb:.3f} GB/s   (the ceiling)")
+    targets = []
+    for kind, verb in (("save", "saves (durable)"), ("load", "loads (cold)")):
+        print(f"  {verb}:")
+        dcp_t = med(f[f"dcp_{kind}"])
+        for name in (f"hp_{kind}", f"dcp_{kind}", f"torch_{kind}"):
+            t = med(f[name])
+            print(f"    {name:11s} {t:7.3f} s {spread(f[name]):17s} {nbytes / t / gb:6.3f} GB/s"
+                  f"  {t / dcp_t:5.2f}x DCP")
+        hp_t = med(f[f"hp_{kind}"])
+        targets.append((f"{kind} <= 0.8x DCP", hp_t <= 0.8 * dcp_t))
+        if kind == "save":
+            ratio = nbytes / hp_t / fio_w
+            print(f"    hpctrain save throughput {ratio:.2f}x fio's write   target >= 0.90x  "
+                  f"{verdict(ratio >= 0.9)}")
+            targets.append(("save >= 0.9x fio write", ratio >= 0.9))
+    hp_a, dcp_a, copy = med(f["hp_async"]), med(f["dcp_async"]), med(f["copy"])
+    print(f"  async stall: hpctrain {hp_a:.3f} s {spread(f['hp_async'])}, dcp.async_save "
+          f"{dcp_a:.3f} s {spread(f['dcp_async'])}, one copy {copy:.3f} s: "
+          f"{hp_a / dcp_a:.2f}x DCP, {hp_a / copy:.2f}x the copy")
+    staged = r["staging_bytes"] / r["local_bytes"]
+    print(f"  staging memory {staged:.2f}x the rank's state, "
+          f"{'reused' if r['staging_reused'] else 'REALLOCATED'} between saves")
+    targets += [("async stall <= DCP", hp_a <= dcp_a), ("async stall <= 1.2x copy", hp_a <= 1.2 * copy),
+                ("staging <= 1x, reused", staged <= 1.0 and r["staging_reused"])]
+    print("  targets: " + "; ".join(f"{name} {verdict(ok)}" for name, ok in targets))
     sys.stdout.flush()
+    return targets
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="1G", help="state size (all ranks), e.g. 256M, 1G [1G]")
+    ap.add_argument("--repeat", type=int, default=5, help="interleaved repetitions [5]")
+    ap.add_argument("--ranks", default="1,2,4", help="rank counts [1,2,4]")
+    ap.add_argument("--layouts", default="plain,sharded", help="plain and/or sharded")
+    ap.add_argument("--dir", default="/var/tmp", help="directory on the disk to test [/var/tmp]")
+    args = ap.parse_args()
+    if shutil.which("fio") is None:
+        sys.exit("ckpt_bench: fio is not installed (apt-get install fio, or ./dev.sh bench)")
+    size = parse_size(args.size)
+    base = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.dir))
+    missed = []
+    try:
+        for layout in args.layouts.split(","):
+            for world in (int(w) for w in args.ranks.split(",")):
+                for name, ok in report(run_worker(world, layout, size, args.repeat, base)):
+                    if not ok:
+                        missed.append(f"{layout}/{world}: {name}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print("\nall targets met" if not missed else "\nmissed: " + "; ".join(missed))
 
 
 if __name__ == "__main__":

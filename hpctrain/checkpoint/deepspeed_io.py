@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import os
 import warnings
-import zlib
 from pathlib import Path
 from typing import Any
 
-from hpctrain.checkpoint import storage
+from hpctrain.checkpoint import checksum, storage
 from hpctrain.checkpoint.hashing import read_manifest, verify_step
 from hpctrain.checkpoint.manifest import MANIFEST, step_dirname
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime import progress
 
 TAG = "ds"
-BLOCK = 64 << 20  # one crc32 per 64 MiB: a damaged byte is located to within a block
+BLOCK = 64 << 20  # one checksum per 64 MiB: a damaged byte is located to within a block
 
 
 def _files(root: Path) -> list[Path]:
@@ -40,9 +39,9 @@ def fsync_tree(root: Path) -> None:
         storage.fsync_path(d)
 
 
-def hash_files(root: Path, exclude: set[str]) -> list[dict]:
-    """File records (size, crc32 per 64 MiB block) of every file under ``root``."""
-    out = []
+def hash_files(root: Path, exclude: set[str], algorithm: str = checksum.DEFAULT) -> list[dict]:
+    """File records (size, a checksum per 64 MiB block) of every file under ``root``."""
+    fn, out = checksum.get(algorithm), []
     for p in _files(root):
         name = p.relative_to(root).as_posix()
         if name in exclude or name == MANIFEST:
@@ -50,9 +49,9 @@ def hash_files(root: Path, exclude: set[str]) -> list[dict]:
         blocks, off = [], 0
         with open(p, "rb", buffering=0) as f:
             while chunk := f.read(BLOCK):
-                blocks.append([off, len(chunk), zlib.crc32(chunk)])
+                blocks.append([off, len(chunk), fn(chunk)])
                 off += len(chunk)
-        out.append({"name": name, "size": off, "blocks": blocks})
+        out.append({"name": name, "size": off, "blocks": blocks, "checksum": algorithm})
     return out
 
 

@@ -1,7 +1,7 @@
 """Checkpoints out to standard tools: whole tensors, reassembled from the shards of any
 world size, as ``torch.load``, safetensors or ``torch.distributed.checkpoint`` files.
 
-Reads only the manifest and the tensor files (every byte checked against its crc32);
+Reads only the manifest and the tensor files (every byte checked against its checksum);
 unpickles nothing, so it is safe on a checkpoint somebody else wrote. Extras (pickled
 Python values) are not exported. Names are the state's key path joined by dots
 (``model.layers.0.weight``); a value saved per rank (:mod:`hpctrain.checkpoint.replicas`)
@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 import os
 import warnings
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from hpctrain.checkpoint.fileio import read_into
+from hpctrain.checkpoint import checksum
 from hpctrain.checkpoint.hashing import read_manifest
 from hpctrain.checkpoint.tree import dtype_from_name
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
@@ -53,15 +53,17 @@ def read_tensors(step_dir: str | os.PathLike[str], *, only: str | None = None,
         for (path, rank), entries in groups.items():
             parts = [str(k) for k in (path[1:] if only is not None else path)]
             name = ".".join(parts) + ("" if rank is None else f".rank{rank}")
-            yield name, _assemble(step_dir, entries, fds, verify)
+            yield name, _assemble(step_dir, entries, fds,
+                                  checksum.get(manifest.checksum) if verify else None)
     finally:
         for fd in fds.values():
             os.close(fd)
 
 
 def _assemble(step_dir: Path, entries: list[dict], fds: dict[str, int],
-              verify: bool) -> torch.Tensor:
-    """One whole tensor from its saved boxes (a shard per rank, or one replica)."""
+              verify: checksum.Checksum | None) -> torch.Tensor:
+    """One whole tensor from its saved boxes (a shard per rank, or one replica);
+    ``verify`` is the manifest's checksum function, or None not to check."""
     first = entries[0]
     whole = torch.empty(first["global_shape"], dtype=dtype_from_name(first["dtype"]))
     covered = 0
@@ -74,7 +76,7 @@ def _assemble(step_dir: Path, entries: list[dict], fds: dict[str, int],
         except (OSError, EOFError) as exc:
             raise CheckpointCorrupt(f"{step_dir / e['file']}: cannot read tensor {e['path']} "
                                     f"({exc})") from None
-        if verify and zlib.crc32(buf.numpy()) != e["crc32"]:
+        if verify is not None and verify(buf.numpy()) != e["crc32"]:
             raise CheckpointCorrupt(f"{step_dir / e['file']}: checksum mismatch in tensor "
                                     f"{e['path']} at bytes [{e['offset']}, "
                                     f"{e['offset'] + e['nbytes']})")

@@ -3,7 +3,8 @@
 Writes go through O_DIRECT with two page-aligned bounce buffers when the file system
 allows it (ext4, xfs, Lustre): the page cache is bypassed, so writing costs what
 ``dd oflag=direct`` costs, while the checksum and the copy into the next bounce buffer
-overlap with the write in flight (zlib, numpy copies and pwrite all release the GIL).
+overlap with the write in flight (the checksum, numpy copies and pwrite all release
+the GIL).
 Where O_DIRECT is refused (tmpfs, some FUSE/overlay mounts) a buffered write + fsync is
 used instead. Either way the file is fsynced before the function returns.
 """
@@ -13,12 +14,13 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import zlib
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from hpctrain.checkpoint import checksum
+from hpctrain.checkpoint.checksum import Checksum
 from hpctrain.checkpoint.storage import Task, fault
 
 ALIGN = 4096
@@ -57,12 +59,14 @@ def _open(path: Path, direct: bool) -> int:
 
 
 def write_segments(path: Path, segments: Sequence[memoryview | bytes | np.ndarray],
-                   direct: bool = True) -> tuple[int, list[tuple[int, int, int]]]:
+                   direct: bool = True, algorithm: str = checksum.DEFAULT
+                   ) -> tuple[int, list[tuple[int, int, int]]]:
     """Write ``segments`` back to back into ``path`` and fsync it.
 
-    Returns (size, blocks) with one (offset, length, crc32) block per segment.
+    Returns (size, blocks) with one (offset, length, checksum) block per segment.
     OSError (ENOSPC, EDQUOT, EIO) propagates; the caller owns the cleanup.
     """
+    fn = checksum.get(algorithm)
     fd = -1
     if direct and hasattr(os, "O_DIRECT"):
         try:
@@ -72,10 +76,10 @@ def write_segments(path: Path, segments: Sequence[memoryview | bytes | np.ndarra
                 raise
     try:
         if fd >= 0:
-            result = _write_direct(fd, segments)
+            result = _write_direct(fd, segments, fn)
         else:
             fd = _open(path, False)
-            result = _write_buffered(fd, segments)
+            result = _write_buffered(fd, segments, fn)
         fault("file-before-fsync")
         os.fsync(fd)
     finally:
@@ -84,25 +88,27 @@ def write_segments(path: Path, segments: Sequence[memoryview | bytes | np.ndarra
     return result
 
 
-def _write_buffered(fd: int, segments: Sequence) -> tuple[int, list[tuple[int, int, int]]]:
+def _write_buffered(fd: int, segments: Sequence, fn: Checksum
+                    ) -> tuple[int, list[tuple[int, int, int]]]:
     blocks, offset = [], 0
     for seg in segments:
         arr = _as_bytes(seg)
-        crc = Task(zlib.crc32, arr) if arr.nbytes > BOUNCE else None  # overlaps the write
+        crc = Task(fn, arr) if arr.nbytes > BOUNCE else None  # overlaps the write
         _pwrite_all(fd, memoryview(arr), offset)
-        blocks.append((offset, arr.nbytes, crc.result() if crc else zlib.crc32(arr)))
+        blocks.append((offset, arr.nbytes, crc.result() if crc else fn(arr)))
         offset += arr.nbytes
     return offset, blocks
 
 
-def _write_direct(fd: int, segments: Sequence) -> tuple[int, list[tuple[int, int, int]]]:
+def _write_direct(fd: int, segments: Sequence, fn: Checksum
+                  ) -> tuple[int, list[tuple[int, int, int]]]:
     arrs = _bounce_buffers()
     pending: list[Task | None] = [None, None]
     blocks, offset, file_off, k, pos = [], 0, 0, 0, 0
     try:
         for seg in segments:
             arr = _as_bytes(seg)
-            blocks.append((offset, arr.nbytes, zlib.crc32(arr)))
+            blocks.append((offset, arr.nbytes, fn(arr)))
             offset += arr.nbytes
             i = 0
             while i < arr.nbytes:

@@ -4,7 +4,8 @@ Every destination tensor (plain or DTensor shard) is a box of a global tensor; e
 saved chunk is another box. A chunk saved with the same box is read straight into the
 destination's memory (no extra copy); otherwise each overlapping saved chunk is read
 once and the intersection copied. Reads go in file order (sequential I/O) and each
-chunk's crc32 is computed on a second thread while the next read is in flight.
+chunk's checksum (the manifest's algorithm) is computed on a second thread while the
+next read is in flight.
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import os
 import pickle
 import queue
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from hpctrain.checkpoint import checksum
 from hpctrain.checkpoint.fileio import read_into
 from hpctrain.checkpoint.hashing import check_sizes
 from hpctrain.checkpoint.manifest import Manifest
@@ -49,15 +50,17 @@ def _direct_view(c: Chunk, e: dict) -> np.ndarray | None:
 
 
 class _Verifier:
-    """crc32 of every piece on a second thread, in read order, while the next piece is read.
+    """The checksum of every piece on a second thread, in read order, while the next piece
+    is read.
 
-    zlib releases the GIL, so reading (a syscall copying from the page cache) and
+    The checksums release the GIL, so reading (a syscall copying from the page cache) and
     checksumming run on two cores at once; mismatches are collected and raised by
     :meth:`finish`, before any extra is set.
     """
 
-    def __init__(self, step_dir: Path) -> None:
+    def __init__(self, step_dir: Path, algorithm: str) -> None:
         self.step_dir = step_dir
+        self.fn = checksum.get(algorithm)
         self.queue: queue.Queue = queue.Queue(maxsize=8)  # bounds the lag to 64 MiB
         self.bad: list[dict] = []
         self.thread = threading.Thread(target=self._run, name="hpctrain-verify", daemon=True)
@@ -67,7 +70,7 @@ class _Verifier:
         value = 0
         while (item := self.queue.get()) is not None:
             e, piece, last = item
-            value = zlib.crc32(piece, value)
+            value = self.fn(piece, value)
             if last:
                 if value != e["crc32"]:
                     self.bad.append(e)
@@ -91,10 +94,10 @@ class _Reader:
 
     PIECE = 8 << 20
 
-    def __init__(self, step_dir: Path, verify: bool) -> None:
+    def __init__(self, step_dir: Path, verify: bool, algorithm: str) -> None:
         self.step_dir = step_dir
         self.fds: dict[str, int] = {}
-        self.verifier = _Verifier(step_dir) if verify else None
+        self.verifier = _Verifier(step_dir, algorithm) if verify else None
 
     def _fd(self, name: str) -> int:
         if name not in self.fds:
@@ -206,7 +209,7 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
     for c in fresh:
         ops += [(e, c, _overlap(e, c)) for e in missing[c.path]]
     ops.sort(key=lambda op: (op[0]["file"], op[0]["offset"]))
-    reader, staged = _Reader(step_dir, verify), {}
+    reader, staged = _Reader(step_dir, verify, manifest.checksum), {}
     try:
         _run_ops(reader, ops, staged)
     except BaseException:
@@ -256,10 +259,10 @@ def _read_extras(step_dir: Path, manifest: Manifest, name: str, rank: int,
                  verify: bool) -> dict:
     data = (step_dir / name).read_bytes()
     if verify:
-        rec = manifest.file(name)
+        rec, fn = manifest.file(name), checksum.get(manifest.checksum)
         pos = 0
         for off, length, crc in rec.blocks:
-            if zlib.crc32(data[off:off + length]) != crc or len(data) < off + length:
+            if fn(data[off:off + length]) != crc or len(data) < off + length:
                 raise CheckpointCorrupt(f"{step_dir / name}: checksum mismatch in bytes "
                                         f"[{off}, {off + length}) (extras of rank {rank})")
             pos = off + length

@@ -26,14 +26,18 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from hpctrain.checkpoint import catalog, storage
+from hpctrain.checkpoint.checksum import LEGACY
 from hpctrain.checkpoint.hashing import read_manifest
 from hpctrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest, step_dirname
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 from hpctrain.runtime import progress
+
+if TYPE_CHECKING:
+    from hpctrain.checkpoint.writer import RankPayload
 
 WriteFn = Callable[[Path], tuple[list[dict], list[dict], list[dict]]]
 
@@ -73,6 +77,7 @@ class CheckpointManager:
         self._setup()
         self._staging = Staging()
         self._bg = Background() if async_save else None
+        self._removals: list[storage.Task] = []  # pruned steps being deleted
         atexit.register(_flush_at_exit, weakref.ref(self))
         _LIVE.add(self)
 
@@ -111,43 +116,60 @@ class CheckpointManager:
 
     def _save(self, step: int, state: dict) -> None:
         from hpctrain.checkpoint.tree import flatten
-        from hpctrain.checkpoint.writer import payload_direct, write_payload
+        from hpctrain.checkpoint.writer import extras_fingerprints
 
         step_dirname(step)
         self.wait()  # at most one save in flight; re-raises a background failure
         chunks, extras = flatten(state)
-        rank, own_extras, failure = self.comm.rank, [], None
+        if self._bg is None:
+            self._persist(step, self._writer(chunks, extras), {"kind": "torch"})
+            return
+        # async: the caller waits only for the copy into staging (and the extras' pickles);
+        # who writes what (crc32 of every plain tensor, a collective) is decided in the
+        # background from the staged copy
+        try:
+            staged = self._staging.stage(chunks, extras)
+            fps = extras_fingerprints(extras) if self.comm.active else {}
+        except Exception as exc:  # noqa: BLE001 - reaches every rank through the collectives
+            staged, fps, failure = None, {}, exc
+        else:
+            failure = None
+        self._bg.submit(lambda: self._persist(
+            step, self._writer(staged.chunks if staged else [], {}, staged, fps, failure),
+            {"kind": "torch"}))
+
+    def _writer(self, chunks: list, extras: dict, staged: RankPayload | None = None,
+                extras_fps: dict | None = None, failure: Exception | None = None) -> WriteFn:
+        """The function that writes this rank's files: the shared chunks it owns and its
+        own per-rank values (:mod:`hpctrain.checkpoint.replicas`), with the extras that
+        differ by rank marked. Collective under torch.distributed; a local failure is
+        raised by the returned function, after the collectives, so no rank is left waiting."""
+        from hpctrain.checkpoint.replicas import differing, plan_writes
+        from hpctrain.checkpoint.writer import (extras_fingerprints, fingerprints, mine,
+                                                payload_direct, write_payload)
+
+        own_extras: list = []
         if self.comm.active:
-            chunks, own_extras, failure = self._share(chunks, extras)
-        try:  # a local failure (e.g. an unpicklable extra) must still reach the collectives
+            local: tuple = ([], {})
+            if failure is None:
+                try:
+                    local = (fingerprints(chunks), extras_fingerprints(extras)
+                             if extras_fps is None else extras_fps)
+                except Exception as exc:  # noqa: BLE001 - e.g. an extra that cannot be pickled
+                    failure = exc
+            gathered = self.comm.all_gather(local)
+            plan = plan_writes([tensors for tensors, _ in gathered])
+            chunks = mine(chunks, plan, self.comm.rank)
+            own_extras = differing([e for _, e in gathered])
+        try:
             if failure is not None:
                 raise failure
-            payload = (payload_direct if self._bg is None else self._staging.stage)(chunks, extras)
-            write: WriteFn = lambda tmp: write_payload(tmp, rank, payload,  # noqa: E731
-                                                       own_extras)
+            payload = payload_direct(chunks, extras) if staged is None else staged.only(chunks)
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank by _persist
-            failure = exc
-            write = lambda tmp: _reraise(failure)  # noqa: E731
-        if self._bg is None:
-            self._persist(step, write, {"kind": "torch"})
-        else:
-            self._bg.submit(lambda: self._persist(step, write, {"kind": "torch"}))
-
-    def _share(self, chunks: list, extras: dict) -> tuple[list, list, Exception | None]:
-        """Which values this rank writes: the shared chunks it owns and its own per-rank
-        values (:mod:`hpctrain.checkpoint.replicas`); and the extras that differ by rank.
-        Collective; a local failure is returned, not raised, so no rank is left waiting."""
-        from hpctrain.checkpoint.replicas import differing, plan_writes
-        from hpctrain.checkpoint.writer import extras_fingerprints, fingerprints, mine
-
-        failure: Exception | None = None
-        try:
-            local = (fingerprints(chunks), extras_fingerprints(extras))
-        except Exception as exc:  # noqa: BLE001 - e.g. an extra that cannot be pickled
-            local, failure = ([], {}), exc
-        gathered = self.comm.all_gather(local)
-        plan = plan_writes([tensors for tensors, _ in gathered])
-        return mine(chunks, plan, self.comm.rank), differing([e for _, e in gathered]), failure
+            error = exc
+            return lambda tmp: _reraise(error)
+        rank = self.comm.rank
+        return lambda tmp: write_payload(tmp, rank, payload, own_extras)
 
     def wait(self) -> None:
         """Block until an in-flight async save is durable; raise its failure if it failed."""
@@ -198,12 +220,17 @@ class CheckpointManager:
         if hash_tree:
             from hpctrain.checkpoint.deepspeed_io import hash_files
             files += hash_files(tmp, {f["name"] for f in files})
+        algorithms = sorted({f.get("checksum", LEGACY) for f in files}) or [LEGACY]
+        if len(algorithms) > 1:  # a node without the crc32c package's hardware path
+            raise CheckpointError(f"step {step} was not saved: its ranks wrote checksums "
+                                  f"with {' and '.join(algorithms)}: install the same "
+                                  "hpctrain (and crc32c) on every node")
         manifest = Manifest(
             step=step, world_size=self.comm.world, layout=layout, created=time.time(),
             files=[FileRecord(f["name"], f["size"], [tuple(b) for b in f["blocks"]]) for f in files],
             tensors=[t for _, (_f, ts, _e) in gathered for t in ts],
             extras=[e for _, (_f, _t, es) in gathered for e in es],
-            versions=_versions())
+            versions=_versions(), checksum=algorithms[0])
         final = self.root / step_dirname(step)
         try:
             storage.atomic_write(tmp / MANIFEST, manifest.dumps())
@@ -226,7 +253,14 @@ class CheckpointManager:
             storage.fault("after-latest")
         except OSError as exc:
             raise storage.io_error(f"commit step {step} in {self.root}", exc) from None
-        catalog.prune(self.root, self.keep_last, self.keep_every)
+        catalog.prune(self.root, self.keep_last, self.keep_every, remove=self._remove_later)
+
+    def _remove_later(self, trash: Path) -> None:
+        """Delete a pruned step's trash on a background thread (close() waits for it;
+        one cut short by a crash is deleted at the next start, as any trash is)."""
+        self._removals = [t for t in self._removals if not t.done()]
+        self._removals.append(storage.Task(storage.remove_tree, trash,
+                                           name="hpctrain-ckpt-prune"))
 
     # -- loading --------------------------------------------------------------------
     def latest_step(self) -> int | None:
@@ -331,6 +365,8 @@ class CheckpointManager:
             if getattr(self, "_bg", None) is not None:
                 self._bg.collect()
         finally:
+            for removal in getattr(self, "_removals", ()):
+                removal.result()  # remove_tree ignores errors: this only waits
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None

@@ -4,9 +4,10 @@ A step directory is a complete checkpoint exactly when it carries a manifest tha
 parses and validates here; every byte of data is described by a block (offset, length,
 crc32) of some file, so ``hpctrain ckpt verify`` can check a checkpoint without torch.
 
-Schema (format_version 1; 2 when some value was saved per rank)::
+Schema (format_version 1; 2 when some value was saved per rank; 3 when the checksum
+is not crc32)::
 
-    {"format": "hpctrain-checkpoint", "format_version": 1,
+    {"format": "hpctrain-checkpoint", "format_version": 3, "checksum": "crc32c",
      "step": 1200, "created": 1763700000.0, "world_size": 2,
      "layout": {"kind": "torch"} | {"kind": "deepspeed", "tag": "ds"},
      "versions": {"hpctrain": "0.1.0", "torch": "2.13.0", "python": "3.11.9"},
@@ -20,6 +21,11 @@ Version 2 adds what version-1 readers would silently get wrong, so they refuse i
 tensor entry with ``"rank": R`` is rank R's own value (the ranks held different bytes at
 that path; each wrote its own), and an extras entry's ``"own": [path, ...]`` lists the
 extras that differ by rank (never handed to another rank).
+
+Version 3 adds ``"checksum"``: the algorithm of every block's and tensor's checksum
+(hpctrain.checkpoint.checksum; the field keeps its historical name ``crc32``). Absent,
+it is ``crc32``: a version-1/2 reader would check crc32c values as crc32 and call a
+sound checkpoint damaged, so it must refuse them (and does: it reads 1 and 2 only).
 """
 
 from __future__ import annotations
@@ -29,11 +35,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpctrain.checkpoint.checksum import KNOWN, LEGACY
 from hpctrain.errors import CheckpointError
 
 FORMAT = "hpctrain-checkpoint"
-FORMAT_VERSION = 2          # the newest this hpctrain writes and reads
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3          # the newest this hpctrain writes and reads
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_RE = re.compile(r"^step_(\d{9,})$")
@@ -76,6 +83,7 @@ class Manifest:
     layout: dict[str, Any]
     versions: dict[str, str]
     created: float
+    checksum: str = LEGACY
 
     @property
     def total_bytes(self) -> int:
@@ -93,8 +101,10 @@ class Manifest:
         return any("rank" in t for t in self.tensors) or any(e.get("own") for e in self.extras)
 
     def to_json(self) -> dict[str, Any]:
-        version = FORMAT_VERSION if self.per_rank else 1  # readable by older hpctrain
-        return {"format": FORMAT, "format_version": version, "step": self.step,
+        # the lowest version that holds everything: older hpctrain still reads the rest
+        version = 3 if self.checksum != LEGACY else 2 if self.per_rank else 1
+        head = {"checksum": self.checksum} if version >= 3 else {}
+        return {"format": FORMAT, "format_version": version, **head, "step": self.step,
                 "created": self.created, "world_size": self.world_size, "layout": self.layout,
                 "versions": self.versions, "files": [f.to_json() for f in self.files],
                 "tensors": self.tensors, "extras": self.extras}
@@ -113,10 +123,39 @@ def _is_int(v: Any) -> bool:
 
 
 def _check_file(rec: Any) -> FileRecord:
+    """A file entry as a FileRecord; CheckpointError naming what is wrong. The common case
+    (a sound entry) is checked without building any message: a manifest holds a block per
+    tensor, and every save reads the previous step's manifest when it prunes."""
+    try:
+        name, size, blocks = rec["name"], rec["size"], rec["blocks"]
+        if type(size) is int and size >= 0 and type(blocks) is list and _safe_name(name):
+            pos, out = 0, []
+            for b in blocks:
+                if type(b) is not list or len(b) != 3:
+                    break
+                off, length, crc = b
+                if not (type(off) is type(length) is type(crc) is int) or off != pos \
+                        or length < 0:
+                    break
+                pos += length
+                out.append((off, length, crc))
+            else:
+                if pos == size:
+                    return FileRecord(name, size, out)
+    except (KeyError, TypeError):
+        pass
+    return _explain_file(rec)
+
+
+def _safe_name(name: Any) -> bool:
+    return (isinstance(name, str) and bool(name) and not name.startswith("/")
+            and all(part not in ("", ".", "..") for part in name.split("/")))
+
+
+def _explain_file(rec: Any) -> FileRecord:
     _need(isinstance(rec, dict), f"file entry {rec!r} is not an object")
     name, size, blocks = rec.get("name"), rec.get("size"), rec.get("blocks")
-    _need(isinstance(name, str) and bool(name) and not name.startswith("/")
-          and all(part not in ("", ".", "..") for part in name.split("/")),
+    _need(_safe_name(name),
           f"file name {name!r} must be a relative path inside the step directory")
     _need(_is_int(size) and size >= 0, f"file {name}: size {size!r}")
     _need(isinstance(blocks, list), f"file {name}: blocks {blocks!r}")
@@ -132,7 +171,26 @@ def _check_file(rec: Any) -> FileRecord:
     return FileRecord(name, size, out)
 
 
+_TENSOR_LISTS = ("path", "global_shape", "offsets", "shape")
+_TENSOR_INTS = ("offset", "nbytes", "crc32")
+
+
 def _check_tensor(t: Any, names: set[str]) -> None:
+    """CheckpointError naming what is wrong with a tensor entry; the sound case is checked
+    without building a message (as in :func:`_check_file`)."""
+    try:
+        if (all(type(t[k]) is list for k in _TENSOR_LISTS)
+                and len(t["offsets"]) == len(t["shape"]) == len(t["global_shape"])
+                and t["file"] in names and all(type(t[k]) is int for k in _TENSOR_INTS)
+                and type(t["dtype"]) is str
+                and ("rank" not in t or (type(t["rank"]) is int and t["rank"] >= 0))):
+            return
+    except (KeyError, TypeError):
+        pass
+    _explain_tensor(t, names)
+
+
+def _explain_tensor(t: Any, names: set[str]) -> None:
     _need(isinstance(t, dict), f"tensor entry {t!r}")
     for key in ("path", "global_shape", "offsets", "shape"):
         _need(isinstance(t.get(key), list), f"tensor {t.get('path')}: {key}")
@@ -175,8 +233,12 @@ def parse(data: bytes | str, where: str = "manifest") -> Manifest:
                   f"extras entry {e!r}")
         layout = raw.get("layout", {})
         _need(isinstance(layout, dict) and isinstance(layout.get("kind"), str), "layout.kind")
+        checksum = raw.get("checksum", LEGACY)
+        _need(checksum in KNOWN, f"checksum {checksum!r} (this hpctrain knows "
+              f"{', '.join(KNOWN)}; upgrade hpctrain)")
     except CheckpointError as exc:
         raise CheckpointError(f"{where}: {exc}") from None
     return Manifest(step=raw["step"], world_size=raw["world_size"], files=files,
                     tensors=tensors, extras=extras, layout=layout,
-                    versions=dict(raw.get("versions", {})), created=float(raw.get("created", 0)))
+                    versions=dict(raw.get("versions", {})), created=float(raw.get("created", 0)),
+                    checksum=checksum)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import threading
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +17,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hpctrain.checkpoint import replicas
+from hpctrain.checkpoint import checksum, replicas
 from hpctrain.checkpoint.fileio import write_segments
 from hpctrain.checkpoint.manifest import FileRecord
 from hpctrain.checkpoint.storage import Task
@@ -26,18 +25,20 @@ from hpctrain.checkpoint.tree import Chunk, as_bytes, dtype_name
 
 
 def fingerprints(chunks: list[Chunk]) -> list[tuple[tuple, int, int | None]]:
-    """(key, nbytes, crc32 of the bytes) per chunk, for :func:`replicas.plan_writes`; no
-    crc32 for DTensor shards, whose placement already says whether they are replicas."""
-    out = []
+    """(key, nbytes, checksum of the bytes) per chunk, for :func:`replicas.plan_writes`; none
+    for DTensor shards, whose placement already says whether they are replicas. The
+    fastest checksum here (every rank hashes every plain tensor it holds)."""
+    fn, out = checksum.fast(), []
     for c in chunks:
-        crc = None if c.sharded else zlib.crc32(as_bytes(c.local).numpy())
+        crc = None if c.sharded else fn(as_bytes(c.local).numpy())
         out.append((c.key(), c.nbytes, crc))
     return out
 
 
 def extras_fingerprints(extras: dict) -> dict[tuple, int]:
-    """crc32 of each extra's pickle, by path (to find the extras that differ by rank)."""
-    return {path: zlib.crc32(pickle.dumps(value, protocol=5)) for path, value in extras.items()}
+    """Checksum of each extra's pickle, by path (to find the extras that differ by rank)."""
+    fn = checksum.fast()
+    return {path: fn(pickle.dumps(value, protocol=5)) for path, value in extras.items()}
 
 
 def mine(chunks: list[Chunk], plan: replicas.WritePlan, rank: int) -> list[Chunk]:
@@ -54,6 +55,11 @@ class RankPayload:
     segments: list[np.ndarray]
     extras: bytes
     keepalive: list[Any] = field(default_factory=list)  # tensors the segments point into
+
+    def only(self, chunks: list[Chunk]) -> RankPayload:
+        """This payload cut to ``chunks`` (some of its own, staged: host byte buffers)."""
+        views = [as_bytes(c.local) for c in chunks]
+        return RankPayload(chunks, [v.numpy() for v in views], self.extras, keepalive=views)
 
 
 def payload_direct(chunks: list[Chunk], extras: dict) -> RankPayload:
@@ -73,6 +79,8 @@ class Staging:
     def __init__(self) -> None:
         self._signature: list[tuple] | None = None
         self._buffers: list[torch.Tensor] = []
+        self._typed: list[torch.Tensor] = []   # the same memory, as each chunk's dtype/shape
+        self._arrays: list[np.ndarray] = []    # and as numpy bytes, for the writer
 
     def stage(self, chunks: list[Chunk], extras: dict) -> RankPayload:
         signature = [(c.dtype, c.shape) for c in chunks]
@@ -80,35 +88,41 @@ class Staging:
             pin = torch.cuda.is_available()
             self._buffers = [torch.empty(c.nbytes, dtype=torch.uint8, pin_memory=pin)
                              for c in chunks]
+            # the views are made once: the stall is the copies and nothing else
+            self._typed = [b.view(c.dtype).view(c.shape) if c.nbytes else b
+                           for b, c in zip(self._buffers, chunks)]
+            self._arrays = [b.numpy() for b in self._buffers]
             self._signature = signature
         cuda = False
-        for buf, c in zip(self._buffers, chunks):
+        for typed, c in zip(self._typed, chunks):
             if c.nbytes:
-                buf.view(c.dtype).view(c.shape).copy_(c.local, non_blocking=True)
+                typed.copy_(c.local, non_blocking=True)
                 cuda = cuda or c.local.is_cuda
         if cuda:
             torch.cuda.synchronize()
         staged = [dataclasses.replace(c, local=buf) for buf, c in zip(self._buffers, chunks)]
         # extras are pickled now: the caller may mutate them as soon as save() returns
-        return RankPayload(staged, [b.numpy() for b in self._buffers],
-                           pickle.dumps(extras, protocol=5))
+        return RankPayload(staged, list(self._arrays), pickle.dumps(extras, protocol=5))
 
 
 def write_payload(tmp_dir: Path, rank: int, payload: RankPayload, own_extras: list = ()
                   ) -> tuple[list[dict], list[dict], list[dict]]:
     """Write one rank's files into ``tmp_dir``; return (file records, tensors, extras).
-    ``own_extras``: paths of extras that differ by rank (never handed to another rank)."""
+    ``own_extras``: paths of extras that differ by rank (never handed to another rank).
+    Each file record names the checksum it was written with (the ranks must agree)."""
     data_name, extra_name = f"rank{rank:05d}.bin", f"rank{rank:05d}.extra.pkl"
-    size, blocks = write_segments(tmp_dir / data_name, payload.segments)
+    algorithm = checksum.DEFAULT
+    size, blocks = write_segments(tmp_dir / data_name, payload.segments, algorithm=algorithm)
     tensors = [{"path": list(c.path), "dtype": dtype_name(c.dtype),
                 "global_shape": list(c.global_shape), "offsets": list(c.offsets),
                 "shape": list(c.shape), "sharded": c.sharded, "file": data_name,
                 "offset": off, "nbytes": n, "crc32": crc,
                 **({} if c.rank is None else {"rank": c.rank})}
                for c, (off, n, crc) in zip(payload.chunks, blocks)]
-    esize, eblocks = write_segments(tmp_dir / extra_name, [payload.extras], direct=False)
-    files = [FileRecord(data_name, size, blocks).to_json(),
-             FileRecord(extra_name, esize, eblocks).to_json()]
+    esize, eblocks = write_segments(tmp_dir / extra_name, [payload.extras], direct=False,
+                                    algorithm=algorithm)
+    files = [{**FileRecord(data_name, size, blocks).to_json(), "checksum": algorithm},
+             {**FileRecord(extra_name, esize, eblocks).to_json(), "checksum": algorithm}]
     entry: dict = {"rank": rank, "file": extra_name}
     if own_extras:
         entry["own"] = [list(path) for path in own_extras]
