@@ -125,8 +125,8 @@ class CheckpointManager:
             self._persist(step, self._writer(chunks, extras), {"kind": "torch"})
             return
         # async: the caller waits only for the copy into staging (and the extras' pickles);
-        # who writes what (crc32 of every plain tensor, a collective) is decided in the
-        # background from the staged copy
+        # who writes what (a checksum of every plain tensor, then a collective) is decided
+        # in the background, from the staged copy
         try:
             staged = self._staging.stage(chunks, extras)
             fps = extras_fingerprints(extras) if self.comm.active else {}
