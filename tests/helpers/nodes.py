@@ -94,22 +94,26 @@ def bring_back(cluster: DevCluster, job: str) -> None:
         time.sleep(SETTLE_S)
         cluster.make_nodes_usable()  # slurmd started, node resumed, responding
         time.sleep(SETTLE_S)         # a ping round: Slurm has heard from it again
-        _wait_no_pending_rpcs()
+        waited = _wait_no_pending_rpcs()
+        print(f"bring_back: {waited:.0f} s until slurmctld had no RPC pending for a node")
     finally:
         client.run(["scontrol", "release", job], check=False)
 
 
-def _wait_no_pending_rpcs(timeout_s: float = 60) -> None:
-    """Until slurmctld has no RPC queued for a node (``sdiag``'s pending RPCs).
+def _wait_no_pending_rpcs(timeout_s: float = 150) -> float:
+    """Seconds until slurmctld has no RPC queued for a node (``sdiag``'s pending RPCs).
 
-    The lost run's REQUEST_TERMINATE_JOB is retried to the node until it answers. The
-    requeued run has the same job id, so that kill, delivered once the run has started
-    on the returned node, would end it. Once in a full run the requeued run's agent on n2
-    got a SIGTERM 33 s in that neither daemon logged; this is the likeliest sender, not a
-    proven one, and waiting for it costs nothing when the queue is already empty."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    Killing the node under a running step leaves a REQUEST_SIGNAL_TASKS for it in
+    slurmctld's retry list (seen with sdiag), re-sent only when its last try is
+    RPC_RETRY_INTERVAL (60 s) old, so up to a minute after the node answers again. The
+    requeued run has the same job id and starts its steps at the same step ids: let it
+    onto the node before that signal is delivered and the signal ends the new run (in a
+    full run: the requeued run's agent on n2 got a SIGTERM 33 s in that no daemon
+    logged). A real node returns after minutes, by which time the signal is gone."""
+    start = time.monotonic()
+    while time.monotonic() < start + timeout_s:
         out = client.run(["sdiag"], check=False).stdout
         if "No pending RPCs" in out or "Pending RPC" not in out:
-            return
+            break
         time.sleep(1)
+    return time.monotonic() - start
