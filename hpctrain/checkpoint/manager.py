@@ -26,7 +26,7 @@ import time
 import warnings
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from hpctrain.checkpoint import catalog, storage
 from hpctrain.checkpoint.checksum import LEGACY
@@ -35,9 +35,6 @@ from hpctrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest, step_di
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 from hpctrain.runtime import progress
-
-if TYPE_CHECKING:
-    from hpctrain.checkpoint.writer import RankPayload
 
 WriteFn = Callable[[Path], tuple[list[dict], list[dict], list[dict]]]
 
@@ -116,13 +113,13 @@ class CheckpointManager:
 
     def _save(self, step: int, state: dict) -> None:
         from hpctrain.checkpoint.tree import flatten
-        from hpctrain.checkpoint.writer import extras_fingerprints
+        from hpctrain.checkpoint.writer import extras_fingerprints, rank_writer
 
         step_dirname(step)
         self.wait()  # at most one save in flight; re-raises a background failure
         chunks, extras = flatten(state)
         if self._bg is None:
-            self._persist(step, self._writer(chunks, extras), {"kind": "torch"})
+            self._persist(step, rank_writer(self.comm, chunks, extras), {"kind": "torch"})
             return
         # async: the caller waits only for the copy into staging (and the extras' pickles);
         # who writes what (a checksum of every plain tensor, then a collective) is decided
@@ -135,41 +132,9 @@ class CheckpointManager:
         else:
             failure = None
         self._bg.submit(lambda: self._persist(
-            step, self._writer(staged.chunks if staged else [], {}, staged, fps, failure),
+            step, rank_writer(self.comm, staged.chunks if staged else [], {}, staged, fps,
+                              failure),
             {"kind": "torch"}))
-
-    def _writer(self, chunks: list, extras: dict, staged: RankPayload | None = None,
-                extras_fps: dict | None = None, failure: Exception | None = None) -> WriteFn:
-        """The function that writes this rank's files: the shared chunks it owns and its
-        own per-rank values (:mod:`hpctrain.checkpoint.replicas`), with the extras that
-        differ by rank marked. Collective under torch.distributed; a local failure is
-        raised by the returned function, after the collectives, so no rank is left waiting."""
-        from hpctrain.checkpoint.replicas import differing, plan_writes
-        from hpctrain.checkpoint.writer import (extras_fingerprints, fingerprints, mine,
-                                                payload_direct, write_payload)
-
-        own_extras: list = []
-        if self.comm.active:
-            local: tuple = ([], {})
-            if failure is None:
-                try:
-                    local = (fingerprints(chunks), extras_fingerprints(extras)
-                             if extras_fps is None else extras_fps)
-                except Exception as exc:  # noqa: BLE001 - e.g. an extra that cannot be pickled
-                    failure = exc
-            gathered = self.comm.all_gather(local)
-            plan = plan_writes([tensors for tensors, _ in gathered])
-            chunks = mine(chunks, plan, self.comm.rank)
-            own_extras = differing([e for _, e in gathered])
-        try:
-            if failure is not None:
-                raise failure
-            payload = payload_direct(chunks, extras) if staged is None else staged.only(chunks)
-        except Exception as exc:  # noqa: BLE001 - re-raised on every rank by _persist
-            error = exc
-            return lambda tmp: _reraise(error)
-        rank = self.comm.rank
-        return lambda tmp: write_payload(tmp, rank, payload, own_extras)
 
     def wait(self) -> None:
         """Block until an in-flight async save is durable; raise its failure if it failed."""
@@ -392,10 +357,6 @@ def wait_all() -> list[str]:
         except Exception as exc:  # noqa: BLE001 - reported, the next manager still waits
             failures.append(f"{mgr.root}: {exc}")
     return failures
-
-
-def _reraise(exc: Exception) -> Any:
-    raise exc
 
 
 def _versions() -> dict[str, str]:

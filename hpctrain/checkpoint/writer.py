@@ -105,6 +105,41 @@ class Staging:
         return RankPayload(staged, list(self._arrays), pickle.dumps(extras, protocol=5))
 
 
+def rank_writer(comm: Any, chunks: list[Chunk], extras: dict,
+                staged: RankPayload | None = None, extras_fps: dict | None = None,
+                failure: Exception | None = None) -> Callable[[Path], tuple]:
+    """The function that writes this rank's files: the shared chunks it owns and its own
+    per-rank values (:mod:`hpctrain.checkpoint.replicas`), with the extras that differ by
+    rank marked; from ``staged`` (an async save's copy) when given, else from the live
+    tensors. Collective when ``comm.active``; a local ``failure`` (or one here) is raised by
+    the returned function, after the collectives, so no rank is left waiting."""
+    own_extras: list = []
+    if comm.active:
+        local: tuple = ([], {})
+        if failure is None:
+            try:
+                local = (fingerprints(chunks), extras_fingerprints(extras)
+                         if extras_fps is None else extras_fps)
+            except Exception as exc:  # noqa: BLE001 - e.g. an extra that cannot be pickled
+                failure = exc
+        gathered = comm.all_gather(local)
+        plan = replicas.plan_writes([tensors for tensors, _ in gathered])
+        chunks = mine(chunks, plan, comm.rank)
+        own_extras = replicas.differing([e for _, e in gathered])
+    try:
+        if failure is not None:
+            raise failure
+        payload = payload_direct(chunks, extras) if staged is None else staged.only(chunks)
+    except Exception as exc:  # noqa: BLE001 - re-raised on every rank by the commit
+        error = exc
+
+        def fail(tmp: Path) -> tuple:
+            raise error
+        return fail
+    rank = comm.rank
+    return lambda tmp: write_payload(tmp, rank, payload, own_extras)
+
+
 def write_payload(tmp_dir: Path, rank: int, payload: RankPayload, own_extras: list = ()
                   ) -> tuple[list[dict], list[dict], list[dict]]:
     """Write one rank's files into ``tmp_dir``; return (file records, tensors, extras).
