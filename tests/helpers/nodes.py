@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
+from helpers.slurm import wait_until
 
 LOST_NODE = "n2"
 SETTLE_S = 5  # let slurmctld finish with the lost run before the node returns
@@ -101,7 +102,8 @@ def bring_back(cluster: DevCluster, job: str) -> None:
 
 
 def _wait_no_pending_rpcs(timeout_s: float = 150) -> float:
-    """Seconds until slurmctld has no RPC queued for a node (``sdiag``'s pending RPCs).
+    """Seconds until slurmctld has no RPC queued for a node (``sdiag``'s pending RPCs);
+    the test fails after ``timeout_s`` rather than let the job run into a stale signal.
 
     Killing the node under a running step leaves a REQUEST_SIGNAL_TASKS for it in
     slurmctld's retry list (seen with sdiag), re-sent only when its last try is
@@ -110,10 +112,8 @@ def _wait_no_pending_rpcs(timeout_s: float = 150) -> float:
     onto the node before that signal is delivered and the signal ends the new run (in a
     full run: the requeued run's agent on n2 got a SIGTERM 33 s in that no daemon
     logged). A real node returns after minutes, by which time the signal is gone."""
-    start = time.monotonic()
-    while time.monotonic() < start + timeout_s:
+    def none_pending() -> bool:
         out = client.run(["sdiag"], check=False).stdout
-        if "No pending RPCs" in out or "Pending RPC" not in out:
-            break
-        time.sleep(1)
-    return time.monotonic() - start
+        return "No pending RPCs" in out or "Pending RPC" not in out
+    return wait_until(none_pending, timeout_s, "slurmctld to deliver its pending RPCs "
+                      "(sdiag) before the requeued job may start", interval_s=1)
