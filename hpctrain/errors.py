@@ -55,6 +55,13 @@ class JobError(HpctrainError):
     exit_code = 6
 
 
+class AccessError(HpctrainError):
+    """A path hpctrain would write or reuse is not safely the user's own: a symlink, another
+    user's file or folder, or one every user may write. Never followed, never fixed up."""
+
+    exit_code = 13
+
+
 class DevclusterError(HpctrainError):
     """The local development cluster could not be brought up, inspected or down."""
 

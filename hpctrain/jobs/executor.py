@@ -23,8 +23,8 @@ from typing import Any, Sequence
 import submitit
 from submitit.core.utils import JobPaths
 
-from hpctrain import protocol
-from hpctrain.errors import SlurmError, SlurmNotFound
+from hpctrain import access, protocol
+from hpctrain.errors import AccessError, SlurmError, SlurmNotFound
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sbatch_parsable
 
@@ -41,11 +41,14 @@ class RenderedExecutor(submitit.SlurmExecutor):
 
     ``num_tasks`` is the number of Slurm tasks the script starts (result files are
     per task); ``sbatch_args`` are extra command-line options (a sweep's ``--array``).
+    ``access_level`` ("private" or "group", :mod:`hpctrain.access`) sets the modes of the
+    job folder and of everything in it, Slurm's log files included.
     """
 
     def __init__(self, folder: str | os.PathLike[str], script: str, num_tasks: int, *,
                  sbatch_args: Sequence[str] = (), time_min: int = 60,
-                 max_num_timeout: int = 3, python: str | None = None) -> None:
+                 max_num_timeout: int = 3, python: str | None = None,
+                 access_level: str = "private") -> None:
         if not client.have("sbatch"):
             # before submitit's own check, which would only say "srun" is missing
             raise SlurmNotFound("no SLURM client on this machine: 'sbatch' is not on PATH "
@@ -56,6 +59,8 @@ class RenderedExecutor(submitit.SlurmExecutor):
         self.script = script
         self.sbatch_args = tuple(sbatch_args)
         self._tasks = max(1, num_tasks)
+        self.modes = access.modes(access_level)
+        prepare_folder(self.folder, self.modes.dir)
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
         # The hook: the rendered script, untouched. For a function job the script
@@ -77,9 +82,12 @@ class RenderedExecutor(submitit.SlurmExecutor):
         prove, and tests/unit/test_submitit_contract.py fails when upstream's steps change."""
         tmp_uuid = uuid.uuid4().hex
         base = JobPaths.get_first_id_independent_folder(self.folder)
-        base.mkdir(parents=True, exist_ok=True)
+        prepare_folder(base, self.modes.dir)
         tmp = base / f".submission_file_{tmp_uuid}.sh"
-        tmp.write_text(self._make_submission_file_text(command, tmp_uuid), encoding="utf-8")
+        text = self._make_submission_file_text(command, tmp_uuid).encode("utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, self.modes.file)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(text)
         try:
             # Retried only when the controller was never reached: an sbatch that timed
             # out may already have queued the job, and a retry would queue it twice.
@@ -87,7 +95,7 @@ class RenderedExecutor(submitit.SlurmExecutor):
             # submission's id there and never takes another job's state for its own
             res = client.run(["sbatch", "--parsable", *self.sbatch_args, str(tmp)],
                              retries=SBATCH_RETRIES, idempotent=False,
-                             env={protocol.SUBMISSION_ID: tmp_uuid})
+                             env={protocol.SUBMISSION_ID: tmp_uuid}, umask=self.modes.umask)
         except SlurmNotFound:
             tmp.unlink(missing_ok=True)
             raise
@@ -103,6 +111,29 @@ class RenderedExecutor(submitit.SlurmExecutor):
         self._write_job_id(job.job_id, tmp_uuid)
         self._set_job_permissions(job.paths.folder)
         return job
+
+    def _set_job_permissions(self, folder: Path) -> None:
+        """submitit's hook after each submission: what submitit wrote with the default
+        umask (pickles, the job id file) gets the access level's file mode. Only this
+        user's regular files; a symlink is never followed."""
+        for entry in os.scandir(folder):
+            st = entry.stat(follow_symlinks=False)
+            if entry.is_file(follow_symlinks=False) and st.st_uid == os.geteuid():
+                os.chmod(entry.path, self.modes.file & st.st_mode)
+
+
+def prepare_folder(folder: Path, mode: int, ancestors: int = 1) -> None:
+    """Make a job folder with ``mode``, or check the existing one is this user's own, and
+    the same of its ``ancestors`` nearest parents first (the jobs root: a folder of one's
+    own inside a neighbour's directory is his to swap). :class:`AccessError` naming the
+    path and its owner otherwise."""
+    folder = Path(folder)
+    for path in [*reversed(folder.parents[:ancestors]), folder]:
+        why = access.own_dir(path, mode)
+        if why:
+            raise AccessError(f"not using job folder {path}: {why}. Use a folder of your "
+                              "own (--folder, or HPCTRAIN_JOBS_DIR) or remove this one if "
+                              "you made it")
 
 
 def refusal_message(text: str) -> str:

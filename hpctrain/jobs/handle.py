@@ -192,6 +192,12 @@ def cancel(job_ids: list[str]) -> list[str]:
     except SlurmError as exc:
         # scancel of a finished job: "Job/step already completing or completed" / invalid id
         text = str(exc)
+        if "Access/permission denied" in text:
+            # another user's job: Slurm's own words, and who may do it
+            raise SlurmError(f"Slurm refused to cancel {' '.join(job_ids)}: "
+                             "Access/permission denied (only the job's owner, an operator "
+                             "or root may cancel a job; `squeue -j ID -o %u` names the "
+                             "owner)") from None
         if "Invalid job id" not in text and "already complet" not in text:
             raise
     return job_ids

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from hpctrain.jobs.paths import cache_dir
+from hpctrain import access
+from hpctrain.errors import AccessError
+from hpctrain.jobs.paths import ENV_VAR, cache_dir
 
 
 @dataclass
@@ -58,8 +61,17 @@ def append(entries: Iterable[JobEntry]) -> None:
     if not lines:
         return
     path = index_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:
+    why, fd = access.own_dir(path.parent, 0o700), None
+    if why is None:
+        try:
+            # the record of one's jobs is private; never appended through a planted symlink
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            why = f"{path.name}: {exc.strerror}"
+    if fd is None:
+        raise AccessError(f"not recording jobs in {path.parent}: {why}. Point "
+                          f"{ENV_VAR} at a directory of your own")
+    with open(fd, "a", encoding="utf-8") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             fh.write(lines)

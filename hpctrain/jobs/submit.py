@@ -15,7 +15,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from hpctrain import access
 from hpctrain.errors import SlurmError, SpecError
+from hpctrain.files import atomic_write
 from hpctrain.jobs import index
 from hpctrain.jobs.handle import Job, log_paths
 from hpctrain.jobs.index import JobEntry
@@ -44,6 +46,19 @@ def prepare(spec: JobSpec, templates: Templates = (),
     return rendered.script, rendered.plan
 
 
+def check_passthrough(spec: JobSpec, environ: Mapping[str, str] | None = None) -> None:
+    """Every ``run.env_passthrough`` name must be set where the job is submitted: sbatch
+    hands this environment to the job (and Slurm keeps it for requeues), so the value
+    reaches the ranks without being written into the script or the job folder."""
+    environ = os.environ if environ is None else environ
+    missing = [n for n in spec.run.env_passthrough if n not in environ]
+    if missing:
+        raise SpecError(f"run.env_passthrough names {', '.join(missing)}, which "
+                        f"{'is' if len(missing) == 1 else 'are'} not set here: export "
+                        f"{missing[0]}=... in the shell you submit from (the value travels "
+                        "with the job through Slurm and is never written to a file)")
+
+
 def _minutes(spec: JobSpec) -> int:
     seconds = spec.time_seconds
     return 60 * 24 * 365 if seconds is None else max(1, seconds // 60)
@@ -54,9 +69,11 @@ def submit(spec: JobSpec, *, folder: str | os.PathLike[str] | None = None,
     """Render ``spec`` and submit it; the file Slurm runs is exactly ``hpctrain render``'s output."""
     from hpctrain.jobs.executor import RenderedExecutor
 
+    check_passthrough(spec)
     script, plan = prepare(spec, templates)
     jfolder = job_folder(spec.name, folder)
-    executor = RenderedExecutor(jfolder, script, plan.ntasks, time_min=_minutes(spec))
+    executor = RenderedExecutor(jfolder, script, plan.ntasks, time_min=_minutes(spec),
+                                access_level=spec.run.access)
     sjob = executor.submit_script()
     logs = log_paths(script, os.getcwd())
     rec = JobEntry(job_id=sjob.job_id, name=spec.name, kind="script", folder=str(jfolder),
@@ -77,6 +94,7 @@ def submit_function(fn: Callable[..., Any], *args: Any, partition: str = "debug"
                     setup: Sequence[str] = (), env: Mapping[str, str] | None = None,
                     account: str | None = None, templates: Templates = (),
                     max_num_timeout: int = 3, python: str | None = None,
+                    env_passthrough: Sequence[str] = (), access: str = "private",
                     **kwargs: Any) -> Job:
     """Run ``fn(*args, **kwargs)`` on every rank of an allocation (one task per GPU).
 
@@ -86,6 +104,9 @@ def submit_function(fn: Callable[..., Any], *args: Any, partition: str = "debug"
     A callable with a ``checkpoint`` method (submitit.helpers.Checkpointable) is
     checkpointed and requeued by submitit on the preemption/time-limit signal.
     ``job.result()`` returns one value per rank when there is more than one.
+    ``env_passthrough`` and ``access`` are the spec's ``[run]`` keys of those names
+    (docs/security.md): secrets by name from this environment, and who may read the
+    job folder (its pickles hold ``args`` and ``kwargs``).
     """
     from hpctrain.jobs.executor import RenderedExecutor, submitit_command
 
@@ -99,16 +120,19 @@ def submit_function(fn: Callable[..., Any], *args: Any, partition: str = "debug"
         # submitit's own budget for time-limit requeues, kept by the supervisor too
         "requeue": {"max_time_limits": max_num_timeout},
         "run": {"launcher": "srun", "command": submitit_command(python, jfolder),
-                "setup": list(setup), "env": {"SUBMITIT_EXECUTOR": "slurm", **(env or {})}},
+                "setup": list(setup), "env": {"SUBMITIT_EXECUTOR": "slurm", **(env or {})},
+                "env_passthrough": list(env_passthrough), "access": access},
     }
     if gpus_per_node is not None:
         data["gpus_per_node"] = gpus_per_node
     if account:
         data["account"] = account
     spec = JobSpec.from_dict(data)
+    check_passthrough(spec)
     script, plan = prepare(spec, templates, python)
     executor = RenderedExecutor(jfolder, script, plan.ntasks, time_min=_minutes(spec),
-                                max_num_timeout=max_num_timeout, python=python)
+                                max_num_timeout=max_num_timeout, python=python,
+                                access_level=access)
     call_cls = CheckpointableRankCall if hasattr(fn, "checkpoint") else RankCall
     sjob = executor.submit(call_cls(fn, {"tp": plan.tp, "pp": plan.pp}), *args, **kwargs)
     logs = log_paths(script, os.getcwd())
@@ -190,15 +214,17 @@ def submit_sweep(spec: JobSpec, grid: Mapping[str, Sequence[str]], *,
     array's script is their common ``#SBATCH`` header plus one line that runs the
     point of ``$SLURM_ARRAY_TASK_ID``.
     """
-    from hpctrain.jobs.executor import RenderedExecutor
+    from hpctrain.jobs.executor import RenderedExecutor, prepare_folder
     from hpctrain.slurm import control
 
+    check_passthrough(spec)
     points, specs, rendered, headers = render_sweep(spec, grid, templates)
     chunks = plan_arrays(len(points), max_parallel, array_limit or control.max_array_size())
     sweep_dir = job_folder(spec.name, folder) / f"sweep-{uuid.uuid4().hex[:8]}"
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    modes = access.modes(spec.run.access)
+    prepare_folder(sweep_dir, modes.dir, ancestors=2)  # the jobs root and the name's
     for i, (script, _) in enumerate(rendered):
-        (sweep_dir / f"point-{i}.sh").write_text(script, encoding="utf-8")
+        atomic_write(sweep_dir / f"point-{i}.sh", script, mode=modes.file)
     logs = log_paths(rendered[0][0], os.getcwd(), array=True)
     arrays: list[JobEntry] = []
     sweep_id = ""
@@ -208,7 +234,7 @@ def submit_sweep(spec: JobSpec, grid: Mapping[str, Sequence[str]], *,
             args.append(f"--dependency=afterany:{arrays[chunk.after].job_id}")
         text = dispatcher_script(headers[0], str(sweep_dir), chunk.offset)
         executor = RenderedExecutor(sweep_dir, text, rendered[0][1].ntasks, sbatch_args=args,
-                                    time_min=_minutes(spec))
+                                    time_min=_minutes(spec), access_level=spec.run.access)
         try:
             sjob = executor.submit_script()
         except SlurmError:

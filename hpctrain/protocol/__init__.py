@@ -45,6 +45,7 @@ STOP_SIGNALS = "HPCTRAIN_STOP_SIGNALS"        # signals the runtime routes to it
 EARLY_SIGNALS = "HPCTRAIN_EARLY_SIGNALS"      # caught by the batch shell before the handover
 SUBMISSION_ID = "HPCTRAIN_SUBMISSION_ID"      # set by `hpctrain submit` in sbatch's environment
 CKPT_DIR = "HPCTRAIN_CKPT_DIR"
+CKPT_ACCESS = "HPCTRAIN_CKPT_ACCESS"          # [checkpoint] access: the manager's default
 LAUNCHER = "HPCTRAIN_LAUNCHER"
 REQUEUE_SIGNAL = "HPCTRAIN_REQUEUE_SIGNAL"
 SIGNAL_LEAD_S = "HPCTRAIN_SIGNAL_LEAD_S"

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Sequence
 import jinja2
 from jinja2.runtime import BlockReference, Context
 
-from hpctrain import __version__, protocol
+from hpctrain import __version__, access, protocol
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
 from hpctrain.render.container import apptainer_env, container_words
 from hpctrain.render.shell import ShellSafe, directive, envname, shq
@@ -191,6 +191,7 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         "partition": partition,
         "directives": sbatch_directives(spec, plan, partition),
         "exports": exports,
+        "umask": f"{access.modes(spec.run.access).umask:03o}",
         # the container the launcher's tasks run in (render/container.py), else None
         "container": container,
         "container_words": container_words(container),
@@ -269,6 +270,8 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.SAVE_TIMEOUT_S, wd.save_timeout_s)) if value is not None]
     if ck.dir is not None:
         pairs.append((protocol.CKPT_DIR, ck.dir))
+    if ck.access != "private":  # the manager's default; said only when it differs
+        pairs.append((protocol.CKPT_ACCESS, ck.access))
     return [(k, str(v)) for k, v in pairs]
 
 

@@ -46,13 +46,14 @@ def have(binary: str) -> bool:
 def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S, retries: int = 2,
         check: bool = True, input: str | None = None,
         env: Mapping[str, str] | None = None, retry_delay_s: float = 1.0,
-        idempotent: bool = True) -> Result:
+        idempotent: bool = True, umask: int | None = None) -> Result:
     """Run one SLURM binary and return its output.
 
     Raises SlurmNotFound when the binary is missing, SlurmTimeout when it does not
     answer within ``timeout`` (after ``retries`` more tries), SlurmError when it
     exits non-zero and ``check`` is set. With ``idempotent=False`` (sbatch) only failures
-    that prove the request never arrived are retried.
+    that prove the request never arrived are retried. ``umask`` is the child's (sbatch
+    hands its umask to the job: Slurm creates the job's log files with it).
     """
     argv = tuple(str(a) for a in argv)
     binary = shutil.which(argv[0])
@@ -66,7 +67,8 @@ def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT_S, retries: int
         try:
             proc = subprocess.run((binary, *argv[1:]), capture_output=True, text=True,
                                   timeout=timeout, input=input, env=full_env,
-                                  stdin=None if input is not None else subprocess.DEVNULL)
+                                  stdin=None if input is not None else subprocess.DEVNULL,
+                                  umask=-1 if umask is None else umask)
         except subprocess.TimeoutExpired:
             if attempt <= retries and idempotent:
                 time.sleep(retry_delay_s)

@@ -87,6 +87,9 @@ class RunSpec:
     launcher: str = "torchrun"
     setup: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict, hash=False)
+    # names whose values come from the submitting environment, never written anywhere
+    env_passthrough: tuple[str, ...] = ()
+    access: str = "private"   # who may read the job folder: "private" or "group"
 
     @classmethod
     def from_dict(cls, data: Any) -> "RunSpec":
@@ -101,14 +104,40 @@ class RunSpec:
         env = d.get("env", {})
         if not isinstance(env, Mapping):
             raise SpecError(f"run.env={env!r} must be a table of NAME = \"value\"")
+        values = {_env_key(k): _env_value(k, v) for k, v in env.items()}
+        passthrough = _passthrough(d.get("env_passthrough", ()), values)
         return cls(command=_str_list(d["command"], "run.command", allow_empty=False,
                                            newlines=True),
                    launcher=launcher, setup=_str_list(d.get("setup", ()), "run.setup"),
-                   env={_env_key(k): _env_value(k, v) for k, v in env.items()})
+                   env=values, env_passthrough=passthrough,
+                   access=_access(d.get("access", "private"), "run.access"))
 
 
-def _env_key(key: Any) -> str:
-    where = f"run.env.{key}"
+def _passthrough(value: Any, env: Mapping[str, str]) -> tuple[str, ...]:
+    names = _str_list(value, "run.env_passthrough")
+    for i, name in enumerate(names):
+        _env_key(name, f"run.env_passthrough[{i}]")
+        if name in env:
+            raise SpecError(f"run.env_passthrough[{i}]: {name} is also set in run.env; keep "
+                            "one: a secret belongs in env_passthrough only (its value then "
+                            "never lands in the script)")
+    if len(set(names)) != len(names):
+        raise SpecError(f"run.env_passthrough={list(names)!r} names a variable twice")
+    return names
+
+
+ACCESS = ("private", "group")
+
+
+def _access(value: Any, where: str) -> str:
+    if value not in ACCESS:
+        raise SpecError(f"{where}={value!r} is not an access mode: use \"private\" (only you, "
+                        "the default) or \"group\" (your group may read, never write)")
+    return value
+
+
+def _env_key(key: Any, where: str | None = None) -> str:
+    where = where or f"run.env.{key}"
     if not isinstance(key, str) or not ENV_KEY_RE.match(key):
         raise SpecError(f"{where}: {key!r} is not a shell variable name: use letters, "
                         "digits and _, not starting with a digit")
@@ -132,6 +161,7 @@ class CheckpointSpec:
     interval_steps: int = 100
     keep_last: int = 3
     stripe_count: int | None = None   # Lustre stripes (-1 = all OSTs), applied when lfs exists
+    access: str = "private"           # who may read the checkpoints: "private" or "group"
 
     @classmethod
     def from_dict(cls, data: Any) -> "CheckpointSpec":
@@ -147,6 +177,7 @@ class CheckpointSpec:
             raise SpecError("checkpoint.stripe_count=0 means nothing: use -1 (all OSTs) or "
                             "a positive count, or leave it out")
         return cls(dir=ckpt_dir, stripe_count=stripes,
+                   access=_access(d.get("access", "private"), "checkpoint.access"),
                    interval_steps=_int(d.get("interval_steps", 100), "checkpoint.interval_steps", 1),
                    keep_last=_int(d.get("keep_last", 3), "checkpoint.keep_last", 1))
 

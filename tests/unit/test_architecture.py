@@ -26,13 +26,14 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "hpctrain"
 
 SHARED = {"hpctrain.errors", "hpctrain.files", "hpctrain.hostlist", "hpctrain.mesh",
-          "hpctrain.protocol"}
+          "hpctrain.protocol", "hpctrain.access"}
 # part -> the parts (packages, modules, or one module of a package) it may import
 MAY_IMPORT: dict[str, set[str]] = {
     "hpctrain": set(),                       # the package root: public names load lazily
     "hpctrain.__main__": {"hpctrain.cli"},
     "hpctrain.errors": set(),
     "hpctrain.files": set(),
+    "hpctrain.access": set(),
     "hpctrain.hostlist": {"hpctrain.errors"},
     "hpctrain.mesh": {"hpctrain.errors"},
     "hpctrain.protocol": {"hpctrain.errors", "hpctrain.files"},
