@@ -57,9 +57,9 @@ def list_steps(root: str | os.PathLike[str], verify: bool = False) -> list[StepI
     return [describe(root, s, verify) for s in storage.committed_steps(root)]
 
 
-def write_latest(root: Path, step: int) -> None:
+def write_latest(root: Path, step: int, mode: int | None = None) -> None:
     """Atomically point ``root/latest`` at ``step`` (only after its commit is durable)."""
-    storage.atomic_write(root / LATEST, f"{step_dirname(step)}\n".encode())
+    storage.atomic_write(root / LATEST, f"{step_dirname(step)}\n".encode(), mode)
 
 
 def prune(root: Path, keep_last: int, keep_every: int | None = None,

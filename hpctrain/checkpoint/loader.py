@@ -11,7 +11,6 @@ next read is in flight.
 from __future__ import annotations
 
 import os
-import pickle
 import queue
 import threading
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpctrain.checkpoint import checksum
+from hpctrain.checkpoint import checksum, unpickle
 from hpctrain.checkpoint.fileio import read_into
 from hpctrain.checkpoint.hashing import check_sizes
 from hpctrain.checkpoint.manifest import Manifest
@@ -195,8 +194,9 @@ def _new_chunks(missing: dict[tuple, list[dict]]) -> list[Chunk]:
 
 
 def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
-              verify: bool = True) -> None:
-    """Load ``step_dir`` into ``state`` in place. CheckpointCorrupt if verification fails."""
+              verify: bool = True, unpickle_mode: str = "safe") -> None:
+    """Load ``step_dir`` into ``state`` in place. CheckpointCorrupt if verification fails;
+    CheckpointError if the extras hold a global the unpickler (``unpickle_mode``) refuses."""
     if verify:
         problem = check_sizes(step_dir, manifest)
         if problem:
@@ -209,6 +209,11 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
     for c in fresh:
         ops += [(e, c, _overlap(e, c)) for e in missing[c.path]]
     ops.sort(key=lambda op: (op[0]["file"], op[0]["offset"]))
+    # the extras first: a refused pickle must not leave the tensors half overwritten
+    extras = {} if extras_file is None else {
+        p: v for p, v in _read_extras(step_dir, manifest, extras_file, rank, verify,
+                                      unpickle_mode).items()
+        if not any(overlaps(p, o) for o in not_mine)}
     reader, staged = _Reader(step_dir, verify, manifest.checksum), {}
     try:
         _run_ops(reader, ops, staged)
@@ -216,9 +221,6 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
         reader.close(ok=False)
         raise
     reader.close(ok=True)  # raises CheckpointCorrupt on a checksum mismatch
-    extras = {} if extras_file is None else {
-        p: v for p, v in _read_extras(step_dir, manifest, extras_file, rank, verify).items()
-        if not any(overlaps(p, o) for o in not_mine)}
     for c in fresh:
         set_path(state, c.path, c.local)
     for path, value in extras.items():
@@ -256,7 +258,7 @@ def _extras_source(manifest: Manifest, rank: int,
 
 
 def _read_extras(step_dir: Path, manifest: Manifest, name: str, rank: int,
-                 verify: bool) -> dict:
+                 verify: bool, unpickle_mode: str) -> dict:
     data = (step_dir / name).read_bytes()
     if verify:
         rec, fn = manifest.file(name), checksum.get(manifest.checksum)
@@ -269,4 +271,4 @@ def _read_extras(step_dir: Path, manifest: Manifest, name: str, rank: int,
         if pos != len(data):
             raise CheckpointCorrupt(f"{step_dir / name} has {len(data)} bytes, manifest "
                                     f"says {pos}")
-    return pickle.loads(data)
+    return unpickle.loads(data, str(step_dir / name), unpickle_mode)

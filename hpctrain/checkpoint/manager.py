@@ -28,6 +28,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
+from hpctrain import access as access_levels
+from hpctrain import protocol
 from hpctrain.checkpoint import catalog, storage
 from hpctrain.checkpoint.checksum import LEGACY
 from hpctrain.checkpoint.hashing import read_manifest
@@ -48,15 +50,21 @@ class CheckpointManager:
     to ``lfs setstripe -c`` on Lustre. Raises CheckpointError at construction when
     ``root`` is missing or not writable, and StorageUnavailable when another job still
     holds its lock after ``lock_wait_s`` (default 120 s: a lock of a dead node's job
-    lingers until the file system gives up on that node). Loading unpickles the extras, so
-    it is refused from a root another user owns or every user may write, unless
-    ``trust=True``.
+    lingers until the file system gives up on that node).
+
+    ``access`` ("private": steps 0700, files 0600; "group": 0750/0640; default
+    ``$HPCTRAIN_CKPT_ACCESS`` else "private") sets who may read the checkpoints, whatever
+    the umask. A root another user owns, or one every user may write (without the sticky
+    bit), is refused at construction (anyone could plant steps there, and loading
+    unpickles the extras) unless ``trust=True``; extras load through a restricted
+    unpickler either way unless ``unpickle="any"`` (see :mod:`hpctrain.checkpoint.unpickle`).
     """
 
     def __init__(self, root: str | os.PathLike[str], keep_last: int = 3,
                  keep_every: int | None = None, async_save: bool = False, *,
                  verify: bool = True, stripe_count: int | None = None,
-                 lock_wait_s: float | None = None, trust: bool = False) -> None:
+                 lock_wait_s: float | None = None, trust: bool = False,
+                 access: str | None = None, unpickle: str = "safe") -> None:
         try:
             select_deletions([], [], keep_last, keep_every)  # validates the policy
         except ValueError as exc:
@@ -69,6 +77,16 @@ class CheckpointManager:
         self.async_save, self.verify, self.stripe_count = async_save, verify, stripe_count
         self.lock_wait_s = storage.LOCK_WAIT_S if lock_wait_s is None else lock_wait_s
         self.trust = trust
+        try:
+            self.modes = access_levels.modes(access or os.environ.get(protocol.CKPT_ACCESS)
+                                             or "private")
+        except ValueError as exc:
+            raise CheckpointError(f"{exc} (CheckpointManager(access=...) or "
+                                  f"${protocol.CKPT_ACCESS})") from None
+        if unpickle not in ("safe", "any"):
+            raise CheckpointError(f"unpickle={unpickle!r}: use \"safe\" (builtins, numpy and "
+                                  "torch types only) or \"any\" (extras you wrote yourself)")
+        self.unpickle = unpickle
         self.comm = Comm()
         self._lock: storage.RootLock | None = None
         self._setup()
@@ -82,6 +100,8 @@ class CheckpointManager:
         error: CheckpointError | None = None
         if self.comm.rank == 0:
             try:
+                if self.root.exists():  # judged before anything is written there
+                    self.check_trusted()
                 storage.check_root(self.root)
                 self._lock = storage.RootLock(self.root, self.lock_wait_s)
                 storage.clean_leftovers(self.root)
@@ -148,7 +168,7 @@ class CheckpointManager:
         if self.comm.rank == 0:
             try:
                 storage.remove_tree(tmp)
-                tmp.mkdir()
+                tmp.mkdir(self.modes.dir)  # private from the first byte, not after the commit
                 storage.set_striping(tmp, self.stripe_count)
             except OSError as exc:
                 error = str(storage.io_error(f"create {tmp}", exc))
@@ -199,7 +219,7 @@ class CheckpointManager:
         final = self.root / step_dirname(step)
         try:
             storage.atomic_write(tmp / MANIFEST, manifest.dumps())
-            storage.match_root_mode(self.root, tmp)
+            storage.apply_modes(tmp, self.modes.dir, self.modes.file)
             storage.fault("before-dir-fsync")
             storage.fsync_path(tmp)
             storage.fault("before-rename")
@@ -214,7 +234,7 @@ class CheckpointManager:
             if old is not None:
                 storage.remove_tree(old)
             storage.fault("before-latest")
-            catalog.write_latest(self.root, step)
+            catalog.write_latest(self.root, step, self.modes.file)
             storage.fault("after-latest")
         except OSError as exc:
             raise storage.io_error(f"commit step {step} in {self.root}", exc) from None
@@ -307,17 +327,17 @@ class CheckpointManager:
             raise CheckpointError(f"step {step} is a {manifest.layout.get('kind')} checkpoint: "
                                   "load it with hpctrain.checkpoint.load_deepspeed")
         load_step(path, manifest, state, self.comm.rank,
-                  self.verify if verify is None else verify)
+                  self.verify if verify is None else verify, self.unpickle)
 
     def check_trusted(self) -> None:
-        """Refuse to unpickle (extras, DeepSpeed's files) from a root that somebody else
-        could have written, unless the caller said it trusts it."""
+        """Refuse a root that somebody else could have written (planted steps, pickles that
+        run code), unless the caller said it trusts it."""
         why = None if self.trust else storage.untrusted(self.root)
         if why:
             raise CheckpointError(
-                f"not loading from checkpoint root {self.root}: {why}, and loading unpickles "
-                "what is there, which can run code. If you trust whoever writes there, pass "
-                "CheckpointManager(..., trust=True); for the tensors alone, "
+                f"not using checkpoint root {self.root}: {why}. Use a directory of your own "
+                f"(mkdir -m 700 DIR); if you trust whoever writes there (a team's shared "
+                "root), pass CheckpointManager(..., trust=True); to read the tensors alone, "
                 "hpctrain.checkpoint.read_tensors(step_dir) unpickles nothing")
 
     def list(self, verify: bool = False) -> list[catalog.StepInfo]:

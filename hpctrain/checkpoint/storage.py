@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from hpctrain import files
+from hpctrain import access, files
 from hpctrain.checkpoint.manifest import parse_step_dirname
 from hpctrain.errors import CheckpointError, StorageUnavailable
 from hpctrain.files import fsync_path
@@ -44,10 +44,10 @@ def fault(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write ``data`` to ``path`` durably and atomically (tmp file, fsync, rename, fsync dir)."""
     try:
-        files.atomic_write(path, data, durable=True, tmp_prefix=TMP_PREFIX)
+        files.atomic_write(path, data, durable=True, tmp_prefix=TMP_PREFIX, mode=mode)
     except OSError as exc:
         raise io_error(f"write {path}", exc) from None
 
@@ -90,7 +90,17 @@ class RootLock:
 
     def __init__(self, root: Path, wait_s: float = LOCK_WAIT_S) -> None:
         self.path = root / LOCK_NAME
-        self.fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fd: int | None = None
+        # never through a planted symlink, never another user's file
+        why = access.unsafe_reason(self.path) if os.path.lexists(self.path) else None
+        try:
+            if why is None:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        if why:
+            raise CheckpointError(f"not using the lock file {self.path}: {why}. Remove it "
+                                  "if it is yours, or use a checkpoint root of your own")
         deadline, told = time.monotonic() + wait_s, False
         while not self._try():
             holder = os.pread(self.fd, 200, 0).decode(errors="replace").strip() or "unknown"
@@ -166,33 +176,21 @@ def trash(root: Path, name: str) -> Path:
     return target
 
 
-def root_mode(root: Path) -> int:
-    """The permission bits new step directories get: the root's, never world-writable."""
-    return os.stat(root).st_mode & 0o777 & ~0o002
-
-
-def match_root_mode(root: Path, step_dir: Path) -> None:
-    """Give ``step_dir`` and everything in it the root's permissions (files without the
-    execute bits), never world-writable: a private root keeps its checkpoints private
-    whatever the writers' umask, and nobody else can plant or alter a file in a step."""
-    mode = root_mode(root)
-    os.chmod(step_dir, mode)
+def apply_modes(step_dir: Path, dir_mode: int, file_mode: int) -> None:
+    """Give ``step_dir``, its subdirectories and files the access level's modes, whatever
+    the writers' umask (DeepSpeed writes its own files with the default one)."""
+    os.chmod(step_dir, dir_mode)
     for parent, dirs, names in os.walk(step_dir):
         for name in dirs:
-            os.chmod(os.path.join(parent, name), mode)
+            os.chmod(os.path.join(parent, name), dir_mode)
         for name in names:
-            os.chmod(os.path.join(parent, name), mode & 0o666)
+            os.chmod(os.path.join(parent, name), file_mode)
 
 
 def untrusted(root: Path) -> str | None:
-    """Why unpickling what ``root`` holds could run somebody else's code, or None: a root
-    another user owns, or one every user may write (without the sticky bit)."""
-    st = os.stat(root)
-    if st.st_uid != os.geteuid():
-        return f"it is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
-    if st.st_mode & 0o002 and not st.st_mode & 0o1000:
-        return "every user may write in it"
-    return None
+    """Why ``root`` could hold somebody else's files (whose pickles could run code), or
+    None: a symlink's target is judged, since the user chose the link."""
+    return access.unsafe_reason(Path(os.path.realpath(root)))
 
 
 def set_aside(root: Path, name: str) -> Path:

@@ -16,8 +16,25 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain import protocol
+from hpctrain import access, protocol
+from hpctrain.errors import SupervisorError
 from hpctrain.protocol.ledger import Ledger, parse_ledger
+
+
+def check_own(base: Path, path: Path) -> None:
+    """Refuse a state directory (or one of its parents below ``base``) that is not safely
+    this user's: in a shared submit or checkpoint directory a neighbour could have planted
+    it, with records that would steer this job's requeues. The base itself may be shared."""
+    part = base
+    for name in path.relative_to(base).parts:
+        part = part / name
+        if not os.path.lexists(part):
+            return
+        why = access.unsafe_reason(part)
+        if why:
+            raise SupervisorError(f"not using the job's state directory {part}: {why}. "
+                                  f"Remove it if it is yours, or submit from (or checkpoint "
+                                  f"to) a directory of your own")
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,7 @@ class StateDir:
         """Claim the state directory of job ``key`` under ``base``; (state dir, note). The
         note says what was moved aside and why ('' when nothing was)."""
         path = protocol.state_dir(base, key)
+        check_own(Path(base), path)
         identity = protocol.read_record(path / protocol.IDENTITY)
         foreign = foreign_reason(identity, restart_count, cluster, submission)
         note = ""

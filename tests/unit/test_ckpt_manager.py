@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.ckpt import assert_state_is, child_env, loop_ext4, make_state, run_cli, tmpfs
+from helpers import admin
 from helpers.prereq import require
 
 pytestmark = pytest.mark.torch
@@ -319,42 +320,95 @@ def test_real_model_and_adam_resume_exactly(tmp_path: Path) -> None:
         assert torch.equal(a, b)
 
 
-def test_steps_get_the_roots_permissions_whatever_the_umask(tmp_path: Path) -> None:
-    """A private root keeps its checkpoints private, and no step is ever world-writable."""
-    for mode, want_dir in ((0o700, 0o700), (0o777, 0o775), (0o750, 0o750)):
-        root = tmp_path / f"r{mode:o}"
+def test_steps_get_the_access_levels_modes_whatever_the_umask(tmp_path: Path) -> None:
+    """Checkpoints are private by default (0700/0600) and group-readable by option
+    (0750/0640), whatever the writers' umask and the root's own mode."""
+    for access, want_dir, want_file in ((None, 0o700, 0o600), ("group", 0o750, 0o640)):
+        root = tmp_path / f"r-{access}"
         root.mkdir()
-        os.chmod(root, mode)
+        os.chmod(root, 0o755)  # a root made with the usual umask 022
         old = os.umask(0)  # the writers' umask would make everything 0o777 / 0o666
         try:
-            with _manager(root) as mgr:
+            with _manager(root, access=access) as mgr:
                 mgr.save(1, make_state(1))
         finally:
             os.umask(old)
         step = root / "step_000000001"
         assert step.stat().st_mode & 0o777 == want_dir
-        assert {p.stat().st_mode & 0o777 for p in step.iterdir()} == {want_dir & 0o666}
+        assert {p.stat().st_mode & 0o777 for p in step.iterdir()} == {want_file}
+        assert (root / "latest").stat().st_mode & 0o777 == want_file
+    with pytest.raises(Exception, match="access='world' is not an access level"):
+        _manager(tmp_path / "r-None", access="world")
 
 
-def test_extras_are_only_unpickled_from_a_root_you_own_or_trust(tmp_path: Path) -> None:
+def test_a_root_somebody_else_could_write_is_refused_unless_trusted(tmp_path: Path) -> None:
     from hpctrain.errors import CheckpointError
 
-    require(os.geteuid() == 0, "root, to give the checkpoint root to another user")
     with _manager(tmp_path) as mgr:
         mgr.save(1, make_state(1))
-    os.chown(tmp_path, 65534, 65534)  # somebody else's root: its pickles could run code
-    with _manager(tmp_path) as mgr:
-        with pytest.raises(CheckpointError, match="owned by uid 65534, not by you.*trust=True"):
-            mgr.load_latest(make_state(0))
+    os.chmod(tmp_path, 0o1777)  # so that we may still write there once it is not ours
+    admin.chown(tmp_path, 65534)  # somebody else's root: planted steps, pickles
+    with pytest.raises(CheckpointError, match=r"owned by nobody \(uid 65534\), not by you"
+                                              r".*trust=True"):
+        _manager(tmp_path)
     with _manager(tmp_path, trust=True) as mgr:
         got = make_state(0)
         assert mgr.load_latest(got) == 1
         assert_state_is(got, 1)
-    os.chown(tmp_path, 0, 0)
+    admin.chown(tmp_path, os.geteuid(), os.getegid())
     os.chmod(tmp_path, 0o777)  # anyone may plant a step
-    with _manager(tmp_path) as mgr:
-        with pytest.raises(CheckpointError, match="every user may write in it"):
-            mgr.load_latest(make_state(0))
+    with pytest.raises(CheckpointError, match="every user may write in it"):
+        _manager(tmp_path)
+    link = tmp_path.parent / f"{tmp_path.name}-link"
+    link.symlink_to(tmp_path)  # the user's own link: its target is judged
+    with pytest.raises(CheckpointError, match="every user may write in it"):
+        _manager(link)
     os.chmod(tmp_path, 0o1777)  # sticky, like /tmp: only the owner replaces its files
-    with _manager(tmp_path) as mgr:
+    with _manager(link) as mgr:
         assert mgr.load_latest(make_state(0)) == 1
+
+
+class _UsersOwnClass:
+    """A class of the user's: its pickle names a global the safe unpickler refuses."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+def test_extras_load_through_the_safe_unpickler(tmp_path: Path) -> None:
+    """RNG states of Python, numpy and torch load by default; a pickled class of the
+    user's is refused by name, before any tensor is overwritten, unless unpickle="any"."""
+    import random
+
+    import numpy as np
+    import torch
+
+    py_state = random.Random(5).getstate()
+    state = make_state(1)
+    state["rng"] = {"py": py_state, "np": np.random.RandomState(3).get_state(),
+                    "gen": np.random.default_rng(3), "dtype": torch.float16,
+                    "size": torch.Size([2, 3])}
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, state)
+        got = make_state(0)
+        got["rng"] = {}
+        assert mgr.load_latest(got) == 1
+    assert got["rng"]["py"] == py_state
+    assert got["rng"]["gen"].random() == np.random.default_rng(3).random()
+    assert (got["rng"]["dtype"], got["rng"]["size"]) == (torch.float16, torch.Size([2, 3]))
+    plant = make_state(2)
+    plant["loader"] = _UsersOwnClass(7)
+    with _manager(tmp_path) as mgr:
+        mgr.save(2, plant)
+        got = make_state(0)
+        got["loader"] = None
+        with pytest.raises(Exception, match=r"pickled .*_UsersOwnClass, which the safe "
+                                            r"unpickler refuses.*unpickle=\"any\""):
+            mgr.load(2, got)
+        got.pop("loader")
+        assert_state_is(got, 0)  # refused before a single tensor was read
+    with _manager(tmp_path, unpickle="any") as mgr:
+        got = make_state(0)
+        got["loader"] = None
+        mgr.load(2, got)
+        assert got["loader"].n == 7
