@@ -2,6 +2,7 @@
 # hpctrain's one entry point on a fresh Debian machine (as root):
 #   ./dev.sh demo    install everything, bring the devcluster up, run the example training job
 #   ./dev.sh test    install everything, bring the devcluster up, run the whole test suite
+#                    (as the ordinary user hpct-alice, which it makes)
 #   ./dev.sh bench   run the benchmarks
 #   ./dev.sh regen   regenerate the reference scripts in sbatch/
 #   ./dev.sh install only install (venv in .venv, or $HPCTRAIN_VENV)
@@ -10,14 +11,22 @@ cd "$(dirname "$0")"
 VENV=${HPCTRAIN_VENV:-$PWD/.venv}
 export PATH="$VENV/bin:$PATH"
 
+# The venv's interpreter: Debian's, which every user may execute. Jobs and tests run as
+# ordinary users (docs/security.md); a Python under /root (pyenv, say) is closed to them.
+BASE_PYTHON=${HPCTRAIN_BASE_PYTHON:-/usr/bin/python3}
+
 install() {
-    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    if ! "$BASE_PYTHON" -c 'import venv, ensurepip' >/dev/null 2>&1; then
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip
     fi
-    local stamp="$VENV/.hpctrain-installed" want
-    want=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+    local stamp="$VENV/.hpctrain-installed" want base
+    want=$( (cat setup.cfg pyproject.toml; echo "$BASE_PYTHON") | sha256sum | cut -c1-16)
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
-    [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+    base=$(readlink -f "$BASE_PYTHON")
+    if [ "$(readlink -f "$VENV/bin/python" 2>/dev/null)" != "$base" ]; then
+        # a venv of another interpreter (or none) is rebuilt, not patched over
+        "$BASE_PYTHON" -m venv --clear "$VENV"
+    fi
     # torch first, pinned: it is the CPU build on this machine; installing anything that
     # depends on torch before it would pull a multi-GB CUDA build.
     "$VENV/bin/python" -m pip install -q torch==2.13.0
@@ -30,6 +39,40 @@ bench_tools() {
     command -v fio >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq fio; }
 }
 
+TEST_USER=hpct-alice
+
+test_user() {
+    # The suite runs as an ordinary user, as researchers do (docs/security.md): every
+    # permission is then checked by the kernel and by Slurm, not waved through for root.
+    # The operator's few steps in the tests (devcluster up, a node lost, users made) go
+    # through sudo (tests/helpers/admin.py).
+    command -v sudo >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sudo; }
+    id -u "$TEST_USER" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash "$TEST_USER"
+    chmod 700 "$(getent passwd "$TEST_USER" | cut -d: -f6)"
+    # No password and no keys: only root can become the test user, so its sudo rule gives
+    # nobody more than root already has.
+    printf '%s\n' "# Written by hpctrain's dev.sh: its test user, which only root can become, acts as the devcluster's operator." \
+        "$TEST_USER ALL=(ALL) NOPASSWD: ALL" > /etc/sudoers.d/hpctrain-tests
+    chmod 440 /etc/sudoers.d/hpctrain-tests
+    # The test user runs the project's venv: let it traverse (not list) the parents.
+    local d=$PWD
+    while [ "$d" != / ]; do
+        if [ $(( 8#$(stat -c %a "$d") & 1 )) = 0 ]; then
+            echo "dev.sh: chmod o+x $d (so that $TEST_USER reaches the project)"; chmod o+x "$d"
+        fi
+        d=$(dirname "$d")
+    done
+}
+
+run_tests() {
+    if [ "$(id -u)" != 0 ]; then exec python -m pytest "$@"; fi
+    test_user
+    exec runuser -u "$TEST_USER" -- env -i HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
+        USER="$TEST_USER" LOGNAME="$TEST_USER" LANG=C.UTF-8 PATH="$VENV/bin:/usr/bin:/bin" \
+        SLURM_CONF="$SLURM_CONF" ${CI:+CI="$CI"} ${PYTEST_ADDOPTS:+PYTEST_ADDOPTS="$PYTEST_ADDOPTS"} \
+        python -m pytest -p no:cacheprovider "$@"
+}
+
 cluster_up() {
     hpctrain devcluster up
     export SLURM_CONF=/var/lib/hpctrain/devcluster/etc/slurm.conf
@@ -38,7 +81,7 @@ cluster_up() {
 case "${1:-}" in
     install) install ;;
     demo)    install; cluster_up; exec bash examples/demo.sh ;;
-    test)    install; cluster_up; shift; exec python -m pytest "$@" ;;
+    test)    install; cluster_up; shift; run_tests "$@" ;;
     bench)   install; bench_tools; cluster_up; shift; exec bash benchmarks/run_all.sh "$@" ;;
     regen)   install; exec python tools/regen_sbatch.py ;;
     *) echo "usage: ./dev.sh demo|test|bench|regen|install" >&2; exit 2 ;;

@@ -4,7 +4,7 @@
 # the shared storage. Expects `hpctrain` on PATH and the devcluster up (./dev.sh demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-run=/var/lib/hpctrain/devcluster/shared/demo/run-$(date +%Y%m%d-%H%M%S)
+run=/var/lib/hpctrain/devcluster/shared/demo-$(id -un)/run-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$run"
 script=$PWD/examples/train_gpt.py
 hpctrain submit examples/gpt.toml --dry-run --set workdir="$run" | head -n 12

@@ -9,6 +9,7 @@ with the new configuration and keeps munge, MariaDB and slurmdbd running.
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import json
 import os
 import secrets
@@ -47,6 +48,16 @@ def node_held(state: str) -> bool:
     """Whether a node in ``state`` stays out until somebody resumes it (DOWN, DRAIN, FAIL)."""
     base, *flags = state.split("+")
     return base == "DOWN" or any(flag in ("DRAIN", "FAIL") for flag in flags)
+
+
+def _hostname_is_loopback() -> bool:
+    """Whether every address this host's name resolves to is a loopback address (then
+    Slurm's NoInAddrAny binds the daemons to loopback only; see config.comm_params)."""
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 @dataclass(frozen=True)
@@ -96,7 +107,7 @@ class DevCluster:
             d("munged", ["/usr/sbin/munged", f"--socket={p.munge_socket}",
                          f"--key-file={p.munge_key}", f"--pid-file={p.pid_file('munged')}",
                          f"--log-file={p.log_file('munged')}", f"--seed-file={p.munge_dir}/seed",
-                         "--force"], ("munged", str(p.munge_socket))),
+                         "--force"], ("munged", str(p.munge_key))),  # the key path never moved
             # MariaDB runs as `mysql`, so its socket, pid and log live in a dir it owns.
             daemons.Daemon("mariadbd", (
                 "/usr/sbin/mariadbd", "--no-defaults", f"--datadir={p.mysql_data}",
@@ -171,6 +182,8 @@ class DevCluster:
             for f in p.fake_gpu_files(node, shape.gpus_per_node):
                 f.touch()
         p.munge_dir.mkdir(mode=0o700, exist_ok=True)
+        p.munge_socket_dir.mkdir(exist_ok=True)
+        p.munge_socket_dir.chmod(0o755)  # every user's sbatch reaches munged; the key stays 0700
         if not p.munge_key.exists():
             p.munge_key.write_bytes(secrets.token_bytes(1024))
         p.munge_key.chmod(0o400)
@@ -184,7 +197,8 @@ class DevCluster:
 
     def _slurm_configs(self, shape: Shape) -> dict[Path, str]:
         p = self.paths
-        return {p.slurm_conf: config.slurm_conf(shape, p, self.ports, socket.gethostname()),
+        return {p.slurm_conf: config.slurm_conf(shape, p, self.ports, socket.gethostname(),
+                                                _hostname_is_loopback()),
                 p.gres_conf: config.gres_conf(shape, p)}
 
     def _configs_changed(self, shape: Shape) -> bool:
@@ -201,7 +215,8 @@ class DevCluster:
         for path, text in self._slurm_configs(shape).items():
             path.write_text(text)
         p.slurmdbd_conf.write_text(config.slurmdbd_conf(p, self.ports,
-                                                        p.db_password_file.read_text().strip()))
+                                                        p.db_password_file.read_text().strip(),
+                                                        _hostname_is_loopback()))
         p.slurmdbd_conf.chmod(0o600)  # slurmdbd refuses a readable config (it holds a password)
 
     def _start_database(self, mariadb: daemons.Daemon, env: dict[str, str]) -> None:

@@ -80,7 +80,10 @@ class Paths:
     slurmdbd_conf = property(lambda self: self.etc / "slurmdbd.conf")
     shape_file = property(lambda self: self.root / "shape.json")
     munge_key = property(lambda self: self.munge_dir / "munge.key")
-    munge_socket = property(lambda self: self.munge_dir / "munge.socket")
+    # The socket lives apart from the key: every user may reach munged (munge's own
+    # default, /run/munge is 0755 with a 0777 socket), nobody but root reads the key.
+    munge_socket_dir = property(lambda self: self.root / "munge-socket")
+    munge_socket = property(lambda self: self.munge_socket_dir / "munge.socket")
     mysql_run = property(lambda self: self.root / "mysql-run")  # owned by the mysql user
     mysql_socket = property(lambda self: self.mysql_run / "mysqld.sock")
     db_password_file = property(lambda self: self.etc / "db-password")
@@ -104,7 +107,22 @@ def _node_range(count: int) -> str:
     return f"n[1-{count}]" if count > 1 else "n1"
 
 
-def slurm_conf(shape: Shape, paths: Paths, ports: Ports, hostname: str) -> str:
+def comm_params(loopback_host: bool, ctld: bool = True) -> str:
+    """The CommunicationParameters line that keeps the daemons off other interfaces.
+
+    Slurm 22.05 has no listen-address setting: with NoInAddrAny (NoCtldInAddrAny for
+    slurmctld) a daemon binds the address its host name resolves to instead of 0.0.0.0.
+    That is loopback only when the host name resolves to it (``loopback_host``); otherwise
+    binding there would move the daemons *onto* the network, so the line is left out and
+    `devcluster status` says the daemons listen on every interface.
+    """
+    if not loopback_host:
+        return "# Host name does not resolve to loopback: daemons listen on all addresses."
+    return "CommunicationParameters=" + ("NoInAddrAny,NoCtldInAddrAny" if ctld else "NoInAddrAny")
+
+
+def slurm_conf(shape: Shape, paths: Paths, ports: Ports, hostname: str,
+               loopback_host: bool = True) -> str:
     """slurm.conf for the emulated nodes, partitions `debug` and `urgent`."""
     nodes = "\n".join(
         f"NodeName={n} NodeHostname={hostname} NodeAddr=127.0.0.1 "
@@ -119,6 +137,8 @@ ClusterName={CLUSTER_NAME}
 SlurmctldHost={hostname}(127.0.0.1)
 SlurmctldPort={ports.slurmctld}
 SlurmdPort={ports.slurmd_base}
+# Only this machine may talk to the daemons (a shared login node must not expose them).
+{comm_params(loopback_host)}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -188,7 +208,8 @@ def gres_conf(shape: Shape, paths: Paths) -> str:
     return "\n".join(lines) + "\n"
 
 
-def slurmdbd_conf(paths: Paths, ports: Ports, db_password: str) -> str:
+def slurmdbd_conf(paths: Paths, ports: Ports, db_password: str,
+                  loopback_host: bool = True) -> str:
     """slurmdbd.conf (must be mode 600: it holds the database password)."""
     return f"""\
 # Written by `hpctrain devcluster up`. Do not edit.
@@ -197,6 +218,7 @@ AuthInfo=socket={paths.munge_socket}
 DbdHost=localhost
 DbdAddr=127.0.0.1
 DbdPort={ports.slurmdbd}
+{comm_params(loopback_host, ctld=False)}
 SlurmUser=root
 PidFile={paths.pid_file('slurmdbd')}
 LogFile={paths.log_file('slurmdbd')}
@@ -270,7 +292,10 @@ def oci_conf(paths: Paths) -> str:
     """oci.conf beside slurm.conf: how slurmstepd runs a container (runc; Slurm 22.05 keys).
 
     Container names carry the node (%n), so the emulated nodes of this one machine never
-    share one; runc keeps its state under the devcluster's run directory."""
+    share one. Slurm runs RunTimeRun as the job's user (a rootless runc for anyone but
+    root) and the others as root, so runc's state directory ``run/runc`` is sticky and
+    open to all, like /tmp: each container's state is a directory of its own user's
+    (the name carries the user, %u)."""
     runc = f"runc --root={paths.runc_root}"
     name = "%n.%u.%j.%s.%t"
     return f"""\

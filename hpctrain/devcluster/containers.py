@@ -43,6 +43,7 @@ def ensure_host_image(paths: Paths) -> Path:
     """Write oci.conf and the host image (idempotent); the image's directory."""
     for d in (paths.images, paths.runc_root):
         d.mkdir(parents=True, exist_ok=True)
+    paths.runc_root.chmod(0o1777)  # like /tmp: every user's runc makes its own state dir
     _write_if_changed(paths.oci_conf, config.oci_conf(paths))
     here = [sys.prefix, sys.base_prefix, os.path.realpath(sys.executable),
             str(Path(__file__).resolve().parents[2])]

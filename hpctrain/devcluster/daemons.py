@@ -54,15 +54,25 @@ def _is_zombie(pid: int) -> bool:
 
 
 def running_pid(daemon: Daemon) -> int | None:
-    """The daemon's pid if its pid file names a live process that is really it."""
+    """The daemon's pid if its pid file names a live process that is really it.
+
+    A pid file this user may not read (MariaDB's is 0660 mysql: `devcluster status` as
+    an ordinary user) is replaced by a look through /proc for the daemon's command line."""
+    if not os.access(daemon.pid_file, os.R_OK) and daemon.pid_file.exists():
+        found = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is(int(p), daemon)]
+        return found[0] if len(found) == 1 else None
     pid = read_pid(daemon.pid_file)
-    if pid is None or _is_zombie(pid):
-        return None
-    words = _cmdline(pid)
-    joined = " ".join(words)
-    if not words or not all(m in joined for m in daemon.match):
+    if pid is None or not _is(pid, daemon):
         return None
     return pid
+
+
+def _is(pid: int, daemon: Daemon) -> bool:
+    if _is_zombie(pid):
+        return False
+    words = _cmdline(pid)
+    joined = " ".join(words)
+    return bool(words) and all(m in joined for m in daemon.match)
 
 
 def start(daemon: Daemon, env: Mapping[str, str], timeout_s: float = 30.0) -> int:

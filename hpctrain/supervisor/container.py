@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,49 @@ def bundle_config(image: Mapping[str, Any], image_dir: str, plan: Mapping[str, A
     process = dict(config.get("process") or {})
     process["cwd"] = plan.get("workdir") or submit_dir or process.get("cwd", "/")
     config["process"] = process
+    return config
+
+
+# what an unprivileged user may not mount in a user namespace that does not own the host's
+# pid, network and IPC namespaces: bound from the host instead (as `runc spec --rootless`)
+_ROOTLESS_BIND = {"proc": "/proc", "sysfs": "/sys"}
+_ROOTLESS_DROP = {"cgroup", "mqueue"}   # no cgroups here; POSIX queues need an IPC namespace
+
+
+def rootless(config: dict[str, Any], uid: int, gid: int,
+             reachable: Callable[[str], bool] = lambda p: os.access(p, os.X_OK)
+             ) -> dict[str, Any]:
+    """``config`` for runc run by an ordinary user (Slurm starts the container as the job's
+    user), as ``runc spec --rootless`` makes it: a user namespace in which the user is
+    root (runc 1.1 requires a mapping of root; files the ranks write are the user's on
+    the host), and the mounts a user namespace may not make (proc, sysfs: bound from
+    the host; cgroup, mqueue: left out; devpts without gid=5). A bind whose source the
+    user cannot reach (another user's home, /root) is left out: it would fail the whole
+    container, and the user could not read it anyway."""
+    config = json.loads(json.dumps(config))
+    linux = config.setdefault("linux", {})
+    spaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "user"]
+    linux["namespaces"] = [*spaces, {"type": "user"}]
+    linux["uidMappings"] = [{"containerID": 0, "hostID": uid, "size": 1}]
+    linux["gidMappings"] = [{"containerID": 0, "hostID": gid, "size": 1}]
+    process = config.setdefault("process", {})
+    process["user"] = {"uid": 0, "gid": 0}
+    mounts = []
+    for m in config.get("mounts") or []:
+        kind = m.get("type")
+        if kind in _ROOTLESS_DROP:
+            continue
+        if kind in _ROOTLESS_BIND:
+            m = {"destination": m["destination"], "type": "bind",
+                 "source": _ROOTLESS_BIND[kind],
+                 "options": ["rbind", "nosuid", "noexec", "nodev",
+                             *(["ro"] if "ro" in (m.get("options") or []) else [])]}
+        elif kind == "bind" and not reachable(m.get("source", "")):
+            continue
+        elif kind == "devpts":
+            m = {**m, "options": [o for o in m.get("options") or [] if not o.startswith("gid=")]}
+        mounts.append(m)
+    config["mounts"] = mounts
     return config
 
 
@@ -154,6 +197,8 @@ def step_argv(argv: Sequence[str], plan: Mapping[str, Any] | None, state_dir: Pa
                               f"root {root}: {exc.strerror or exc}") from None
     config = bundle_config(image_config, image, plan, submit_dir,
                            [(n, k) for n, k, _ in entries if k != "symlink"])
+    if os.geteuid() != 0:  # Slurm runs the job user's runc: a rootless container
+        config = rootless(config, os.geteuid(), os.getegid())
     atomic_write(bundle / "config.json", json.dumps(config, indent=1))
     argv[argv.index(word)] = f"--container={bundle}"
     binds = [(m.get("source", ""), m.get("destination", "")) for m in config["mounts"]

@@ -1,7 +1,12 @@
 """Fixtures of the tests that use the real local SLURM cluster (``hpctrain devcluster``).
 
-The house rule holds here too: without the cluster (not Linux, not root) the ``cluster``
-fixture skips locally and FAILS when CI=true (:func:`helpers.prereq.require`).
+The house rule holds here too: without the cluster (not Linux, neither root nor a user
+with passwordless sudo for the operator's steps) the ``cluster`` fixture skips locally
+and FAILS when CI=true (:func:`helpers.prereq.require`).
+
+The tests themselves run as whoever runs pytest: ``./dev.sh test`` runs it as the
+ordinary user ``hpct-alice`` (docs/security.md); the operator's steps (bringing the cluster
+up, a node down, slurmctld restarted) go through :mod:`helpers.admin`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import time
 
 import pytest
 
+from helpers import admin
 from helpers.prereq import require
 
 
@@ -48,16 +54,17 @@ def _cluster_left_usable(request: pytest.FixtureRequest):
 
 @pytest.fixture(scope="session")
 def cluster():
-    """The real local SLURM cluster (``hpctrain devcluster``), brought up once per session.
+    """The real local SLURM cluster (``hpctrain devcluster``), brought up once per session
+    (by root, through :class:`helpers.admin.Cluster`).
 
     Sets SLURM_CONF for this process and its children so plain ``sbatch`` etc. find it.
     Never brought down here: later sessions reuse it (``up`` is idempotent).
     """
     require(sys.platform.startswith("linux"), "Linux")
-    require(os.geteuid() == 0, "root (the devcluster starts slurmctld/slurmd as root)")
-    from hpctrain.devcluster.cluster import DevCluster, Shape
+    admin.require_sudo()
+    from hpctrain.devcluster.config import Shape
 
-    dev = DevCluster()
+    dev = admin.Cluster()
     dev.up(Shape())
     os.environ.update(dev.client_env())
     return dev

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import uuid
 from pathlib import Path
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture
 def outdir(cluster) -> Path:
-    d = cluster.shared_dir / "tests" / uuid.uuid4().hex[:8]
+    d = cluster.shared_dir / f"tests-{getpass.getuser()}" / uuid.uuid4().hex[:8]
     d.mkdir(parents=True)
     return d
 

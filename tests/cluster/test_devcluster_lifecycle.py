@@ -17,15 +17,15 @@ import pytest
 from hpctrain.devcluster import daemons
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.devcluster.config import Shape
-from hpctrain.slurm import client
+from helpers import admin
 from helpers.slurm import sbatch, wait_done
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 
 def hpctrain(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True,
-                          text=True, timeout=300)
+    """`hpctrain ARGS` as the operator (root): `devcluster up|down` is a sysadmin's tool."""
+    return admin.run([sys.executable, "-m", "hpctrain", *args], check=False)
 
 
 def our_processes(dev: DevCluster) -> list[str]:
@@ -51,7 +51,7 @@ def test_up_twice_is_a_no_op(cluster: DevCluster) -> None:
 
 
 def test_up_resumes_a_node_an_earlier_run_left_drained(cluster: DevCluster) -> None:
-    client.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=left by a test"])
+    admin.run(["scontrol", "update", "nodename=n2", "state=drain", "reason=left by a test"])
     result = hpctrain("devcluster", "up")   # on failure, conftest resumes n2 after the test
     assert result.returncode == 0, result.stderr
     assert "resumed node n2 (was IDLE+DRAIN: left by a test)" in result.stdout
@@ -109,11 +109,11 @@ def test_down_stops_only_its_own_daemons_and_up_works_again(cluster: DevCluster)
 
 
 def test_up_as_non_root_says_it_needs_root(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.fail("this test drops privileges, so it must start as root")
+    # as root: drop to nobody first; as an ordinary user (./dev.sh test): as is
+    drop = [] if os.geteuid() != 0 else ["setpriv", "--reuid=65534", "--regid=65534",
+                                         "--clear-groups"]
     result = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-         sys.executable, "-m", "hpctrain", "devcluster", "up", "--state-dir", str(tmp_path)],
+        [*drop, sys.executable, "-m", "hpctrain", "devcluster", "up", "--state-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)})
     assert result.returncode == 4
     assert "must run as root" in result.stderr
@@ -126,3 +126,41 @@ def test_daemon_pid_files_are_checked_against_proc(cluster: DevCluster, tmp_path
     fake.pid_file.write_text(str(os.getpid()))
     assert daemons.running_pid(fake) is None
     assert daemons.stop(fake) is False
+
+
+def _listening(proc_file: str) -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket in /proc/net/tcp[6] (state 0A)."""
+    import ipaddress
+
+    found = set()
+    try:
+        lines = Path(proc_file).read_text().splitlines()[1:]
+    except FileNotFoundError:
+        return found
+    for line in lines:
+        local, state = line.split()[1], line.split()[3]
+        if state != "0A":
+            continue
+        addr_hex, port_hex = local.split(":")
+        raw = bytes.fromhex(addr_hex)
+        # the kernel prints each 32-bit word in host (little-endian) order
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+        found.add((str(ipaddress.ip_address(raw)), int(port_hex, 16)))
+    return found
+
+
+def test_daemons_listen_on_loopback_only_and_munge_admits_every_user(
+        cluster: DevCluster) -> None:
+    """A shared login node must not expose slurmctld, slurmdbd, slurmd or MariaDB; every
+    user's sbatch must reach munged, while its key stays root's."""
+    ports = {cluster.ports.slurmctld, cluster.ports.slurmdbd, cluster.ports.mariadb,
+             *(cluster.ports.slurmd_base + i for i in range(1, 4))}
+    listening = _listening("/proc/net/tcp") | _listening("/proc/net/tcp6")
+    ours = {(addr, port) for addr, port in listening if port in ports}
+    assert {port for _, port in ours} >= {cluster.ports.slurmctld, cluster.ports.slurmdbd}
+    exposed = {(a, p) for a, p in ours if a not in ("127.0.0.1", "::1")}
+    assert not exposed, f"devcluster daemons listen beyond loopback: {sorted(exposed)}"
+    p = cluster.paths
+    assert os.stat(p.munge_socket_dir).st_mode & 0o777 == 0o755
+    assert os.stat(p.munge_socket).st_mode & 0o777 == 0o777  # munged's own default
+    assert os.stat(p.munge_dir).st_mode & 0o777 == 0o700

@@ -30,11 +30,11 @@ from typing import Callable
 
 import pytest
 
-from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
 from hpctrain.jobs.poll import last_checkpoint_step
 from helpers.cluster import status
 from helpers.examples import example_spec, submit_example
+from helpers import admin
 from helpers.jobs import isolate
 from helpers.nodes import LOST_NODE, bring_back, lose_node, node_state, report_down
 from helpers.slurm import sacct_states, sbatch, squeue_state, wait_done, wait_until
@@ -115,7 +115,7 @@ def wait_quiet_cluster() -> None:
                "an empty queue (other tests' jobs to finish)", interval_s=2)
 
 
-def lose_a_node(dev: DevCluster, case: Case, job: str, log: Path,
+def lose_a_node(dev: admin.Cluster, case: Case, job: str, log: Path,
                 meanwhile: Callable[[], object]) -> dict:
     """Kill n2 under the job; once Slurm has requeued it, bring n2 back. ``meanwhile``
     starts the reference run: the CPU is idle while Slurm deals with the lost node."""
@@ -143,7 +143,7 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     case = CASES[name]
     root = isolate(monkeypatch, tmp_path, shared=True)
-    log, ckpt, dev = root / "loss.jsonl", root / "ckpt", DevCluster()
+    log, ckpt, dev = root / "loss.jsonl", root / "ckpt", admin.Cluster()
     wait_quiet_cluster()
     job = submit_case(root, case, name=f"rt-{name}", total=TOTAL, save_every=EVERY,
                       step_sleep=0.25, extra=("--final-state", str(root / "final")))

@@ -15,8 +15,8 @@ from typing import Callable
 
 import pytest
 
-from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
+from helpers import admin
 from helpers.jobs import isolate
 from helpers.nodes import bring_back, lose_node, report_down
 from helpers.slurm import sacct_states, sbatch, squeue_state, wait_done, wait_until
@@ -114,7 +114,7 @@ def test_a_node_failure_past_max_node_failures_does_not_run_again(
     and drain the node."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     job = submit(root, {"max_node_failures": 0})
-    dev = DevCluster()   # should this fail half-way, conftest cancels the job, restores n2
+    dev = admin.Cluster()  # should this fail half-way, conftest cancels the job, restores n2
     wait_until(lambda: "running restart=0" in out(root, job), 120, f"job {job} to run")
     lose_node(dev, NODE, job)
     report_down(NODE)

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 
 from hpctrain import protocol
-from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.slurm import client
+from helpers import admin
 from helpers.cluster import events, job_log, preempt, status, submit
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, sbatch, wait_done, wait_until
@@ -261,7 +261,7 @@ def test_a_requeue_survives_the_controller_being_down_for_15_s(
     job = submit(root, spec_text(root, "ctld-down", KINDS["srun"],
                                  ["bash", "-c", "echo run ${HPCTRAIN_RESTART_COUNT}"],
                                  run={"setup": setup}))
-    dev = DevCluster()
+    dev = admin.Cluster()
     wait_until(lambda: "setting up" in job_log(root, job), 120, f"job {job} to run its setup")
     client.run(["scancel", "--signal=USR2", "--batch", job])
     time.sleep(2)  # delivered; the batch shell notes it between two of the setup's sleeps
@@ -291,16 +291,16 @@ def test_sites_that_send_the_jobs_signal_on_preemption(
     cmd = kind.command(root)
     cmd[cmd.index("--startup-sleep") + 1] = "0"
     try:
-        conf.write_text(original + "SlurmctldParameters=preempt_send_user_signal\n")
-        client.run(["scontrol", "reconfigure"])
+        admin.run(["tee", str(conf)], input=original + "SlurmctldParameters=preempt_send_user_signal\n")
+        admin.run(["scontrol", "reconfigure"])
         job = submit(root, spec_text(root, "send-user-signal", kind, cmd,
                                      requeue={"signal": "USR2"}))
         wait_until(lambda: len(events(root, "step")) >= 2, 180, f"2 steps of job {job}")
         preempt(job)
         assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
     finally:
-        conf.write_text(original)
-        client.run(["scontrol", "reconfigure"])
+        admin.run(["tee", str(conf)], input=original)
+        admin.run(["scontrol", "reconfigure"])
     text = job_log(root, job)
     assert "caught SIGUSR2 (preemption); asking the training step to stop" in text, text
     stop, starts = events(root, "stop"), events(root, "start")

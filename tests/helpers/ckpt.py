@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from helpers import admin
+
 REPO = Path(__file__).resolve().parents[2]
 HPCTRAIN = Path(sys.executable).with_name("hpctrain")
 
@@ -45,18 +47,19 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 @contextlib.contextmanager
 def tmpfs(where: Path, size: str, *options: str) -> Iterator[Path | None]:
-    """A real small tmpfs mounted at ``where`` (None when this sandbox cannot mount)."""
+    """A real small tmpfs mounted at ``where``, this user's (None when this sandbox cannot
+    mount). Mounting is the operator's step (:mod:`helpers.admin`)."""
     where.mkdir(parents=True, exist_ok=True)
-    opts = ",".join([f"size={size}", *options])
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
-                          capture_output=True, text=True)
+    opts = ",".join([f"size={size}", f"uid={os.geteuid()}", f"gid={os.getegid()}",
+                     "mode=0700", *options])
+    done = admin.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)], check=False)
     if done.returncode != 0:
         yield None
         return
     try:
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+        admin.run(["umount", "-l", str(where)], check=False)
 
 
 def child_env(**extra: str) -> dict:
@@ -68,22 +71,24 @@ def child_env(**extra: str) -> dict:
 
 @contextlib.contextmanager
 def loop_ext4(where: Path, size_mb: int) -> Iterator[Path | None]:
-    """A real small ext4 on a loop device (O_DIRECT works there, unlike tmpfs)."""
+    """A real small ext4 on a loop device (O_DIRECT works there, unlike tmpfs), its root
+    handed to this user. Making and mounting it are the operator's steps."""
     image = where.with_name(where.name + ".img")
     where.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
-    made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
-    done = made.returncode == 0 and subprocess.run(
-        ["mount", "-o", "loop", str(image), str(where)], capture_output=True).returncode == 0
+    made = admin.run(["mkfs.ext4", "-q", "-F", str(image)], check=False)
+    done = made.returncode == 0 and admin.run(
+        ["mount", "-o", "loop", str(image), str(where)], check=False).returncode == 0
     if not done:
         image.unlink(missing_ok=True)
         yield None
         return
     try:
+        admin.chown(where, os.geteuid(), os.getegid())
         yield where
     finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
+        admin.run(["umount", "-l", str(where)], check=False)
         image.unlink(missing_ok=True)
 
 

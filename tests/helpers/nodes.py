@@ -7,12 +7,12 @@ found through /proc (the emulated nodes share this machine's process table).
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
-from hpctrain.devcluster.cluster import DevCluster
+
 from hpctrain.slurm import client
+from helpers import admin
 from helpers.slurm import wait_until
 
 LOST_NODE = "n2"
@@ -59,16 +59,14 @@ def node_job_pids(node: str, job: str) -> tuple[set[int], set[int]]:
     return stepds, procs - stepds
 
 
-def lose_node(cluster: DevCluster, node: str, job: str) -> int:
+def lose_node(cluster: admin.Cluster, node: str, job: str) -> int:
     """Kill the node's slurmd, then -9 its stepds and job processes; returns how many."""
     stepds, procs = node_job_pids(node, job)
     assert procs, f"no process of job {job} on {node}"
     cluster.stop_daemon(f"slurmd-{node}")
-    for pid in [*stepds, *procs]:  # stepds first: nobody reports the tasks' deaths
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # stepds first: nobody reports the tasks' deaths. They are root's: the operator's kill
+    # (some may be gone already: kill's exit status is not checked)
+    admin.run(["kill", "-9", *map(str, [*stepds, *procs])], check=False)
     return len(stepds) + len(procs)
 
 
@@ -79,10 +77,10 @@ def node_state(node: str) -> str:
 def report_down(node: str) -> None:
     """Tell Slurm the node is gone now (what a site's health check does), instead of
     waiting for SlurmdTimeout; Slurm then ends the job's run NODE_FAIL at once."""
-    client.run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={REASON}"])
+    admin.run(["scontrol", "update", f"nodename={node}", "state=down", f"reason={REASON}"])
 
 
-def bring_back(cluster: DevCluster, job: str) -> None:
+def bring_back(cluster: admin.Cluster, job: str) -> None:
     """Return the lost node to service while the requeued ``job`` is held, then release it.
 
     A node that comes back the instant the job is eligible again got the job started on it

@@ -23,7 +23,8 @@ from hpctrain.render.script import render, render_script
 from hpctrain.spec.container import ContainerSpec, Mount, parse_mount
 from hpctrain.spec.model import JobSpec
 from hpctrain.spec.partitions import Partition, read_partition_file
-from hpctrain.supervisor.container import bundle_config, hpctrain_inside, step_argv
+from hpctrain.supervisor.container import (bundle_config, hpctrain_inside, rootless,
+                                           step_argv)
 from helpers.standins import run_script
 
 FACTS = {"pyxis": 'runtime = "pyxis"\nmounts = ["/lustre"]\n',
@@ -275,6 +276,36 @@ def test_bundle_config_adds_the_jobs_mounts_and_working_directory() -> None:
                              entries)
     assert writable["process"]["cwd"] == "/code" and writable["root"]["readonly"] is False
     assert writable["mounts"][0]["options"] == ["rbind", "rw"]
+
+
+def test_a_rootless_bundle_for_an_ordinary_user() -> None:
+    """Slurm runs runc as the job's user: a user namespace in which the user is root (runc
+    1.1 wants root mapped), and only mounts a user namespace may make (runc spec --rootless)."""
+    image = {**IMAGE, "process": {"user": {"uid": 0, "gid": 0}},
+             "linux": {"namespaces": [{"type": "mount"}]},
+             "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                        {"destination": "/sys", "type": "sysfs", "source": "sysfs",
+                         "options": ["nosuid", "ro"]},
+                        {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup"},
+                        {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"},
+                        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
+                         "options": ["nosuid", "newinstance", "gid=5"]},
+                        {"destination": "/root", "type": "bind", "source": "/root",
+                         "options": ["rbind", "rw"]},
+                        {"destination": "/data", "type": "bind", "source": "/data",
+                         "options": ["rbind", "ro"]}]}
+    config = rootless(image, 1001, 1002, reachable=lambda p: p != "/root")
+    assert config["linux"]["namespaces"] == [{"type": "mount"}, {"type": "user"}]
+    assert config["linux"]["uidMappings"] == [{"containerID": 0, "hostID": 1001, "size": 1}]
+    assert config["linux"]["gidMappings"] == [{"containerID": 0, "hostID": 1002, "size": 1}]
+    assert config["process"]["user"] == {"uid": 0, "gid": 0}
+    assert [(m["destination"], m["type"], m.get("source"), m.get("options"))
+            for m in config["mounts"]] == [
+        ("/proc", "bind", "/proc", ["rbind", "nosuid", "noexec", "nodev"]),
+        ("/sys", "bind", "/sys", ["rbind", "nosuid", "noexec", "nodev", "ro"]),
+        ("/dev/pts", "devpts", "devpts", ["nosuid", "newinstance"]),
+        ("/data", "bind", "/data", ["rbind", "ro"])]   # no cgroup, mqueue, unreachable /root
+    assert image["process"]["user"] == {"uid": 0, "gid": 0}  # the image is left alone
 
 
 def test_step_argv_writes_the_bundle_and_points_srun_at_it(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import configparser
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -33,8 +34,13 @@ def test_every_subpackage_is_listed_in_setup_cfg() -> None:
 @pytest.mark.slow
 def test_wheel_installs_into_fresh_venv_and_finds_templates(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
+    # built from a copy: setuptools writes build/ beside the sources, and the checkout may
+    # not be writable by whoever runs the tests (./dev.sh test runs them as a plain user)
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels), str(ROOT)], check=True, timeout=300)
+                    "-q", "-w", str(wheels), str(src)], check=True, timeout=300)
     (wheel,) = wheels.glob("hpctrain-*.whl")
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
