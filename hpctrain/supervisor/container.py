@@ -79,15 +79,16 @@ _ROOTLESS_DROP = {"cgroup", "mqueue"}   # no cgroups here; POSIX queues need an 
 
 
 def rootless(config: dict[str, Any], uid: int, gid: int,
-             reachable: Callable[[str], bool] = lambda p: os.access(p, os.X_OK)
+             reachable: Callable[[str], bool] = os.path.exists
              ) -> dict[str, Any]:
     """``config`` for runc run by an ordinary user (Slurm starts the container as the job's
     user), as ``runc spec --rootless`` makes it: a user namespace in which the user is
     root (runc 1.1 requires a mapping of root; files the ranks write are the user's on
     the host), and the mounts a user namespace may not make (proc, sysfs: bound from
     the host; cgroup, mqueue: left out; devpts without gid=5). A bind whose source the
-    user cannot reach (another user's home, /root) is left out: it would fail the whole
-    container, and the user could not read it anyway."""
+    user cannot reach (``reachable``: it cannot even stat it, like another user's home or
+    /root) is left out: it would fail the whole container, and the user could not read
+    it anyway."""
     config = json.loads(json.dumps(config))
     linux = config.setdefault("linux", {})
     spaces = [n for n in linux.get("namespaces") or [] if n.get("type") != "user"]

@@ -146,6 +146,28 @@ def test_alice_sweeps_and_cancels_her_own_job(alice: users.User) -> None:
     assert wait_done(job, 60) == "CANCELLED"
 
 
+def test_alices_function_job_payloads_are_hers_alone(alice: users.User,
+                                                    bob: users.User) -> None:
+    """A notebook user's submit_function: the pickled function and its arguments (a token,
+    here) are in a private job folder, and the result comes back to her only."""
+    code = ("import hpctrain, json, os\n"
+            "def train(token):\n"
+            "    return {'uid': os.getuid(), 'token_len': len(token)}\n"
+            "job = hpctrain.submit_function(train, 'tok-' + 'x' * 20, partition='debug',\n"
+            "                               gpus_per_node=1, time='00:10:00')\n"
+            "print(json.dumps({'folder': str(job.folder), 'result': job.result(),\n"
+            "                  'id': job.job_id}))\n")
+    res = alice.python(code, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["result"] == {"uid": alice.uid, "token_len": 24}
+    folder = Path(out["folder"])
+    pickles = sorted(folder.glob(f"{out['id']}_*.pkl"))
+    assert pickles and _mode(folder) == 0o700 and {_mode(p) for p in pickles} == {0o600}
+    for path in pickles:
+        assert bob.run(["cat", str(path)]).returncode != 0, path
+
+
 def test_paths_a_neighbour_planted_are_refused_with_path_and_owner(
         alice: users.User, bob: users.User) -> None:
     tag = uuid.uuid4().hex[:8]
