@@ -18,19 +18,16 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import SpecError
-from hpctrain.spec.checks import (ENV_KEY_RE, MAIL_RE, check_directive_value, check_name,
+from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_name,
                                   check_sbatch_option, check_signal, check_table, check_text,
                                   closest, slurm_time_seconds)
 from hpctrain.spec.container import ContainerSpec, Mount
+from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
               "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50",
               "ARRAY_TASKS")
-# Variables the rendered script sets itself; run.env must not fight them.
-RESERVED_ENV_PREFIXES = ("HPCTRAIN_", "SLURM_")
-RESERVED_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                "LOCAL_WORLD_SIZE", "PATH")
 
 
 # ---- small typed readers: each names the key and the fix ------------------------------
@@ -104,53 +101,14 @@ class RunSpec:
         env = d.get("env", {})
         if not isinstance(env, Mapping):
             raise SpecError(f"run.env={env!r} must be a table of NAME = \"value\"")
-        values = {_env_key(k): _env_value(k, v) for k, v in env.items()}
-        passthrough = _passthrough(d.get("env_passthrough", ()), values)
+        values = {env_key(k): env_value(k, v) for k, v in env.items()}
+        passthrough = passthrough_names(_str_list(d.get("env_passthrough", ()),
+                                                  "run.env_passthrough"), values)
         return cls(command=_str_list(d["command"], "run.command", allow_empty=False,
                                            newlines=True),
                    launcher=launcher, setup=_str_list(d.get("setup", ()), "run.setup"),
                    env=values, env_passthrough=passthrough,
-                   access=_access(d.get("access", "private"), "run.access"))
-
-
-def _passthrough(value: Any, env: Mapping[str, str]) -> tuple[str, ...]:
-    names = _str_list(value, "run.env_passthrough")
-    for i, name in enumerate(names):
-        _env_key(name, f"run.env_passthrough[{i}]")
-        if name in env:
-            raise SpecError(f"run.env_passthrough[{i}]: {name} is also set in run.env; keep "
-                            "one: a secret belongs in env_passthrough only (its value then "
-                            "never lands in the script)")
-    if len(set(names)) != len(names):
-        raise SpecError(f"run.env_passthrough={list(names)!r} names a variable twice")
-    return names
-
-
-ACCESS = ("private", "group")
-
-
-def _access(value: Any, where: str) -> str:
-    if value not in ACCESS:
-        raise SpecError(f"{where}={value!r} is not an access mode: use \"private\" (only you, "
-                        "the default) or \"group\" (your group may read, never write)")
-    return value
-
-
-def _env_key(key: Any, where: str | None = None) -> str:
-    where = where or f"run.env.{key}"
-    if not isinstance(key, str) or not ENV_KEY_RE.match(key):
-        raise SpecError(f"{where}: {key!r} is not a shell variable name: use letters, "
-                        "digits and _, not starting with a digit")
-    if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIXES):
-        raise SpecError(f"{where}: the rendered script sets {key} itself; pick another "
-                        "name (HPCTRAIN_*, SLURM_* and the launcher's variables are reserved)")
-    return key
-
-
-def _env_value(key: str, value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise SpecError(f"run.env.{key}={value!r} must be a string or a number")
-    return check_text(str(value), f"run.env.{key}", newlines=True)
+                   access=access_level(d.get("access", "private"), "run.access"))
 
 
 @dataclass(frozen=True)
@@ -177,7 +135,7 @@ class CheckpointSpec:
             raise SpecError("checkpoint.stripe_count=0 means nothing: use -1 (all OSTs) or "
                             "a positive count, or leave it out")
         return cls(dir=ckpt_dir, stripe_count=stripes,
-                   access=_access(d.get("access", "private"), "checkpoint.access"),
+                   access=access_level(d.get("access", "private"), "checkpoint.access"),
                    interval_steps=_int(d.get("interval_steps", 100), "checkpoint.interval_steps", 1),
                    keep_last=_int(d.get("keep_last", 3), "checkpoint.keep_last", 1))
 
