@@ -114,7 +114,7 @@ def comm_params(loopback_host: bool, ctld: bool = True) -> str:
     slurmctld) a daemon binds the address its host name resolves to instead of 0.0.0.0.
     That is loopback only when the host name resolves to it (``loopback_host``); otherwise
     binding there would move the daemons *onto* the network, so the line is left out and
-    `devcluster status` says the daemons listen on every interface.
+    a comment in its place says the daemons listen on every address.
     """
     if not loopback_host:
         return "# Host name does not resolve to loopback: daemons listen on all addresses."

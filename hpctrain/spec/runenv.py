@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hpctrain.access import ACCESS_LEVELS
 from hpctrain.errors import SpecError
 from hpctrain.spec.checks import ENV_KEY_RE, check_text
 
@@ -28,12 +29,9 @@ def passthrough_names(names: tuple[str, ...], env: Mapping[str, str]) -> tuple[s
     return names
 
 
-ACCESS = ("private", "group")
-
-
 def access_level(value: Any, where: str) -> str:
     """``[run] access`` / ``[checkpoint] access``: who may read (hpctrain.access)."""
-    if value not in ACCESS:
+    if value not in ACCESS_LEVELS:
         raise SpecError(f"{where}={value!r} is not an access mode: use \"private\" (only you, "
                         "the default) or \"group\" (your group may read, never write)")
     return value

@@ -48,7 +48,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hpctrain.supervisor": SHARED | {"hpctrain.slurm", "hpctrain.runtime"},
     "hpctrain.slurm": {"hpctrain.errors"},
     # ---- the login node ---------------------------------------------------------------
-    "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh"},
+    "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.access"},
     "hpctrain.planner": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.spec"},
     "hpctrain.render": SHARED | {"hpctrain.spec", "hpctrain.slurm", "jinja2"},
     "hpctrain.jobs": SHARED | {"hpctrain.spec", "hpctrain.render", "hpctrain.slurm",
