@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 # public name -> module that defines it; loaded lazily on first attribute access
 _LAZY = {
@@ -22,6 +22,8 @@ _LAZY = {
     "submit_sweep": "hpctrain.jobs.submit",
     "Job": "hpctrain.jobs.handle",
     "Layout": "hpctrain.api",
+    "Cluster": "hpctrain.remote.client",
+    "RemoteJob": "hpctrain.remote.client",
 }
 
 

@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("hpctrain.commands.cancel:cancel", "Cancel jobs, array tasks or sweeps."),
     "sweep": ("hpctrain.commands.sweep:sweep", "Submit a grid of overrides as one job array."),
 }
+# run on a cluster over SSH with --host (hpctrain.commands.remote); the others refuse it
+REMOTE_COMMANDS = ("submit", "sweep", "status", "logs", "cancel", "report")
+# not listed in --help: the cluster side of --host
+HIDDEN = {"_serve": "hpctrain.commands.serve:serve"}
 
 
 class LazyGroup(click.Group):
@@ -43,6 +47,16 @@ class LazyGroup(click.Group):
         return sorted({*super().list_commands(ctx), *self._lazy})
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        host = ctx.params.get("host")
+        explicit = ctx.get_parameter_source("host") is click.core.ParameterSource.COMMANDLINE
+        if host and (name in REMOTE_COMMANDS or (explicit and name in self._lazy)):
+            # the same command, run on the cluster (the code and spec go along for submit);
+            # a local tool (render, plan, ckpt...) with $HPCTRAIN_HOST set still runs here
+            from hpctrain.commands.remote import remote_command
+            return remote_command(name, host, ctx.params.get("remote_command"))
+        if name in HIDDEN:
+            module_name, attr = HIDDEN[name].split(":")
+            return getattr(importlib.import_module(module_name), attr)
         if name in self._lazy:
             target, _ = self._lazy[name]
             module_name, attr = target.split(":")
@@ -59,8 +73,30 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpctrain")
-def cli() -> None:
+@click.option("--host", envvar="HPCTRAIN_HOST", metavar="[USER@]HOST[:PORT]",
+              help="Run submit, sweep, status, logs, cancel and report on this cluster over "
+                   "SSH (your ~/.ssh/config, keys and agent) [env: HPCTRAIN_HOST].")
+@click.option("--remote-command", envvar="HPCTRAIN_REMOTE_COMMAND", metavar="COMMAND",
+              help="How to start hpctrain on the --host cluster, e.g. ~/venv/bin/hpctrain "
+                   "[default: hpctrain; env: HPCTRAIN_REMOTE_COMMAND].")
+@click.option("--client-version", hidden=True,
+              help="Set by a --host client: refuse to serve a client of another version.")
+def cli(host: str | None, remote_command: str | None, client_version: str | None) -> None:
     """hpctrain: training jobs on SLURM GPU clusters, rendered, submitted and kept alive."""
+    if client_version:
+        check_client_version(client_version)
+
+
+def check_client_version(client: str) -> None:
+    """A --host client speaks the request format of its minor version: refuse another
+    release line with both versions named (a patch release differs in nothing sent)."""
+    from hpctrain.errors import RemoteError
+
+    if client.split(".")[:2] != __version__.split(".")[:2]:
+        raise RemoteError(f"version skew: this client is hpctrain {client}, the cluster has "
+                          f"{__version__}: install the same release on both (pip install "
+                          f"hpctrain=={__version__} on your machine, or upgrade the "
+                          "cluster's)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

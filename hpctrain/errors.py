@@ -110,3 +110,10 @@ class HostlistError(HpctrainError, ValueError):
     """A Slurm host list that Slurm would refuse too (``n[3-1]``, ``n[]``, ``n[1-2``)."""
 
     exit_code = 2
+
+
+class RemoteError(HpctrainError):
+    """``--host``: the cluster could not be reached or used over SSH (name resolution,
+    connection, authentication, host key, hpctrain missing or of another version there)."""
+
+    exit_code = 7

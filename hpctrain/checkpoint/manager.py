@@ -384,8 +384,14 @@ def _versions() -> dict[str, str]:
 
     import hpctrain
 
-    return {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
-            "python": platform.python_version()}
+    versions = {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
+                "python": platform.python_version()}
+    # the code that wrote it (the job's snapshot) and the run it belongs to, when known:
+    # a resumed run can tell whether it runs the code that saved (docs/checkpoint.md)
+    for key, name in (("snapshot", protocol.SNAPSHOT_ID), ("run_id", protocol.RUN_ID)):
+        if os.environ.get(name):
+            versions[key] = os.environ[name]
+    return versions
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:

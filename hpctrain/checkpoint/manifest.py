@@ -10,7 +10,8 @@ is not crc32)::
     {"format": "hpctrain-checkpoint", "format_version": 3, "checksum": "crc32c",
      "step": 1200, "created": 1763700000.0, "world_size": 2,
      "layout": {"kind": "torch"} | {"kind": "deepspeed", "tag": "ds"},
-     "versions": {"hpctrain": "0.1.0", "torch": "2.13.0", "python": "3.11.9"},
+     "versions": {"hpctrain": "0.1.0", "torch": "2.13.0", "python": "3.11.9",
+                  "snapshot": "b020c6064c95", "run_id": "0a85..."},   # when the job had them
      "files": [{"name": "rank00000.bin", "size": 4096, "blocks": [[0, 4096, 123]]}],
      "tensors": [{"path": ["model", "w"], "dtype": "float32", "global_shape": [4, 4],
                   "offsets": [0, 0], "shape": [4, 4], "file": "rank00000.bin",

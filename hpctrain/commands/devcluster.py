@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
 from hpctrain.devcluster.cluster import DevCluster
-from hpctrain.devcluster.config import Shape
+from hpctrain.devcluster.config import SSH_PORT, Shape
 
 state_dir_option = click.option(
     "--state-dir", type=click.Path(file_okay=False), default=None,
@@ -28,9 +29,15 @@ def devcluster() -> None:
               help="CPUs each node declares (may exceed this machine's).")
 @click.option("--spare", default=Shape.spare, show_default=True,
               help="Extra nodes only partition `wide` has (room to exclude a bad node).")
+@click.option("--ssh", is_flag=True,
+              help="Also start an SSH login on 127.0.0.1 (keys only) for --ssh-user, to try "
+                   "`hpctrain --host hpctrain-devcluster`.")
+@click.option("--ssh-port", default=SSH_PORT, show_default=True, help="Its port.")
+@click.option("--ssh-user", "ssh_users", multiple=True, metavar="USER",
+              help="Who may log in (repeatable) [default: $SUDO_USER].")
 @state_dir_option
-def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int,
-       state_dir: str | None) -> None:
+def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, ssh: bool,
+       ssh_port: int, ssh_users: tuple[str, ...], state_dir: str | None) -> None:
     """Install (as root), configure and start the cluster; when already up, only resume
     nodes an earlier run left DOWN or DRAIN."""
     dev = DevCluster(state_dir)
@@ -43,6 +50,11 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int,
     click.echo(f"  Slurm config:   {dev.paths.slurm_conf}  (export SLURM_CONF={dev.paths.slurm_conf}"
                " if /etc/slurm/slurm.conf is not ours)")
     click.echo(f"  shared storage: {dev.shared_dir}")
+    if ssh:
+        sudo_user = os.environ.get("SUDO_USER", "")
+        users = list(ssh_users) or ([sudo_user] if sudo_user not in ("", "root") else [])
+        for note in dev.up_ssh(ssh_port, users):
+            click.echo(f"  {note}")
 
 
 @devcluster.command()

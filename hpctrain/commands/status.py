@@ -70,10 +70,29 @@ def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
 def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
           watching: bool = False) -> int:
     """One table (or JSON object). Watching: 1 once every job has ended, else 0."""
+    targets, snap, rows = _collect(job_ids, expand, limit)
+    if as_json:
+        click.echo(json.dumps(_json(snap, rows)))
+    else:
+        if snap.note:
+            click.echo(f"note: {snap.note}", err=True)
+        click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
+                   f"({index.index_path()}); submit one with `hpctrain submit SPEC`")
+        if job_ids:   # the jobs asked for by id: what identifies their runs and code
+            for r in rows:
+                ident = [f"{k}={r.detail[k]}" for k in ("run_id", "snapshot") if r.detail.get(k)]
+                if ident:
+                    click.echo(f"  {r.job_id}: {' '.join(ident)}")
+    if watching:
+        return int(all(slurm_info(g, t, snap).state.final for t, g in targets))
+    return 0
+
+
+def _collect(job_ids: tuple[str, ...], expand: bool, limit: int
+             ) -> tuple[list[tuple[JobEntry, str]], Snapshot, list[Row]]:
     targets = _targets(job_ids, limit)
     expand_ids = set(job_ids) if job_ids else set()
-    ids = [t.job_id for t, _ in targets]
-    snap = poll.snapshot(ids)
+    snap = poll.snapshot([t.job_id for t, _ in targets])
     rows = []
     for rec, given in targets:
         if rec.kind == "sweep":
@@ -81,18 +100,19 @@ def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
                                 or given in expand_ids)
         else:
             rows.append(_job_row(given, rec, snap))
-    rows = [r for r in rows if r is not None]
-    if as_json:
-        click.echo(json.dumps({"source": snap.source, "note": snap.note,
-                               "slurm_calls": snap.calls, "jobs": [r.detail for r in rows]}))
-    else:
-        if snap.note:
-            click.echo(f"note: {snap.note}", err=True)
-        click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
-                   f"({index.index_path()}); submit one with `hpctrain submit SPEC`")
-    if watching:
-        return int(all(slurm_info(g, t, snap).state.final for t, g in targets))
-    return 0
+    return targets, snap, [r for r in rows if r is not None]
+
+
+def _json(snap: Snapshot, rows: list[Row]) -> dict[str, Any]:
+    return {"source": snap.source, "note": snap.note, "slurm_calls": snap.calls,
+            "jobs": [r.detail for r in rows]}
+
+
+def status_json(job_ids: tuple[str, ...] = (), expand: bool = False,
+                limit: int = 20) -> dict[str, Any]:
+    """What ``hpctrain status --json`` prints (the Python API's ``Cluster().status()``)."""
+    _, snap, rows = _collect(job_ids, expand, limit)
+    return _json(snap, rows)
 
 
 def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobEntry, str]]:

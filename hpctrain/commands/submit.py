@@ -30,21 +30,33 @@ def submit(spec_file: str, sets: tuple[str, ...], template_dirs: list[Any],
            folder: str | None, dry_run: bool, wait: bool, as_json: bool) -> int:
     """Render SPEC with the partition's templates and submit it to Slurm."""
     spec = load_spec(spec_file, sets)
+    return run_submit(spec, spec_path=os.path.abspath(spec_file), template_dirs=template_dirs,
+                      folder=folder, dry_run=dry_run, wait=wait, as_json=as_json)
+
+
+def run_submit(spec: JobSpec, *, spec_path: str, template_dirs: list[Any], folder: str | None,
+               dry_run: bool, wait: bool, as_json: bool, origin: Any = None,
+               snapshot_default: bool = False) -> int:
+    """``submit``'s work and output, shared with the cluster side of ``--host``
+    (hpctrain.commands.serve), which passes where the client's code was staged."""
     if dry_run:
-        return _dry_run(spec, template_dirs, as_json)
+        return _dry_run(spec, template_dirs, as_json, folder, origin, snapshot_default)
     from hpctrain.jobs.submit import submit as api_submit  # imports submitit: only when submitting
 
-    job = api_submit(spec, folder=folder, templates=template_dirs,
-                     spec_path=os.path.abspath(spec_file))
+    job = api_submit(spec, folder=folder, templates=template_dirs, spec_path=spec_path,
+                     origin=origin, snapshot_default=snapshot_default)
     log = str(job.log_path())
+    snapshot = job.entry.extra.get("snapshot", "")
     if as_json and not wait:
         click.echo(json.dumps(job_json(job, state="SUBMITTED", log=log)))
         return 0
     if not as_json:
         click.echo(f"submitted job {job.job_id} ({spec.name}) on partition {spec.partition}")
-        click.echo(f"  log:     {log}")
-        click.echo(f"  follow:  hpctrain logs {job.job_id} --follow")
-        click.echo(f"  status:  hpctrain status {job.job_id}")
+        click.echo(f"  log:      {log}")
+        if snapshot:
+            click.echo(f"  snapshot: {snapshot} (the job runs {job.entry.extra['snapshot_dir']})")
+        click.echo(f"  follow:   hpctrain logs {job.job_id} --follow")
+        click.echo(f"  status:   hpctrain status {job.job_id}")
     if not wait:
         return 0
     return _wait(job, as_json)
@@ -81,16 +93,26 @@ def _wait(job: Any, as_json: bool) -> int:
     return exit_code_for(info)
 
 
-def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool) -> int:
+def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool, folder: str | None = None,
+             origin: Any = None, snapshot_default: bool = False) -> int:
+    from hpctrain.jobs.paths import job_folder
+    from hpctrain.jobs.submit import freeze
     from hpctrain.render.script import render
 
-    rendered = render(spec, template_dirs=templates, python=sys.executable)
+    # the script as it would run: from its snapshot when there is one (named, not copied)
+    frozen = freeze(spec, job_folder(spec.name, folder), origin, default=snapshot_default,
+                    write=False)
+    rendered = render(frozen.spec, template_dirs=templates, python=sys.executable,
+                      snapshot=frozen.snapshot)
     if as_json:
         click.echo(json.dumps({"dry_run": True, "plan": plan_json(rendered.plan),
-                               "template": rendered.template_path, "script": rendered.script}))
+                               "template": rendered.template_path, "script": rendered.script,
+                               "snapshot": frozen.snapshot[0] if frozen.snapshot else None}))
         return 0
     click.echo(plan_table(rendered.plan))
     click.echo(f"template: {rendered.template_path}")
+    if frozen.snapshot:
+        click.echo(f"snapshot: {frozen.snapshot[0]} (would be copied to {frozen.snapshot[1]})")
     click.echo("--- script " + "-" * 60)
     click.echo(rendered.script, nl=False)
     click.echo("--- dry run: nothing was submitted", err=True)

@@ -34,24 +34,36 @@ def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
     (CHECKPOINT_DIR/point-NNN); arrays above the cluster's MaxArraySize are split.
     """
     spec = load_spec(spec_file, sets)
-    grid = parse_grid(grids)
+    return run_sweep(spec, parse_grid(grids), max_parallel=max_parallel,
+                     template_dirs=template_dirs, folder=folder, dry_run=dry_run,
+                     as_json=as_json, spec_path=os.path.abspath(spec_file))
+
+
+def run_sweep(spec: JobSpec, grid: dict[str, list[str]], *, max_parallel: int | None,
+              template_dirs: list[Any], folder: str | None, dry_run: bool, as_json: bool,
+              spec_path: str, origin: Any = None, snapshot_default: bool = False) -> int:
+    """``sweep``'s work and output, shared with the cluster side of ``--host``."""
     if dry_run:
         return _dry_run(spec, grid, max_parallel, template_dirs, as_json)
     from hpctrain.jobs.submit import submit_sweep  # imports submitit: only when submitting
 
     sw = submit_sweep(spec, grid, max_parallel=max_parallel, folder=folder,
-                      templates=template_dirs, spec_path=os.path.abspath(spec_file))
+                      templates=template_dirs, spec_path=spec_path, origin=origin,
+                      snapshot_default=snapshot_default)
+    snapshot = sw.arrays[0].extra.get("snapshot", "")
     if as_json:
         click.echo(json.dumps({"sweep_id": sw.sweep_id, "points": len(sw.points),
                                "arrays": [{"job_id": a.job_id, "array": a.extra["array"],
                                            "offset": a.sweep_offset} for a in sw.arrays],
-                               "folder": sw.arrays[0].folder}))
+                               "folder": sw.arrays[0].folder, "snapshot": snapshot}))
         return 0
     click.echo(f"submitted sweep {sw.sweep_id}: {len(sw.points)} points as "
                f"{len(sw.arrays)} job array(s)")
     for a in sw.arrays:
         click.echo(f"  array {a.job_id}  --array={a.extra['array']}  points "
                    f"{a.sweep_offset}..{a.sweep_offset + a.num_tasks - 1}")
+    if snapshot:
+        click.echo(f"  snapshot: {snapshot} (every point runs {sw.arrays[0].extra['snapshot_dir']})")
     click.echo(f"  status:  hpctrain status {sw.sweep_id}    (tasks: JOBID_TASK, e.g. "
                f"hpctrain logs {sw.arrays[0].job_id}_0)")
     return 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from hpctrain.devcluster import config, daemons
+from hpctrain.devcluster import config, daemons, sshd
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.devcluster.containers import ensure_host_image
 from hpctrain.devcluster.packages import ensure_packages
@@ -164,6 +164,17 @@ class DevCluster:
             self.paths.shape_file.write_text(shape.to_json())
             self._link_system_conf()
             return UpResult("reshaped" if reshaped else "started", resumed)
+
+    def up_ssh(self, port: int, users: list[str]) -> list[str]:
+        """Add the SSH login (``up --ssh``: :mod:`hpctrain.devcluster.sshd`); notes per user."""
+        ensure_packages(extra=("openssh-server", "openssh-client", "rsync"))
+        with self._lock():
+            return sshd.up(self.paths.root, port, users, self._daemon_env())
+
+    def _all_daemons(self, shape: Shape) -> list[daemons.Daemon]:
+        """The cluster's daemons, and the SSH server when ``up --ssh`` set it up."""
+        extra = [sshd.daemon(self.paths.root)] if sshd.configured(self.paths.root) else []
+        return self._daemons(shape) + extra
 
     @contextmanager
     def _lock(self) -> Iterator[None]:
@@ -325,7 +336,7 @@ class DevCluster:
     def status(self) -> dict[str, Any]:
         """Daemons, nodes and partitions, as a JSON-able dict."""
         shape = self.shape()
-        known = self._daemons(shape) if shape else []
+        known = self._all_daemons(shape) if shape else []
         daemon_rows = [{"name": d.name, "pid": daemons.running_pid(d),
                         "alive": daemons.running_pid(d) is not None} for d in known]
         ctld_alive = any(r["alive"] for r in daemon_rows if r["name"] == "slurmctld")
@@ -378,7 +389,7 @@ class DevCluster:
                                   timeout=10, retries=0).stdout.split()
                 if jobs:
                     client.run(["scancel", *jobs], env=env, check=False, timeout=10, retries=0)
-            stopped = [d.name for d in reversed(self._daemons(shape)) if daemons.stop(d)]
+            stopped = [d.name for d in reversed(self._all_daemons(shape)) if daemons.stop(d)]
             hosts = HOSTS_FILE.read_text() if HOSTS_FILE.exists() else ""
             if config.HOSTS_MARKER in hosts:
                 HOSTS_FILE.write_text(config.updated_hosts(hosts, None))

@@ -327,3 +327,35 @@ def host_image_config(spec: dict, binds: list[str]) -> dict:
                for d in binds]
     config["mounts"] = mounts
     return config
+
+
+# ---- the SSH server of `up --ssh` (hpctrain.devcluster.sshd) ------------------------------
+SSH_PORT = 2222
+SSH_ALIAS = "hpctrain-devcluster"
+
+
+def sshd_config(ssh_dir: Path, port: int, users: Sequence[str]) -> str:
+    """sshd_config of the devcluster's SSH server: loopback only, keys only, the listed
+    users only, their keys in root-owned files. Pure."""
+    return "\n".join([
+        "# Written by `hpctrain devcluster up --ssh`: the --host tests' cluster login.",
+        f"Port {port}", "ListenAddress 127.0.0.1",
+        f"HostKey {ssh_dir}/host_ed25519_key", f"PidFile {ssh_dir}/sshd.pid",
+        f"AuthorizedKeysFile {ssh_dir}/authorized_keys/%u",
+        "PubkeyAuthentication yes", "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no", "PermitRootLogin no",
+        # UsePAM no: Debian's PAM stack needs pam_loginuid, which fails in a container; its
+        # price is that an account locked with "!" cannot log in even with a key (ensure_login)
+        "UsePAM no", f"AllowUsers {' '.join(users)}", "StrictModes yes",
+        "X11Forwarding no", "AllowTcpForwarding no", "PrintMotd no",
+        "MaxSessions 64", "MaxStartups 64:30:128",
+        "Subsystem sftp internal-sftp", ""])
+
+
+def ssh_client_config(port: int, user: str, key: str, known_hosts: str) -> str:
+    """The user's ``Host hpctrain-devcluster`` block. Pure."""
+    return "\n".join([
+        "# Written by `hpctrain devcluster up --ssh`.", f"Host {SSH_ALIAS}",
+        "  HostName 127.0.0.1", f"  Port {port}", f"  User {user}", f"  IdentityFile {key}",
+        "  IdentitiesOnly yes", f"  UserKnownHostsFile {known_hosts}",
+        "  StrictHostKeyChecking yes", "  BatchMode yes", ""])

@@ -41,7 +41,9 @@ def _cmdline(pid: int) -> list[str]:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return []
-    return [os.path.basename(w) if i == 0 else w
+    # a daemon that rewrote its title into one word with spaces (sshd: "sshd: /usr/sbin/sshd
+    # -f CONF [listener] ...") keeps it whole
+    return [os.path.basename(w) if i == 0 and " " not in w else w
             for i, w in enumerate(raw.decode(errors="replace").split("\0")) if w]
 
 

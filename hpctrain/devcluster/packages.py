@@ -19,22 +19,27 @@ BINARIES = {
     "slurmdbd": "/usr/sbin/slurmdbd",
     "mariadb-server": "/usr/sbin/mariadbd",
     "runc": "/usr/sbin/runc",
+    # `up --ssh` only: the --host tests' login node
+    "openssh-server": "/usr/sbin/sshd",
+    "openssh-client": "/usr/bin/ssh",
+    "rsync": "/usr/bin/rsync",
 }
 APT_TIMEOUT_S = 900
 
 
-def missing_packages() -> list[str]:
+def missing_packages(packages: tuple[str, ...] = PACKAGES) -> list[str]:
     """Packages whose binaries are not on this machine."""
-    return [pkg for pkg in PACKAGES if not os.path.exists(BINARIES[pkg])]
+    return [pkg for pkg in packages if not os.path.exists(BINARIES[pkg])]
 
 
-def ensure_packages(install: bool = True) -> list[str]:
-    """Make sure every package is installed; returns what was installed.
+def ensure_packages(install: bool = True, extra: tuple[str, ...] = ()) -> list[str]:
+    """Make sure every package (and ``extra``) is installed; returns what was installed.
 
     As root, missing packages are installed with apt-get; otherwise the error says
     exactly what to install.
     """
-    missing = missing_packages()
+    wanted = PACKAGES + extra
+    missing = missing_packages(wanted)
     if not missing:
         return []
     command = f"apt-get install -y {' '.join(missing)}"
@@ -50,7 +55,7 @@ def ensure_packages(install: bool = True) -> list[str]:
         if proc.returncode != 0:
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
             raise DevclusterError(f"`{' '.join(argv)}` failed (exit {proc.returncode}):\n{tail}")
-    still = missing_packages()
+    still = missing_packages(wanted)
     if still:
         raise DevclusterError(f"apt-get reported success but {', '.join(still)} still missing")
     return missing

@@ -46,6 +46,7 @@ class JobStatus:
     verdict: dict[str, str] = field(default_factory=dict)   # the supervisor's outcome record
     last_step: int | None = None
     live: str = ""                                           # progress line while RUNNING
+    run_id: str = ""                                         # HPCTRAIN_RUN_ID, once it ran
 
     @property
     def requeue_limit(self) -> str | None:
@@ -71,7 +72,8 @@ class JobStatus:
                 "excluded_nodes": self.excluded_nodes, "progress": self.live,
                 "hangs": self.hangs, "last_checkpoint_step": self.last_step,
                 "folder": self.entry.folder, "cause": self.verdict.get("cause"),
-                "verdict": self.verdict}
+                "verdict": self.verdict, "run_id": self.run_id,
+                "snapshot": self.entry.extra.get("snapshot", "")}
 
 
 def info_json(info: JobInfo) -> dict[str, Any]:
@@ -80,6 +82,18 @@ def info_json(info: JobInfo) -> dict[str, Any]:
             "outcome": info.state.outcome.value, "elapsed_s": info.elapsed_s,
             "nodes": info.nodes, "num_nodes": info.num_nodes, "exit_code": info.exit_code,
             "reason": info.reason, "requeues": info.requeues}
+
+
+def info_from_json(job_id: str, data: dict[str, Any]) -> JobInfo:
+    """A :class:`JobInfo` back from :func:`info_json`'s object (a ``--host`` job's view)."""
+    from hpctrain.slurm.states import by_name
+
+    return JobInfo(job_id=job_id, state=by_name(str(data.get("state", ""))),
+                   slurm_state=data.get("slurm_state") or "", name=data.get("name") or "",
+                   elapsed_s=data.get("elapsed_s"), nodes=data.get("nodes") or "",
+                   num_nodes=int(data.get("num_nodes") or 0),
+                   exit_code=data.get("exit_code") or "", reason=data.get("reason") or "",
+                   requeues=dict(data.get("requeues") or {}))
 
 
 def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = True) -> JobStatus:
@@ -93,6 +107,7 @@ def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = 
         return JobStatus(job_id, entry, info, ledger)
     return JobStatus(job_id, entry, info, ledger,
                      verdict=protocol.find_record(job_id, protocol.OUTCOME, *dirs),
+                     run_id=protocol.find_record(job_id, protocol.IDENTITY, *dirs).get("run_id", ""),
                      last_step=last_checkpoint_step(entry.checkpoint_dir),
                      live=live_progress(job_id, *dirs) if str(info.state) == "RUNNING" else "")
 

@@ -122,16 +122,19 @@ def resolve_dirs(template_dirs: Iterable[str | Path] = ()) -> list[Path]:
 
 def render(spec: JobSpec, template_dirs: Iterable[str | Path] = (), *,
            python: str = DEFAULT_PYTHON,
-           bytecode_cache: jinja2.BytecodeCache | None = None) -> Rendered:
+           bytecode_cache: jinja2.BytecodeCache | None = None,
+           snapshot: tuple[str, str] | None = None) -> Rendered:
     """Plan ``spec`` on its partition and render it; raises SpecError/LayoutError/TemplateError.
 
     ``python`` runs the job supervisor in the job: an interpreter that can import hpctrain
     on the compute nodes (the submitting one, on a cluster with shared home or software).
-    ``bytecode_cache``: see :func:`environment`."""
+    ``bytecode_cache``: see :func:`environment`. ``snapshot`` is (id, directory) of the
+    code snapshot the job runs (exported as HPCTRAIN_SNAPSHOT_ID/_DIR; the spec's
+    workdir already points there)."""
     dirs = resolve_dirs(template_dirs)
     partition = find_partition(spec.partition, dirs)
     plan = plan_layout(spec, partition)
-    context = render_context(spec, plan, partition, python)
+    context = render_context(spec, plan, partition, python, snapshot)
     env = environment(dirs, bytecode_cache)
     name = f"partitions/{partition.name}.sbatch.j2"
     if not any((d / name).is_file() for d in dirs):
@@ -176,12 +179,15 @@ def _get(env: jinja2.Environment, name: str) -> jinja2.Template:
 
 # ---- what the templates see ------------------------------------------------------------
 def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
-                   python: str = DEFAULT_PYTHON) -> dict[str, Any]:
+                   python: str = DEFAULT_PYTHON,
+                   snapshot: tuple[str, str] | None = None) -> dict[str, Any]:
     """The variables every template gets (documented in docs/templates.md)."""
     container = plan_container(spec.container, partition.container, partition.name,
                                launcher=plan.launcher,
                                checkpoint_dir=spec.checkpoint.dir, workdir=spec.workdir)
     exports = job_exports(spec, plan) + health_check_exports(partition)
+    if snapshot is not None:
+        exports += [(protocol.SNAPSHOT_ID, snapshot[0]), (protocol.SNAPSHOT_DIR, snapshot[1])]
     if container is not None:  # the supervisor builds an OCI bundle from it
         exports.append((protocol.CONTAINER, json.dumps(container.to_json(), sort_keys=True)))
     return {

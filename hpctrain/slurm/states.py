@@ -117,3 +117,11 @@ def from_slurm(raw: str) -> State:
     word = raw.strip().split(" ")[0].rstrip("+").upper() if raw.strip() else ""
     word = SHORT_CODES.get(word, word)
     return TABLE.get(word, UNKNOWN)
+
+
+def by_name(name: str) -> State:
+    """The hpctrain state called ``name`` (as :func:`str` prints it); UNKNOWN otherwise."""
+    for state in (*TABLE.values(), ENDED):
+        if state.name == name:
+            return state
+    return UNKNOWN

@@ -87,6 +87,9 @@ class RunSpec:
     # names whose values come from the submitting environment, never written anywhere
     env_passthrough: tuple[str, ...] = ()
     access: str = "private"   # who may read the job folder: "private" or "group"
+    # run from a copy of the source tree in the job folder (hpctrain.jobs.snapshot);
+    # None: the submission path decides (off on the login node, on for --host)
+    snapshot: bool | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> "RunSpec":
@@ -104,10 +107,13 @@ class RunSpec:
         values = {env_key(k): env_value(k, v) for k, v in env.items()}
         passthrough = passthrough_names(_str_list(d.get("env_passthrough", ()),
                                                   "run.env_passthrough"), values)
+        snapshot = d.get("snapshot")
+        if snapshot is not None and not isinstance(snapshot, bool):
+            raise SpecError(f"run.snapshot={snapshot!r} must be true or false")
         return cls(command=_str_list(d["command"], "run.command", allow_empty=False,
                                            newlines=True),
                    launcher=launcher, setup=_str_list(d.get("setup", ()), "run.setup"),
-                   env=values, env_passthrough=passthrough,
+                   env=values, env_passthrough=passthrough, snapshot=snapshot,
                    access=access_level(d.get("access", "private"), "run.access"))
 
 

@@ -56,11 +56,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hpctrain.report": {"hpctrain.errors"},
     "hpctrain.devcluster": {"hpctrain.errors", "hpctrain.files", "hpctrain.slurm"},
     "hpctrain.api": {"hpctrain.jobs", "hpctrain.spec", "hpctrain.runtime.function"},
-    "hpctrain.cli": {"hpctrain.errors", "click"},
+    # --host: the client of the cluster's hpctrain (its status's JSON for Cluster.status)
+    "hpctrain.remote": SHARED | {"hpctrain.jobs", "hpctrain.spec", "hpctrain.slurm.states",
+                                 "hpctrain.commands.status"},
+    "hpctrain.cli": {"hpctrain.errors", "hpctrain.commands.remote", "click"},
     "hpctrain.commands": SHARED | {"hpctrain.spec", "hpctrain.planner", "hpctrain.render",
                                    "hpctrain.jobs", "hpctrain.report", "hpctrain.slurm",
-                                   "hpctrain.devcluster", "hpctrain.checkpoint", "click",
-                                   "jinja2", "torch"},
+                                   "hpctrain.devcluster", "hpctrain.checkpoint",
+                                   "hpctrain.remote", "hpctrain.cli", "click", "jinja2",
+                                   "torch"},
 }
 THIRD_PARTY = ("torch", "numpy", "submitit", "jinja2", "click", "safetensors", "deepspeed")
 
@@ -81,6 +85,9 @@ PROCESS_STARTERS = {
     "hpctrain.render.check": "bash -n on rendered scripts",
     "hpctrain.checkpoint.storage": "lfs setstripe on Lustre",
     "hpctrain.supervisor.step": "starts the training step (the launcher) in the batch step",
+    "hpctrain.remote.ssh": "the one runner of ssh and rsync (--host)",
+    "hpctrain.devcluster.sshd": "ssh-keygen, sshd -t, usermod (up --ssh)",
+    "hpctrain.jobs.snapshot": "git: a snapshot's files and the submission's commit and diff",
 }
 
 

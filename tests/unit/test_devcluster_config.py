@@ -113,3 +113,17 @@ def test_the_host_image_binds_where_the_python_and_project_live() -> None:
     # the pseudo file systems and /var (which holds the image itself) are never bound whole
     assert config.image_binds(["/proc/1", "/var/cache/x", "/"], exists=lambda d: True) \
         == list(config.HOST_IMAGE_BINDS)
+
+
+def test_sshd_config_is_loopback_and_keys_only() -> None:
+    from hpctrain.devcluster.config import ssh_client_config, sshd_config
+
+    text = sshd_config(Path("/var/lib/x/ssh"), 2222, ["hpct-alice", "bob"])
+    lines = set(text.splitlines())
+    assert {"Port 2222", "ListenAddress 127.0.0.1", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "PermitRootLogin no",
+            "AllowUsers hpct-alice bob", "AuthorizedKeysFile /var/lib/x/ssh/authorized_keys/%u",
+            "HostKey /var/lib/x/ssh/host_ed25519_key"} <= lines
+    assert not any(ln.startswith("ListenAddress") and "127.0.0.1" not in ln for ln in lines)
+    client = ssh_client_config(2222, "hpct-alice", "/h/.ssh/k", "/h/.ssh/k.known_hosts")
+    assert "Host hpctrain-devcluster\n" in client and "  StrictHostKeyChecking yes" in client

@@ -1,0 +1,101 @@
+"""``hpctrain --host H COMMAND ...``: the same commands, run on a cluster over SSH.
+
+``status``, ``logs``, ``cancel`` and ``report`` pass their arguments to the cluster's
+hpctrain as they are (one ssh round trip; ``logs --follow`` streams over it). ``submit``
+and ``sweep`` read the spec here, send the code (a snapshot of the current directory,
+unless ``[run] snapshot = false``) and the spec, and print what the cluster answered.
+Exit codes are the cluster's; ssh's own failures are :class:`~hpctrain.errors.RemoteError`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from hpctrain.commands.options import load_spec, sets_option
+from hpctrain.errors import RemoteError
+
+FORWARDED = ("status", "logs", "cancel", "report")
+NO_HELP: dict[str, Any] = {"ignore_unknown_options": True, "allow_extra_args": True,
+                           "help_option_names": []}
+
+
+def remote_command(name: str, host: str, remote: str | None) -> click.Command:
+    """The click command that runs ``name`` on ``host``."""
+    from hpctrain.cli import REMOTE_COMMANDS
+    from hpctrain.remote.ssh import Connection
+
+    if name not in REMOTE_COMMANDS:
+        raise RemoteError(f"`hpctrain {name}` runs on this machine, not with --host: run it "
+                          f"here without --host, or on the cluster (ssh {host} hpctrain "
+                          f"{name} ...); --host takes {', '.join(REMOTE_COMMANDS)}")
+    conn = Connection(host, remote_command=remote)
+    if name in FORWARDED:
+        @click.command(name=name, context_settings=NO_HELP)
+        @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+        def forward(args: tuple[str, ...]) -> int:
+            return conn.stream(conn.hpctrain_words([name, *args]))
+        return forward
+    return _submit_command(conn) if name == "submit" else _sweep_command(conn)
+
+
+def _send(conn: Any, request: dict[str, Any]) -> int:
+    return conn.stream(conn.hpctrain_words(["_serve", "submit"]),
+                       input=json.dumps(request).encode())
+
+
+def _request(conn: Any, spec: Any, **fields: Any) -> dict[str, Any]:
+    from hpctrain.remote.client import passthrough, stage
+
+    staged = {"snapshot": None} if fields.get("dry_run") else \
+        stage(conn, spec.run.snapshot, workdir=spec.workdir)
+    if fields.get("dry_run") and spec.run.snapshot is not False:
+        click.echo("note: a dry run sends no code; the job would run from a snapshot of "
+                   "this directory (set [run] snapshot = false to run the cluster's copy "
+                   "instead)", err=True)
+    return {"spec": spec.to_dict(), "passthrough": passthrough(spec.run.env_passthrough),
+            **staged, **fields}
+
+
+def _submit_command(conn: Any) -> click.Command:
+    @click.command(name="submit")
+    @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
+    @sets_option
+    @click.option("--folder", default=None,
+                  help="Root of job folders on the cluster [default: its HPCTRAIN_JOBS_DIR "
+                       "or ~/hpctrain-jobs].")
+    @click.option("--dry-run", is_flag=True, help="Print the cluster's plan and script.")
+    @click.option("--wait", is_flag=True, help="Show progress until the job ends.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+    def submit(spec_file: str, sets: tuple[str, ...], folder: str | None, dry_run: bool,
+               wait: bool, as_json: bool) -> int:
+        """Send SPEC and this directory's code to the --host cluster and submit it there."""
+        spec = load_spec(spec_file, sets)
+        return _send(conn, _request(conn, spec, kind="submit", folder=folder, dry_run=dry_run,
+                                    wait=wait, json=as_json))
+    return submit
+
+
+def _sweep_command(conn: Any) -> click.Command:
+    from hpctrain.jobs.sweep import parse_grid
+
+    @click.command(name="sweep")
+    @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
+    @click.option("--grid", "grids", multiple=True, required=True, metavar="KEY=V1,V2",
+                  help="A spec key and its values (repeatable; the sweep is their product).")
+    @click.option("--max-parallel", type=int, default=None,
+                  help="At most this many grid points run at once.")
+    @sets_option
+    @click.option("--folder", default=None, help="Root of job folders on the cluster.")
+    @click.option("--dry-run", is_flag=True, help="List the points; submit nothing.")
+    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+    def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
+              sets: tuple[str, ...], folder: str | None, dry_run: bool, as_json: bool) -> int:
+        """Send SPEC and this directory's code to the --host cluster and sweep there."""
+        spec = load_spec(spec_file, sets)
+        return _send(conn, _request(conn, spec, kind="sweep", grid=parse_grid(grids),
+                                    max_parallel=max_parallel, folder=folder,
+                                    dry_run=dry_run, json=as_json))
+    return sweep

@@ -1,0 +1,185 @@
+"""``hpctrain _serve ...``: the cluster's side of ``--host`` (hidden; run over ssh only).
+
+The client (``hpctrain.remote``) copies the code snapshot with rsync, then runs one of
+these with a JSON request on stdin. Each does what the same command does on the login
+node, through the same functions, so a remote job is recorded in the cluster's job index
+and behaves like any other: the cluster stays the one place that knows its jobs.
+
+- ``submit``: a spec, a sweep or a pickled callable (the request's ``kind``); the staged
+  copy of the client's tree becomes the job's snapshot (checked against the client's id)
+  and is removed from the staging area once copied;
+- ``info JOB_ID`` / ``wait JOB_ID``: the job's state as JSON (``wait``: one line per change,
+  until the job has ended for good);
+- ``result JOB_ID``: a function job's result files, base64, for the client to unpickle.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctrain.errors import HpctrainError, JobError
+
+# where clients stage snapshots, relative to the home directory (hpctrain.remote.client)
+STAGING = ".cache/hpctrain/staging"
+_STAGED = re.compile(r"^\.cache/hpctrain/staging/[0-9a-f]{12}$")
+
+
+@click.group(name="_serve", hidden=True)
+def serve() -> None:
+    """The cluster side of `hpctrain --host` (run by the client over ssh)."""
+
+
+def _request() -> dict[str, Any]:
+    try:
+        data = json.load(sys.stdin)
+    except ValueError as exc:
+        raise HpctrainError(f"_serve: the request on stdin is not JSON ({exc}): this "
+                            "command is run by `hpctrain --host`, not by hand") from None
+    if not isinstance(data, dict):
+        raise HpctrainError("_serve: the request must be a JSON object")
+    return data
+
+
+def _origin(req: dict[str, Any]) -> tuple[Any, Path | None]:
+    """Where the client's code is here (its staged copy), and that copy's directory."""
+    from hpctrain.jobs.snapshot import Origin
+
+    snap = req.get("snapshot")
+    if not snap:
+        return Origin(os.getcwd(), git=req.get("git") or {},
+                      submitted_from=req.get("submitted_from", "")), None
+    rel = str(snap["dir"])
+    if not _STAGED.match(rel):
+        raise HpctrainError(f"_serve: staging dir {rel!r} is not under ~/{STAGING}")
+    staged = Path.home() / rel
+    return Origin(str(staged), git=snap.get("git") or {}, expect_id=str(snap["id"]),
+                  submitted_from=req.get("submitted_from", ""),
+                  files=tuple(snap["files"])), staged
+
+
+def _passthrough(req: dict[str, Any]) -> None:
+    # values of [run] env_passthrough, sent over ssh from the client's environment: sbatch
+    # hands them to the job from this process's environment, never from a file
+    for name, value in (req.get("passthrough") or {}).items():
+        os.environ[str(name)] = str(value)
+
+
+@serve.command()
+def submit() -> int:
+    """Submit the spec, sweep or callable of the request on stdin."""
+    from hpctrain.spec.model import JobSpec
+    from hpctrain.spec.site import template_dirs
+
+    req = _request()
+    origin, staged = _origin(req)
+    _passthrough(req)
+    kind = req.get("kind", "submit")
+    try:
+        if kind == "function":
+            return _submit_function(req, origin)
+        spec = JobSpec.from_dict(req["spec"])
+        templates = template_dirs(())
+        if kind == "sweep":
+            from hpctrain.commands.sweep import run_sweep
+            return run_sweep(spec, req["grid"], max_parallel=req.get("max_parallel"),
+                             template_dirs=templates, folder=req.get("folder"),
+                             dry_run=bool(req.get("dry_run")), as_json=bool(req.get("json")),
+                             spec_path="", origin=origin, snapshot_default=True)
+        from hpctrain.commands.submit import run_submit
+        return run_submit(spec, spec_path="", template_dirs=templates, folder=req.get("folder"),
+                          dry_run=bool(req.get("dry_run")), wait=bool(req.get("wait")),
+                          as_json=bool(req.get("json")), origin=origin, snapshot_default=True)
+    finally:
+        if staged is not None and not req.get("dry_run"):
+            shutil.rmtree(staged, ignore_errors=True)   # the job folder has its own copy now
+
+
+def _submit_function(req: dict[str, Any], origin: Any) -> int:
+    import cloudpickle
+
+    from hpctrain.commands.jobview import job_json
+    from hpctrain.jobs.submit import submit_function
+
+    fn_data = req["function"]
+    # a callable pickled by reference imports its module from the client's tree
+    sys.path.insert(0, origin.dir)
+    fn, args, kwargs = cloudpickle.loads(base64.b64decode(fn_data["pickle"]))
+    options = dict(fn_data.get("options") or {})
+    snapshot = options.pop("snapshot", True)
+    job = submit_function(fn, *args, **options, snapshot=snapshot, origin=origin, **kwargs)
+    click.echo(json.dumps(job_json(job, state="SUBMITTED", log=str(job.log_path()),
+                                   snapshot=job.entry.extra.get("snapshot", ""))))
+    return 0
+
+
+def _job(job_id: str) -> Any:
+    from hpctrain.jobs.handle import Job
+    return Job.attach(job_id)
+
+
+def _info_line(job: Any) -> dict[str, Any]:
+    from hpctrain.jobs.handle import is_over
+    from hpctrain.jobs.poll import queued_ids
+    from hpctrain.jobs.view import info_json
+
+    info = job.info()
+    over = is_over(info, lambda: job.job_id in queued_ids([job.job_id])) \
+        or str(info.state) == "ENDED"
+    return {"job_id": job.job_id, "name": job.name, "kind": job.entry.kind,
+            "folder": job.folder, "log": str(job.log_path()), "over": over,
+            **info_json(info)}
+
+
+@serve.command()
+@click.argument("job_id")
+def info(job_id: str) -> int:
+    """One JSON line: the job's state, and whether it has ended for good."""
+    click.echo(json.dumps(_info_line(_job(job_id))))
+    return 0
+
+
+@serve.command()
+@click.argument("job_id")
+@click.option("--poll", "poll_s", type=float, default=2.0)
+def wait(job_id: str, poll_s: float) -> int:
+    """A JSON line whenever the job's state changes, until it has ended for good."""
+    import time
+
+    job, last = _job(job_id), ""
+    while True:
+        line = _info_line(job)
+        text = json.dumps(line)
+        if text != last:
+            click.echo(text)
+            last = text
+        if line["over"]:
+            return 0
+        time.sleep(max(poll_s, 0.5))
+
+
+@serve.command()
+@click.argument("job_id")
+def result(job_id: str) -> int:
+    """A function job's result files (submitit's pickles), base64, one per rank."""
+    job = _job(job_id)
+    if job.entry.kind != "function":
+        raise JobError(f"job {job_id} runs a script, not a Python callable: it has no result")
+    files = []
+    for task in range(max(1, job.entry.num_tasks)):
+        path = Path(job.folder) / f"{job.entry.job_id}_{task}_result.pkl"
+        try:
+            files.append(base64.b64encode(path.read_bytes()).decode())
+        except FileNotFoundError:
+            files.append(None)
+    click.echo(json.dumps({"job_id": job_id, "results": files,
+                           "state": _info_line(job)["state"]}))
+    return 0
