@@ -31,30 +31,51 @@ def devcluster() -> None:
               help="Extra nodes only partition `wide` has (room to exclude a bad node).")
 @click.option("--ssh", is_flag=True,
               help="Also start an SSH login on 127.0.0.1 (keys only) for --ssh-user, to try "
-                   "`hpctrain --host hpctrain-devcluster`.")
-@click.option("--ssh-port", default=SSH_PORT, show_default=True, help="Its port.")
+                   "`hpctrain --host hpctrain-devcluster`; on a cluster that is up, only that.")
+@click.option("--ssh-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+              help=f"Its port (with --ssh) [default: {SSH_PORT}].")
 @click.option("--ssh-user", "ssh_users", multiple=True, metavar="USER",
-              help="Who may log in (repeatable) [default: $SUDO_USER].")
+              help="Who may log in (with --ssh; repeatable; added to those set up before) "
+                   "[default: $SUDO_USER].")
 @state_dir_option
 def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, ssh: bool,
-       ssh_port: int, ssh_users: tuple[str, ...], state_dir: str | None) -> None:
+       ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None) -> None:
     """Install (as root), configure and start the cluster; when already up, only resume
-    nodes an earlier run left DOWN or DRAIN."""
+    nodes an earlier run left DOWN or DRAIN. With --ssh, also its SSH login."""
+    if not ssh and (ssh_port is not None or ssh_users):
+        raise click.UsageError("--ssh-port and --ssh-user go with --ssh "
+                               "(`hpctrain devcluster up --ssh --ssh-user NAME`)")
     dev = DevCluster(state_dir)
-    result = dev.up(Shape(nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
-                          spare=spare))
-    click.echo(f"devcluster {result.outcome}: {nodes} nodes x {gpus_per_node} GPUs "
-               f"(+{spare} spare), partitions debug (default), urgent and wide (all nodes)")
+    # `up --ssh` on a cluster that is up adds the login; it does not reshape it to defaults
+    current = dev.shape() if ssh and not _shape_given() else None
+    shape = current or Shape(nodes=nodes, gpus_per_node=gpus_per_node,
+                             cpus_per_node=cpus_per_node, spare=spare)
+    result = dev.up(shape)
+    click.echo(f"devcluster {result.outcome}: {shape.nodes} nodes x {shape.gpus_per_node} GPUs "
+               f"(+{shape.spare} spare), partitions debug (default), urgent and wide "
+               "(all nodes)")
     for note in result.resumed:
         click.echo(f"  resumed node {note}")
     click.echo(f"  Slurm config:   {dev.paths.slurm_conf}  (export SLURM_CONF={dev.paths.slurm_conf}"
                " if /etc/slurm/slurm.conf is not ours)")
     click.echo(f"  shared storage: {dev.shared_dir}")
     if ssh:
-        sudo_user = os.environ.get("SUDO_USER", "")
-        users = list(ssh_users) or ([sudo_user] if sudo_user not in ("", "root") else [])
-        for note in dev.up_ssh(ssh_port, users):
+        for note in dev.up_ssh(SSH_PORT if ssh_port is None else ssh_port,
+                               list(ssh_users) or _sudo_user()):
             click.echo(f"  {note}")
+
+
+def _shape_given() -> bool:
+    """Whether the command line named any of the cluster's shape options."""
+    ctx = click.get_current_context()
+    return any(ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+               for name in ("nodes", "gpus_per_node", "cpus_per_node", "spare"))
+
+
+def _sudo_user() -> list[str]:
+    """The user who ran `sudo hpctrain devcluster up --ssh` (not root), if any."""
+    name = os.environ.get("SUDO_USER", "")
+    return [name] if name not in ("", "root") else []
 
 
 @devcluster.command()
@@ -78,6 +99,10 @@ def _format_status(info: dict) -> str:
              f"shared:    {info['shared_dir']}", "daemons:"]
     lines += [f"  {d['name']:<12} {'alive pid ' + str(d['pid']) if d['alive'] else 'DOWN'}"
               for d in info["daemons"]]
+    if info.get("ssh"):
+        ssh = info["ssh"]
+        lines.insert(3, f"ssh:       127.0.0.1:{ssh['port']} (`ssh {ssh['alias']}`), users "
+                        f"{' '.join(ssh['users'])}")
     if info["nodes"]:
         lines.append("nodes:")
         lines += [f"  {n['name']:<4} {n['state']:<12} gres={n['gres']} cpus={n['cpus']} "

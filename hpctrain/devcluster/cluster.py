@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from hpctrain.devcluster import config, daemons, sshd
 from hpctrain.devcluster.config import Paths, Ports, Shape
@@ -141,6 +141,7 @@ class DevCluster:
             fresh = previous == shape and not self._configs_changed(shape)
             if fresh and all(daemons.running_pid(d) for d in wanted):
                 ensure_host_image(self.paths)  # cheap; a cluster from before 0.2 gets it
+                self._keep_ssh()
                 return UpResult("already up", self.make_nodes_usable(shape))
             self._prepare_dirs(shape)
             # A new shape (or settings from a newer hpctrain) needs slurmctld and the
@@ -163,13 +164,26 @@ class DevCluster:
             ensure_host_image(self.paths)
             self.paths.shape_file.write_text(shape.to_json())
             self._link_system_conf()
+            self._keep_ssh()
             return UpResult("reshaped" if reshaped else "started", resumed)
 
-    def up_ssh(self, port: int, users: list[str]) -> list[str]:
-        """Add the SSH login (``up --ssh``: :mod:`hpctrain.devcluster.sshd`); notes per user."""
-        ensure_packages(extra=("openssh-server", "openssh-client", "rsync"))
+    def up_ssh(self, port: int, users: Sequence[str]) -> list[str]:
+        """Add the SSH login (``up --ssh``, :mod:`hpctrain.devcluster.sshd`) for ``users``
+        on 127.0.0.1:``port``, to a cluster that is up; idempotent. Returns what to tell
+        the operator (the host alias per user, accounts changed, hints)."""
+        if os.geteuid() != 0:
+            raise DevclusterError("`hpctrain devcluster up --ssh` must run as root: it "
+                                  "installs and starts sshd (try `sudo hpctrain devcluster "
+                                  "up --ssh`)")
+        ensure_packages(extra=sshd.SSH_PACKAGES)
         with self._lock():
             return sshd.up(self.paths.root, port, users, self._daemon_env())
+
+    def _keep_ssh(self) -> None:
+        """A cluster once set up with ``--ssh`` keeps its SSH login across ``down``/``up``
+        (``status`` lists it, so ``up`` must bring it back too)."""
+        if sshd.configured(self.paths.root):
+            sshd.start(self.paths.root, self._daemon_env())
 
     def _all_daemons(self, shape: Shape) -> list[daemons.Daemon]:
         """The cluster's daemons, and the SSH server when ``up --ssh`` set it up."""
@@ -346,6 +360,8 @@ class DevCluster:
             "shared_dir": str(self.paths.shared),
             "shape": json.loads(shape.to_json()) if shape else None,
             "daemons": daemon_rows,
+            # port, users, alias of the SSH login (`up --ssh`); None when never set up
+            "ssh": sshd.settings(self.paths.root) if shape else None,
             "nodes": [{"name": n.get("NodeName"), "state": n.get("State"),
                        "gres": n.get("Gres"), "cpus": n.get("CPUTot"),
                        "partitions": n.get("Partitions")} for n in self.nodes()] if ctld_alive else [],
@@ -364,13 +380,18 @@ class DevCluster:
         return daemons.stop(self._daemon(name))
 
     def start_daemon(self, name: str) -> None:
-        daemons.start(self._daemon(name), self._daemon_env())
+        daemon = self._daemon(name)
+        if name == "sshd":
+            sshd.start(self.paths.root, self._daemon_env())   # makes /run/sshd first
+        else:
+            daemons.start(daemon, self._daemon_env())
 
     def _daemon(self, name: str) -> daemons.Daemon:
         shape = self.shape()
-        found = [d for d in self._daemons(shape) if d.name == name] if shape else []
+        known = self._all_daemons(shape) if shape else []
+        found = [d for d in known if d.name == name]
         if not found:
-            names = [d.name for d in self._daemons(shape)] if shape else []
+            names = [d.name for d in known]
             raise DevclusterError(f"no devcluster daemon {name!r}: daemons are "
                                   f"{', '.join(names) or 'none (not up)'}")
         return found[0]

@@ -18,6 +18,7 @@ from hpctrain.devcluster import daemons
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.devcluster.config import Shape
 from helpers import admin
+from helpers.net import listeners
 from helpers.slurm import sbatch, wait_done
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -100,6 +101,8 @@ def test_down_stops_only_its_own_daemons_and_up_works_again(cluster: DevCluster)
         result = hpctrain("devcluster", "up")
         assert result.returncode == 0, result.stderr
         assert "started" in result.stdout
+        # every daemon comes back, sshd too when `up --ssh` set it up before (status lists it)
+        assert all(d["alive"] for d in cluster.status()["daemons"])
         job = sbatch("--nodes=2", "--ntasks-per-node=1", "--output=/dev/null",
                      "--wrap=srun hostname")
         assert wait_done(job) == "COMPLETED"
@@ -128,35 +131,13 @@ def test_daemon_pid_files_are_checked_against_proc(cluster: DevCluster, tmp_path
     assert daemons.stop(fake) is False
 
 
-def _listening(proc_file: str) -> set[tuple[str, int]]:
-    """(address, port) of every listening TCP socket in /proc/net/tcp[6] (state 0A)."""
-    import ipaddress
-
-    found = set()
-    try:
-        lines = Path(proc_file).read_text().splitlines()[1:]
-    except FileNotFoundError:
-        return found
-    for line in lines:
-        local, state = line.split()[1], line.split()[3]
-        if state != "0A":
-            continue
-        addr_hex, port_hex = local.split(":")
-        raw = bytes.fromhex(addr_hex)
-        # the kernel prints each 32-bit word in host (little-endian) order
-        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
-        found.add((str(ipaddress.ip_address(raw)), int(port_hex, 16)))
-    return found
-
-
 def test_daemons_listen_on_loopback_only_and_munge_admits_every_user(
         cluster: DevCluster) -> None:
     """A shared login node must not expose slurmctld, slurmdbd, slurmd or MariaDB; every
     user's sbatch must reach munged, while its key stays root's."""
     ports = {cluster.ports.slurmctld, cluster.ports.slurmdbd, cluster.ports.mariadb,
              *(cluster.ports.slurmd_base + i for i in range(1, 4))}
-    listening = _listening("/proc/net/tcp") | _listening("/proc/net/tcp6")
-    ours = {(addr, port) for addr, port in listening if port in ports}
+    ours = {(addr, port) for addr, port in listeners() if port in ports}
     assert {port for _, port in ours} >= {cluster.ports.slurmctld, cluster.ports.slurmdbd}
     exposed = {(a, p) for a, p in ours if a not in ("127.0.0.1", "::1")}
     assert not exposed, f"devcluster daemons listen beyond loopback: {sorted(exposed)}"

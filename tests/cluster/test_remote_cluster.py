@@ -25,9 +25,10 @@ import pytest
 
 from helpers import admin, users
 from helpers.slurm import wait_until
+from helpers.ssh import ensure_ssh
 
 pytestmark = pytest.mark.slurm
-HOST = "hpctrain-devcluster"
+HOST = "hpctrain-devcluster"   # the alias ensure_ssh returns (checked in the fixture)
 # the cluster's hpctrain: the project's venv (a login shell over ssh has no venv on PATH)
 REMOTE = {"HPCTRAIN_REMOTE_COMMAND": str(Path(sys.executable).parent / "hpctrain")}
 
@@ -54,8 +55,7 @@ command = ["python3", "train.py", "{sleep}"]
 @pytest.fixture(scope="module")
 def alice(cluster) -> users.User:
     user = users.ensure(users.ALICE)
-    admin.run([sys.executable, "-m", "hpctrain", "devcluster", "up", "--ssh", "--ssh-user",
-               user.name])
+    assert ensure_ssh(user.name) == HOST
     return user
 
 

@@ -127,3 +127,50 @@ def test_sshd_config_is_loopback_and_keys_only() -> None:
     assert not any(ln.startswith("ListenAddress") and "127.0.0.1" not in ln for ln in lines)
     client = ssh_client_config(2222, "hpct-alice", "/h/.ssh/k", "/h/.ssh/k.known_hosts")
     assert "Host hpctrain-devcluster\n" in client and "  StrictHostKeyChecking yes" in client
+
+
+def test_sshd_config_listens_on_loopback_only_with_its_port_and_no_passwords() -> None:
+    lines = config.sshd_config(Path("/s/ssh"), 2299, ["hpct-alice"]).splitlines()
+    listen = [ln for ln in lines if ln.startswith(("ListenAddress", "Port"))]
+    assert listen == ["Port 2299", "ListenAddress 127.0.0.1"]
+    settings = dict(ln.split(" ", 1) for ln in lines if ln and not ln.startswith("#"))
+    assert settings["AuthenticationMethods"] == "publickey"
+    assert {k: settings[k] for k in ("PasswordAuthentication", "KbdInteractiveAuthentication",
+                                     "PermitEmptyPasswords", "PermitRootLogin")} == \
+        dict.fromkeys(("PasswordAuthentication", "KbdInteractiveAuthentication",
+                       "PermitEmptyPasswords", "PermitRootLogin"), "no")
+    assert settings["AllowUsers"] == "hpct-alice" and settings["StrictModes"] == "yes"
+    assert settings["PidFile"] == "/s/ssh/sshd.pid" and settings["UsePAM"] == "no"
+    assert settings["MaxStartups"] == "64:30:128" and settings["MaxSessions"] == "64"
+    assert config.sshd_settings("\n".join(lines)) == {"port": 2299, "users": ["hpct-alice"]}
+
+
+@pytest.mark.parametrize("port, users, named", [
+    (0, ["hpct-alice"], "--ssh-port 0"), (70000, ["hpct-alice"], "--ssh-port 70000"),
+    (2222, [], "--ssh-user NAME"), (2222, ["hpct-alice", "root"], "--ssh-user root"),
+    (2222, ["alice bob"], "'alice bob'"),
+    (2222, ["x\nPermitRootLogin yes"], "PermitRootLogin yes"),  # no smuggled config line
+])
+def test_sshd_config_refuses_a_bad_port_or_user_by_name(port: int, users: list[str],
+                                                        named: str) -> None:
+    with pytest.raises(DevclusterError, match=named.replace("\n", "\\n")):
+        config.sshd_config(Path("/s/ssh"), port, users)
+
+
+def test_ssh_client_files_name_the_alias_port_and_host_key() -> None:
+    known = config.ssh_known_hosts(2299, "ssh-ed25519 AAAAkey hpctrain-devcluster\n")
+    assert known == ("[127.0.0.1]:2299 ssh-ed25519 AAAAkey\n"
+                     "[hpctrain-devcluster]:2299 ssh-ed25519 AAAAkey\n")
+    block = config.ssh_client_config(2299, "bob", "/h/.ssh/k", "/h/.ssh/k.known_hosts")
+    assert {"  Port 2299", "  User bob", "  IdentitiesOnly yes", "  BatchMode yes",
+            "  UserKnownHostsFile /h/.ssh/k.known_hosts"} <= set(block.splitlines())
+
+
+def test_ssh_packages_are_checked_only_when_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpctrain.devcluster.sshd import SSH_PACKAGES
+
+    monkeypatch.setitem(packages.BINARIES, "openssh-server", "/nonexistent/sshd")
+    assert "openssh-server" not in packages.missing_packages()   # plain `up`
+    assert "openssh-server" in packages.missing_packages(packages.PACKAGES + SSH_PACKAGES)
+    with pytest.raises(DevclusterError, match="apt-get install -y .*openssh-server"):
+        packages.ensure_packages(install=False, extra=SSH_PACKAGES)
