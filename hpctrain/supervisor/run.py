@@ -1,7 +1,9 @@
-"""One run of a job under the supervisor: claim the state, start the step, pass stop
-signals on and watch it for hangs (:mod:`hpctrain.supervisor.hang`), then decide from
-Slurm's facts (:mod:`hpctrain.supervisor.decision`) and act: finish, requeue (without the
-bad nodes, :mod:`hpctrain.supervisor.nodes`), or start the step again in this allocation.
+"""One run of a job under the supervisor: claim the state, account for the runs before
+(:mod:`hpctrain.supervisor.history`), start the step (:mod:`hpctrain.supervisor.step`),
+pass stop signals on and watch it for hangs (:mod:`hpctrain.supervisor.hang`), then
+decide from Slurm's facts (:mod:`hpctrain.supervisor.decision`) and act: finish, requeue
+(without the bad nodes, :mod:`hpctrain.supervisor.nodes`), or start the step again in
+this allocation.
 
 The rendered script ends with ``exec python -m hpctrain.supervisor -- <launcher argv>``,
 so this process *is* the batch step: Slurm's signals to the batch shell come here. Until
@@ -26,16 +28,16 @@ from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor import container
 from hpctrain.supervisor.config import Config
-from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, FREE_CAUSES, REQUEUE_CAUSES,
-                                          Caught, Decision, Facts, InPlace, decide, limit_text,
-                                          missing_requeues, notice_cause, over_limit,
-                                          runtime_word, slurm_event, warning_due)
+from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, Caught, Decision, Facts,
+                                          InPlace, decide, notice_cause, runtime_word,
+                                          slurm_event, warning_due)
 from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, log_segment, log_size
 from hpctrain.supervisor.hang import Watch
+from hpctrain.supervisor.history import account_restarts
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.statedir import StateDir
-from hpctrain.supervisor.step import Step, forward
+from hpctrain.supervisor.step import Step, forward, step_env
 from hpctrain.supervisor.watchdog import Hang
 
 POLL_S = 0.1                 # how often the step and the signal log are looked at
@@ -93,7 +95,7 @@ class Supervisor:
         if note:
             say(note)
         view = self.ask()
-        last_cause, stop = self.account_restarts(state)
+        last_cause, stop, self._requeues = account_restarts(cfg, state)
         state.clear(p.STOP, p.EXIT)   # earlier runs' notices and records have been read
         if stop is not None:
             return self.act(stop, state, None)
@@ -130,7 +132,7 @@ class Supervisor:
             again = f", in-place restart {attempt}" if attempt else ""
             say(f"starting the training step of job {cfg.key}: {cfg.where}, "
                 f"restart {cfg.restart_count}{again}{after}")
-            step = Step(argv, self.step_env(state, view, last_cause, attempt))
+            step = Step(argv, step_env(cfg, state, view, last_cause, attempt))
             watch = Watch(state, cfg.limits, cfg.world, cfg.restart_count, attempt, logs,
                           cfg.nodes)
             status, self._hang = self.supervise(step, state, watch)
@@ -286,64 +288,6 @@ class Supervisor:
             return {}
         return {"detected_at": f"{hang.detected_at:.1f}", "idle_s": f"{hang.idle_s:.1f}",
                 "phase": hang.phase, "ranks": ",".join(map(str, hang.ranks)) or "-"}
-
-    # ---- the start of a run ------------------------------------------------------------------
-    def account_restarts(self, state: StateDir) -> tuple[str | None, Decision | None]:
-        """Enter the requeues no supervisor counted (Slurm's own), pass the last one's cause
-        on, and stop here when that requeue went past a limit: (last cause, stop or None)."""
-        cfg = self.cfg
-        ledger = state.ledger()
-        if cfg.restart_count > ledger.last_restart:
-            previous = self.previous_word(state)
-            needs_sacct = cfg.restart_count - ledger.last_restart > 1 or previous is None
-            states = control.run_states(cfg.key) if needs_sacct else []
-            for restart, cause in missing_requeues(ledger.last_restart, cfg.restart_count,
-                                                   previous, states):
-                state.append_ledger(line("requeue", cause=cause, restart_count=restart,
-                                         by="slurm"))
-            ledger = state.ledger()
-        self._requeues = dict(ledger.requeues)
-        if cfg.restart_count == 0:
-            return None, None
-        cause = ledger.last_cause or "node_fail"
-        count = ledger.requeues.get(cause, 0)
-        free = sum(ledger.requeues.get(c, 0) for c in FREE_CAUSES)
-        limit = over_limit(cfg.budget, cause, count, cfg.restart_count - free)
-        if limit is None:
-            return cause, None
-        text = limit_text(limit, cause, count, cfg.restart_count)
-        say(f"not running job {cfg.key} again after a {cause} requeue: {text}")
-        return cause, Decision("stop", cause, 1, "not run again", limit=limit, detail=text)
-
-    def previous_word(self, state: StateDir) -> str | None:
-        """Why the previous run ended, in its own words: its supervisor's verdict, the
-        runtime's requeue record, or the stop notice it was given."""
-        before = self.cfg.restart_count - 1
-        verdict = state.read(p.OUTCOME, before)
-        if verdict.get("action") in ("requeue", "leave") and verdict.get("cause") in REQUEUE_CAUSES:
-            return verdict["cause"]
-        word = runtime_word(state.read(p.EXIT, before), None)
-        notice = state.read(p.STOP, before).get("cause")
-        return word or (notice if notice in ("preemption", "time_limit") else None)
-
-    def step_env(self, state: StateDir, view: JobView | None, last_cause: str | None,
-                 attempt: int = 0) -> dict[str, str]:
-        """The step's environment: the batch step's, plus what the ranks read."""
-        cfg = self.cfg
-        env = {k: v for k, v in os.environ.items() if k != p.EARLY_SIGNALS}
-        env.update({p.STATE_DIR: str(state.path), p.EXIT_FILE: str(state.file(p.EXIT)),
-                    p.STOP_FILE: str(state.file(p.STOP)), p.RUN_ID: state.run_id,
-                    p.RESTART_COUNT: str(cfg.restart_count), p.STEP_ATTEMPT: str(attempt),
-                    p.HEARTBEAT_S: f"{cfg.limits.beat_s:g}",
-                    p.STOP_SIGNALS: ",".join(dict.fromkeys((cfg.requeue_signal, "TERM"))),
-                    # submitit's in-task handler (function jobs) takes the same signal
-                    "SUBMITIT_PREEMPT_SIGNAL": cfg.requeue_signal})
-        if last_cause:
-            env[p.LAST_EXIT_CAUSE] = last_cause
-        if not env.get("SLURM_JOB_END_TIME") and view is not None and view.end_time:
-            # Slurm before 23.02 does not set it; the runtime tells warnings apart by it
-            env["SLURM_JOB_END_TIME"] = f"{view.end_time:.0f}"
-        return env
 
     # ---- acting ------------------------------------------------------------------------------
     def act(self, d: Decision, state: StateDir, facts: Facts | None,

@@ -14,8 +14,32 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
 from hpctrain.slurm import control
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.config import Config
+from hpctrain.supervisor.statedir import StateDir
+
+
+def step_env(cfg: Config, state: StateDir, view: JobView | None, last_cause: str | None,
+             attempt: int = 0) -> dict[str, str]:
+    """The step's environment: the batch step's, plus what the ranks read (the protocol's
+    files, the run id, the restart count and in-place attempt, the stop signals)."""
+    env = {k: v for k, v in os.environ.items() if k != p.EARLY_SIGNALS}
+    env.update({p.STATE_DIR: str(state.path), p.EXIT_FILE: str(state.file(p.EXIT)),
+                p.STOP_FILE: str(state.file(p.STOP)), p.RUN_ID: state.run_id,
+                p.RESTART_COUNT: str(cfg.restart_count), p.STEP_ATTEMPT: str(attempt),
+                p.HEARTBEAT_S: f"{cfg.limits.beat_s:g}",
+                p.STOP_SIGNALS: ",".join(dict.fromkeys((cfg.requeue_signal, "TERM"))),
+                # submitit's in-task handler (function jobs) takes the same signal
+                "SUBMITIT_PREEMPT_SIGNAL": cfg.requeue_signal})
+    if last_cause:
+        env[p.LAST_EXIT_CAUSE] = last_cause
+    if not env.get("SLURM_JOB_END_TIME") and view is not None and view.end_time:
+        # Slurm before 23.02 does not set it; the runtime tells warnings apart by it
+        env["SLURM_JOB_END_TIME"] = f"{view.end_time:.0f}"
+    return env
 
 
 class Step:
