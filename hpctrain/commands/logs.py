@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from hpctrain.commands.reader import reader_gone, wait_while_read
 from hpctrain.jobs.handle import Job
 
 
@@ -26,9 +27,11 @@ def logs(job_id: str, follow: bool, rank: int | None) -> int:
         return 0
     click.echo(f"following {job.log_path(rank)} (Ctrl-C stops following, not the job)", err=True)
     try:
-        for line in job.follow(rank):
+        for line in job.follow(rank, idle=wait_while_read):
             click.echo(line)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:   # `| head`; over ssh, the client's Ctrl-C
+        return reader_gone()
     click.echo(f"job {job_id} ended {job.state}", err=True)
     return 0

@@ -18,6 +18,11 @@ from hpctrain.commands.options import load_spec, sets_option
 from hpctrain.errors import RemoteError
 
 FORWARDED = ("status", "logs", "cancel", "report")
+# a directory on the cluster, so unchecked here (the cluster's hpctrain checks it)
+templates_option = click.option(
+    "--templates", "template_dirs", multiple=True, metavar="DIR",
+    help="A template directory on the cluster (relative: to your home there), layered over "
+         "its $HPCTRAIN_TEMPLATES and built-in templates (repeatable; first wins).")
 NO_HELP: dict[str, Any] = {"ignore_unknown_options": True, "allow_extra_args": True,
                            "help_option_names": []}
 
@@ -49,12 +54,12 @@ def _send(conn: Any, request: dict[str, Any]) -> int:
 def _request(conn: Any, spec: Any, **fields: Any) -> dict[str, Any]:
     from hpctrain.remote.client import passthrough, stage
 
-    staged = {"snapshot": None} if fields.get("dry_run") else \
-        stage(conn, spec.run.snapshot, workdir=spec.workdir)
-    if fields.get("dry_run") and spec.run.snapshot is not False:
-        click.echo("note: a dry run sends no code; the job would run from a snapshot of "
-                   "this directory (set [run] snapshot = false to run the cluster's copy "
-                   "instead)", err=True)
+    dry = bool(fields.get("dry_run"))
+    staged = stage(conn, spec.run.snapshot, workdir=spec.workdir, send=not dry)
+    if dry and staged["snapshot"]:
+        click.echo(f"note: a dry run sends no code; the job would run from snapshot "
+                   f"{staged['snapshot']['id']} of this directory (set [run] snapshot = "
+                   "false to run the cluster's copy instead)", err=True)
     return {"spec": spec.to_dict(), "passthrough": passthrough(spec.run.env_passthrough),
             **staged, **fields}
 
@@ -63,18 +68,19 @@ def _submit_command(conn: Any) -> click.Command:
     @click.command(name="submit")
     @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
     @sets_option
+    @templates_option
     @click.option("--folder", default=None,
                   help="Root of job folders on the cluster [default: its HPCTRAIN_JOBS_DIR "
                        "or ~/hpctrain-jobs].")
     @click.option("--dry-run", is_flag=True, help="Print the cluster's plan and script.")
     @click.option("--wait", is_flag=True, help="Show progress until the job ends.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-    def submit(spec_file: str, sets: tuple[str, ...], folder: str | None, dry_run: bool,
-               wait: bool, as_json: bool) -> int:
+    def submit(spec_file: str, sets: tuple[str, ...], template_dirs: tuple[str, ...],
+               folder: str | None, dry_run: bool, wait: bool, as_json: bool) -> int:
         """Send SPEC and this directory's code to the --host cluster and submit it there."""
         spec = load_spec(spec_file, sets)
-        return _send(conn, _request(conn, spec, kind="submit", folder=folder, dry_run=dry_run,
-                                    wait=wait, json=as_json))
+        return _send(conn, _request(conn, spec, kind="submit", templates=list(template_dirs),
+                                    folder=folder, dry_run=dry_run, wait=wait, json=as_json))
     return submit
 
 
@@ -88,14 +94,16 @@ def _sweep_command(conn: Any) -> click.Command:
     @click.option("--max-parallel", type=int, default=None,
                   help="At most this many grid points run at once.")
     @sets_option
+    @templates_option
     @click.option("--folder", default=None, help="Root of job folders on the cluster.")
     @click.option("--dry-run", is_flag=True, help="List the points; submit nothing.")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
     def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
-              sets: tuple[str, ...], folder: str | None, dry_run: bool, as_json: bool) -> int:
+              sets: tuple[str, ...], template_dirs: tuple[str, ...], folder: str | None,
+              dry_run: bool, as_json: bool) -> int:
         """Send SPEC and this directory's code to the --host cluster and sweep there."""
         spec = load_spec(spec_file, sets)
         return _send(conn, _request(conn, spec, kind="sweep", grid=parse_grid(grids),
-                                    max_parallel=max_parallel, folder=folder,
-                                    dry_run=dry_run, json=as_json))
+                                    max_parallel=max_parallel, templates=list(template_dirs),
+                                    folder=folder, dry_run=dry_run, json=as_json))
     return sweep

@@ -57,13 +57,30 @@ def _origin(req: dict[str, Any]) -> tuple[Any, Path | None]:
     if not snap:
         return Origin(os.getcwd(), git=req.get("git") or {},
                       submitted_from=req.get("submitted_from", "")), None
+    if snap.get("dir") is None:   # a dry run: the client named its snapshot, sent no code
+        if not req.get("dry_run"):
+            raise HpctrainError("_serve: a request without staged code must be a dry run")
+        return Origin(os.getcwd(), git=snap.get("git") or {}, known_id=str(snap["id"]),
+                      submitted_from=req.get("submitted_from", "")), None
     rel = str(snap["dir"])
     if not _STAGED.match(rel):
         raise HpctrainError(f"_serve: staging dir {rel!r} is not under ~/{STAGING}")
     staged = Path.home() / rel
+    _keep_private(Path.home() / STAGING)
     return Origin(str(staged), git=snap.get("git") or {}, expect_id=str(snap["id"]),
                   submitted_from=req.get("submitted_from", ""),
                   files=tuple(snap["files"])), staged
+
+
+def _keep_private(staging: Path) -> None:
+    """The staging directory lists every snapshot id sent: the client's rsync makes it
+    0700 (umask 077), and one an older client left open is closed here."""
+    try:
+        st = staging.stat()
+        if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+            os.chmod(staging, 0o700)
+    except OSError:
+        pass   # the staged copy's own checks below say what is wrong
 
 
 def _passthrough(req: dict[str, Any]) -> None:
@@ -87,7 +104,7 @@ def submit() -> int:
         if kind == "function":
             return _submit_function(req, origin)
         spec = JobSpec.from_dict(req["spec"])
-        templates = template_dirs(())
+        templates = template_dirs(str(d) for d in req.get("templates") or ())
         if kind == "sweep":
             from hpctrain.commands.sweep import run_sweep
             return run_sweep(spec, req["grid"], max_parallel=req.get("max_parallel"),
@@ -151,19 +168,23 @@ def info(job_id: str) -> int:
 @click.argument("job_id")
 @click.option("--poll", "poll_s", type=float, default=2.0)
 def wait(job_id: str, poll_s: float) -> int:
-    """A JSON line whenever the job's state changes, until it has ended for good."""
-    import time
+    """A JSON line whenever the job's state changes, until it has ended for good (or
+    the client has gone: a Ctrl-C during ``RemoteJob.wait``)."""
+    from hpctrain.commands.reader import reader_gone, wait_while_read
 
     job, last = _job(job_id), ""
-    while True:
-        line = _info_line(job)
-        text = json.dumps(line)
-        if text != last:
-            click.echo(text)
-            last = text
-        if line["over"]:
-            return 0
-        time.sleep(max(poll_s, 0.5))
+    try:
+        while True:
+            line = _info_line(job)
+            text = json.dumps(line)
+            if text != last:
+                click.echo(text)
+                last = text
+            if line["over"]:
+                return 0
+            wait_while_read(max(poll_s, 0.5))
+    except BrokenPipeError:
+        return reader_gone()
 
 
 @serve.command()

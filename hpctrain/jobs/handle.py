@@ -132,8 +132,10 @@ class Job:
         return filter_rank(text, rank) if rank is not None and not self.entry.rank_log else text
 
     def follow(self, rank: int | None = None, poll_s: float = 0.5,
-               stop_when_done: bool = True) -> Iterator[str]:
-        """Yield the log's lines as they are written, until the job has ended."""
+               stop_when_done: bool = True,
+               idle: Callable[[float], None] = time.sleep) -> Iterator[str]:
+        """Yield the log's lines as they are written, until the job has ended. ``idle``
+        waits between polls (the CLI's also notices that its reader has gone)."""
         path = self.log_path(rank, self._raw_id())
         pos, partial, last_check = 0, "", 0.0
         while True:
@@ -157,7 +159,7 @@ class Job:
                     if partial:
                         yield partial
                     return
-            time.sleep(poll_s)
+            idle(poll_s)
 
     def _raw_id(self) -> str | None:
         if "_" not in self.job_id:

@@ -241,6 +241,8 @@ class Origin:
     expect_id: str = ""
     submitted_from: str = ""              # user@host:path of the client
     files: tuple[str, ...] | None = None  # exactly these (the client's list), else scan
+    # a --host dry run sends no files, only the id the client computed: named, never read
+    known_id: str = ""
 
     def scan(self) -> Source:
         source = scan(self.dir, use_git=self.git is None, paths=self.files)

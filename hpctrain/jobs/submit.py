@@ -75,6 +75,11 @@ def freeze(spec: JobSpec, folder: str | os.PathLike[str], origin: Origin | None 
         return Frozen(spec, None, provenance(
             None, None, source_dir=origin.dir, git=origin.git,
             submitted_from=origin.submitted_from) if write else None)
+    output = os.path.join(folder, spec.output or "hpctrain-%x-%j.out")
+    if not write and origin.known_id:
+        where = snapshot_dir(folder, origin.known_id)
+        return Frozen(spec.replace(workdir=str(where), output=output),
+                      (origin.known_id, str(where)), None)
     source = origin.scan()
     if not write:
         where = snapshot_dir(folder, source.id)
@@ -82,7 +87,6 @@ def freeze(spec: JobSpec, folder: str | os.PathLike[str], origin: Origin | None 
     else:
         where = materialize(source, folder, spec.run.access)
         prov = provenance(source, where, submitted_from=origin.submitted_from)
-    output = os.path.join(folder, spec.output or "hpctrain-%x-%j.out")
     return Frozen(spec.replace(workdir=str(where), output=output), (source.id, str(where)), prov)
 
 

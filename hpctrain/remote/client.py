@@ -23,9 +23,11 @@ STAGING = ".cache/hpctrain/staging"   # hpctrain.commands.serve.STAGING, on the 
 
 
 def stage(conn: Connection, spec_snapshot: bool | None, *, source_dir: str | None = None,
-          workdir: str | None = None, default: bool = True) -> dict[str, Any]:
+          workdir: str | None = None, default: bool = True, send: bool = True
+          ) -> dict[str, Any]:
     """Send the code of ``source_dir`` (default: here) when a snapshot is wanted; the
-    request fields that tell the cluster where it is and where it came from."""
+    request fields that tell the cluster where it is and where it came from. ``send=False``
+    (a dry run): the snapshot is only named (its id), nothing is copied."""
     from hpctrain.jobs.snapshot import git_facts, scan
 
     source_dir = os.path.abspath(source_dir or os.getcwd())
@@ -41,9 +43,12 @@ def stage(conn: Connection, spec_snapshot: bool | None, *, source_dir: str | Non
                         f"snapshot sends this machine's {source_dir}: leave workdir out (the "
                         "job runs in its snapshot) or set [run] snapshot = false")
     source = scan(source_dir)
+    git = {k: v for k, v in source.git.items() if k != "files"}
+    if not send:
+        return {"snapshot": {"dir": None, "id": source.id, "git": git},
+                "submitted_from": here}
     dest = f"{STAGING}/{source.id}"
     conn.rsync(source.root, source.paths, dest)
-    git = {k: v for k, v in source.git.items() if k != "files"}
     return {"snapshot": {"dir": dest, "id": source.id, "files": source.paths, "git": git},
             "submitted_from": here}
 
@@ -210,10 +215,12 @@ class Cluster:
         yield from self.conn.lines(words, timeout_s)
 
     # ---- submitting ----------------------------------------------------------------------------
-    def submit(self, spec: Any, *, folder: str | None = None, snapshot: bool | None = None) -> Any:
+    def submit(self, spec: Any, *, folder: str | None = None, snapshot: bool | None = None,
+               templates: Sequence[str] = ()) -> Any:
         """Submit a :class:`~hpctrain.JobSpec` or a spec file; a :class:`hpctrain.Job` here,
         a :class:`RemoteJob` on a remote cluster. The current directory is the code sent
-        (``snapshot``, default: the spec's ``[run] snapshot``, else on)."""
+        (``snapshot``, default: the spec's ``[run] snapshot``, else on). ``templates``:
+        template directories on the cluster, as ``--templates``."""
         from hpctrain.spec.model import JobSpec
 
         if not isinstance(spec, JobSpec):
@@ -222,8 +229,9 @@ class Cluster:
             spec = spec.with_overrides({"run.snapshot": snapshot})
         if self._conn is None:
             from hpctrain.jobs.submit import submit
-            return submit(spec, folder=folder)
+            return submit(spec, folder=folder, templates=templates)
         request = {"kind": "submit", "spec": spec.to_dict(), "folder": folder, "json": True,
+                   "templates": [str(t) for t in templates],
                    "passthrough": passthrough(spec.run.env_passthrough),
                    **stage(self.conn, spec.run.snapshot, workdir=spec.workdir)}
         data = self._call(["_serve", "submit"], "submit", request)
@@ -254,7 +262,8 @@ class Cluster:
         return RemoteJob(self, str(data["job_id"]), data)
 
     def submit_sweep(self, spec: Any, grid: Mapping[str, Sequence[str]], *,
-                     max_parallel: int | None = None, folder: str | None = None) -> Any:
+                     max_parallel: int | None = None, folder: str | None = None,
+                     templates: Sequence[str] = ()) -> Any:
         """:func:`hpctrain.submit_sweep` on this cluster; remote: the sweep's JSON (its id,
         arrays, points) and :meth:`job` gives each task (``ARRAY_TASK``)."""
         from hpctrain.spec.model import JobSpec
@@ -263,10 +272,12 @@ class Cluster:
             spec = JobSpec.load(spec)
         if self._conn is None:
             from hpctrain.jobs.submit import submit_sweep
-            return submit_sweep(spec, grid, max_parallel=max_parallel, folder=folder)
+            return submit_sweep(spec, grid, max_parallel=max_parallel, folder=folder,
+                                templates=templates)
         request = {"kind": "sweep", "spec": spec.to_dict(), "grid": {k: list(v) for k, v in
                                                                       grid.items()},
                    "max_parallel": max_parallel, "folder": folder, "json": True,
+                   "templates": [str(t) for t in templates],
                    "passthrough": passthrough(spec.run.env_passthrough),
                    **stage(self.conn, spec.run.snapshot, workdir=spec.workdir)}
         return self._call(["_serve", "submit"], "submit_sweep", request)

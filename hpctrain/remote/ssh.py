@@ -285,8 +285,11 @@ class Connection:
         """Copy ``files`` (paths below ``root``) to ``dest`` on the host (a path relative to
         the remote home), over the same connection; nobody but the user may read the copy."""
         ssh = shlex.join(["ssh", *self.ssh_options()])
+        # umask 077 on the remote side: the parents --mkpath makes (the staging directory
+        # that lists every snapshot id) are the user's alone too, not only the copied files
         argv = ["rsync", "--archive", "--from0", "--files-from=-", "--mkpath",
-                "--chmod=go-rwx", "-e", ssh, f"{root.rstrip('/')}/",
+                "--chmod=go-rwx", "--rsync-path=umask 077 && rsync", "-e", ssh,
+                f"{root.rstrip('/')}/",
                 f"{self.target.destination}:{dest.rstrip('/')}/"]
         data = b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in files)
         try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import sys
 import time
 import uuid
@@ -83,6 +84,21 @@ def remote_log(user: users.User, root: Path, job_id: str) -> str:
     return host(user, root, "logs", job_id).stdout
 
 
+def remote_waiters(job_id: str) -> list[str]:
+    """Command lines of the cluster-side processes waiting on the job for a client
+    (`hpctrain ... logs JOB --follow`, `hpctrain ... _serve wait JOB`)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            words = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "--client-version" in words and job_id in words and \
+                ("logs" in words or "wait" in words):
+            found.append(" ".join(words))
+    return found
+
+
 def test_requeued_job_runs_its_snapshot_not_the_edited_tree(alice: users.User) -> None:
     root, name = project(alice, sleep=300)
     res = host(alice, root, "submit", "job.toml", "--json")
@@ -113,9 +129,24 @@ def test_requeued_job_runs_its_snapshot_not_the_edited_tree(alice: users.User) -
     assert provenance["snapshot_id"] == sid and provenance["git"] == {}
     assert provenance["submitted_from"].endswith(f":{root}")
     assert (folder / f"{jid}_requirements.txt").read_text().count("==") > 10
+    # Ctrl-C on a follow of the quiet job, or on a notebook's wait for it: what waited on
+    # the cluster ends too, at once (else at the job's next line or state change, hours
+    # later; timeout sends the client SIGINT)
+    stopped = alice.run(["timeout", "-s", "INT", "6", sys.executable, "-m", "hpctrain",
+                         "--host", HOST, "logs", jid, "--follow"], cwd=root, env=REMOTE,
+                        timeout=60)
+    assert "following" in stopped.stderr, stopped.stderr
+    waited = alice.run(["timeout", "-s", "INT", "6", sys.executable, "-c",
+                        "import sys, hpctrain; hpctrain.Cluster(host=sys.argv[1])"
+                        ".job(sys.argv[2]).wait()", HOST, jid], cwd=root, env=REMOTE,
+                       timeout=60)
+    assert "KeyboardInterrupt" in waited.stderr, waited.stderr
+    wait_until(lambda: not remote_waiters(jid), 10, "the cluster's follower and waiter to end")
     assert host(alice, root, "cancel", jid).returncode == 0
-    # the staging copy is gone once the job folder has its own
-    assert not (alice.home / ".cache/hpctrain/staging" / sid).exists()
+    # the staging copy is gone once the job folder has its own; what is left is hers alone
+    staging = alice.home / ".cache/hpctrain/staging"
+    assert not (staging / sid).exists()
+    assert stat.S_IMODE(staging.stat().st_mode) == 0o700
 
     # the next submission sends the edited tree: another snapshot, and logs --follow streams
     write(alice, root / "job.toml", SPEC.format(name=name, sleep=1))
@@ -137,6 +168,33 @@ def test_sweep_over_ssh(alice: users.User) -> None:
         out = host(alice, root, "status", sweep["sweep_id"], "--expand", "--json").stdout
         return [j["state"] for j in json.loads(out)["jobs"]]
     wait_until(lambda: states() == ["COMPLETED", "COMPLETED"], 120, "both points")
+
+
+SITE_TEMPLATE = """\
+{% extends "base.sbatch.j2" %}
+{% block environment %}
+{{ super() }}
+# rendered with alice's template directory on the cluster
+{% endblock %}
+"""
+
+
+def test_templates_named_with_host_are_the_clusters(alice: users.User) -> None:
+    root, _ = project(alice, sleep=0)
+    tag = uuid.uuid4().hex[:6]
+    # on the cluster, relative to her home there (the devcluster's home is the laptop's)
+    write(alice, alice.home / f"site-{tag}" / "partitions" / "debug.sbatch.j2", SITE_TEMPLATE)
+    dry = host(alice, root, "submit", "job.toml", "--dry-run", "--templates", f"site-{tag}")
+    assert dry.returncode == 0, dry.stderr
+    assert "# rendered with alice's template directory on the cluster" in dry.stdout
+    # a dry run names the snapshot it would send, and sends (and reads there) nothing
+    named = re.search(r"(?m)^snapshot: ([0-9a-f]{12}) \(would be copied to ", dry.stdout)
+    assert named and f"would run from snapshot {named.group(1)}" in dry.stderr, dry.stderr
+    assert not (alice.home / ".cache/hpctrain/staging" / named.group(1)).exists()
+    missing = host(alice, root, "sweep", "job.toml", "--grid", "checkpoint.keep_last=1,2",
+                   "--dry-run", "--templates", f"nowhere-{tag}")
+    assert missing.returncode != 0
+    assert f"template directory 'nowhere-{tag}' does not exist" in missing.stderr, missing.stderr
 
 
 NOTEBOOK = """\
