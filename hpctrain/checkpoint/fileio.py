@@ -6,7 +6,7 @@ allows it (ext4, xfs, Lustre): the page cache is bypassed, so writing costs what
 overlap with the write in flight (the checksum, numpy copies and pwrite all release
 the GIL).
 Where O_DIRECT is refused (tmpfs, some FUSE/overlay mounts) a buffered write + fsync is
-used instead. Either way the file is fsynced before the function returns.
+used instead. Either way the file is fsynced before it is closed.
 """
 
 from __future__ import annotations
@@ -66,78 +66,121 @@ def write_segments(path: Path, segments: Sequence[memoryview | bytes | np.ndarra
     Returns (size, blocks) with one (offset, length, checksum) block per segment.
     OSError (ENOSPC, EDQUOT, EIO) propagates; the caller owns the cleanup.
     """
-    fn = checksum.get(algorithm)
-    fd = -1
-    if direct and hasattr(os, "O_DIRECT"):
-        try:
-            fd = _open(path, True)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:  # EINVAL: this file system has no O_DIRECT
-                raise
+    out = SegmentFile(path, direct=direct, algorithm=algorithm)
     try:
-        if fd >= 0:
-            result = _write_direct(fd, segments, fn)
-        else:
-            fd = _open(path, False)
-            result = _write_buffered(fd, segments, fn)
-        fault("file-before-fsync")
-        os.fsync(fd)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return result
+        blocks = out.write(segments)
+    except BaseException:
+        out.abort()
+        raise
+    return out.close(), blocks
 
 
-def _write_buffered(fd: int, segments: Sequence, fn: Checksum
-                    ) -> tuple[int, list[tuple[int, int, int]]]:
-    blocks, offset = [], 0
-    for seg in segments:
-        arr = _as_bytes(seg)
-        crc = Task(fn, arr) if arr.nbytes > BOUNCE else None  # overlaps the write
-        _pwrite_all(fd, memoryview(arr), offset)
-        blocks.append((offset, arr.nbytes, crc.result() if crc else fn(arr)))
-        offset += arr.nbytes
-    return offset, blocks
+class SegmentFile:
+    """One file written as segments back to back, in one or more :meth:`write` calls (a
+    rank may learn what else it must write while its first segments are on their way to
+    the disk), then :meth:`close`, which fsyncs it. Not thread-safe: one writer thread.
 
+    O_DIRECT where the file system allows it: the segments are copied into two
+    page-aligned bounce buffers, one filled (and checksummed) while the other is written.
+    The buffers are the calling thread's: one O_DIRECT file open per thread at a time.
+    """
 
-def _write_direct(fd: int, segments: Sequence, fn: Checksum
-                  ) -> tuple[int, list[tuple[int, int, int]]]:
-    arrs = _bounce_buffers()
-    pending: list[Task | None] = [None, None]
-    blocks, offset, file_off, k, pos = [], 0, 0, 0, 0
-    try:
+    def __init__(self, path: Path, direct: bool = True,
+                 algorithm: str = checksum.DEFAULT) -> None:
+        self._fn: Checksum = checksum.get(algorithm)
+        self._fd = -1
+        if direct and hasattr(os, "O_DIRECT"):
+            try:
+                self._fd = _open(path, True)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # EINVAL: this file system has no O_DIRECT
+                    raise
+        self.direct = self._fd >= 0
+        if not self.direct:
+            self._fd = _open(path, False)
+        self.size = 0        # bytes of segments written so far
+        self._file_off = 0   # direct: bytes handed to pwrite (whole bounce buffers)
+        self._pos = 0        # direct: bytes waiting in the current bounce buffer
+        self._k = 0          # direct: which bounce buffer is being filled
+        self._pending: list[Task | None] = [None, None]
+        self._bufs = _bounce_buffers() if self.direct else []
+
+    def write(self, segments: Sequence[memoryview | bytes | np.ndarray]
+              ) -> list[tuple[int, int, int]]:
+        """Append ``segments``; one (offset, length, checksum) block per segment."""
+        blocks = []
         for seg in segments:
             arr = _as_bytes(seg)
-            blocks.append((offset, arr.nbytes, fn(arr)))
-            offset += arr.nbytes
-            i = 0
-            while i < arr.nbytes:
-                n = min(arr.nbytes - i, BOUNCE - pos)
-                arrs[k][pos:pos + n] = arr[i:i + n]
-                pos, i = pos + n, i + n
-                if pos == BOUNCE:
-                    pending[k] = Task(_pwrite_all, fd, memoryview(arrs[k]), file_off)
-                    file_off, k, pos = file_off + BOUNCE, k ^ 1, 0
-                    if pending[k] is not None:
-                        pending[k].result()  # buffer k is free again (raises ENOSPC etc.)
-                        pending[k] = None
-        if pos:
-            padded = -(-pos // ALIGN) * ALIGN  # O_DIRECT writes whole aligned blocks
-            arrs[k][pos:padded] = 0
-            pending[k] = Task(_pwrite_all, fd, memoryview(arrs[k])[:padded], file_off)
-        for fut in pending:
-            if fut is not None:
-                fut.result()
-        if pos:
-            os.ftruncate(fd, offset)  # drop the alignment padding
-    finally:
-        for task in pending:  # never leave a write running into a reused buffer
+            if self.direct:
+                blocks.append((self.size, arr.nbytes, self._fn(arr)))
+                self._copy_in(arr)
+            else:
+                crc = Task(self._fn, arr) if arr.nbytes > BOUNCE else None  # overlaps the write
+                _pwrite_all(self._fd, memoryview(arr), self.size)
+                blocks.append((self.size, arr.nbytes, crc.result() if crc else self._fn(arr)))
+            self.size += arr.nbytes
+        return blocks
+
+    def _copy_in(self, arr: np.ndarray) -> None:
+        bufs, i = self._bufs, 0
+        while i < arr.nbytes:
+            n = min(arr.nbytes - i, BOUNCE - self._pos)
+            bufs[self._k][self._pos:self._pos + n] = arr[i:i + n]
+            self._pos, i = self._pos + n, i + n
+            if self._pos == BOUNCE:
+                self._send(BOUNCE)
+                self._pos = 0
+
+    def _send(self, nbytes: int) -> None:
+        """pwrite the first ``nbytes`` of the current bounce buffer on a second thread, then
+        make the other buffer current once its own write is done (raising ENOSPC etc.)."""
+        k = self._k
+        self._pending[k] = Task(_pwrite_all, self._fd, memoryview(self._bufs[k])[:nbytes],
+                                self._file_off)
+        self._file_off += nbytes
+        self._k = k ^ 1
+        self._wait(self._k)
+
+    def _wait(self, k: int) -> None:
+        task, self._pending[k] = self._pending[k], None
+        if task is not None:
+            task.result()
+
+    def close(self) -> int:
+        """Write what is left, fsync and close; return the file's size."""
+        try:
+            if self.direct:
+                if self._pos:
+                    padded = -(-self._pos // ALIGN) * ALIGN  # O_DIRECT writes whole blocks
+                    self._bufs[self._k][self._pos:padded] = 0
+                    self._send(padded)
+                self._wait(0)
+                self._wait(1)
+                if self._pos:
+                    os.ftruncate(self._fd, self.size)  # drop the alignment padding
+                self._pos = 0
+            fault("file-before-fsync")
+            os.fsync(self._fd)
+        except BaseException:
+            self.abort()
+            raise
+        os.close(self._fd)
+        self._fd = -1
+        return self.size
+
+    def abort(self) -> None:
+        """Close without fsync (the caller deletes the file): never leave a write running
+        into a bounce buffer that will be reused."""
+        for task in self._pending:
             if task is not None and not task.done():
                 try:
                     task.result()
                 except OSError:
                     pass
-    return offset, blocks
+        self._pending = [None, None]
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def read_into(fd: int, offset: int, dest: np.ndarray) -> None:

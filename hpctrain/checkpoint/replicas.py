@@ -8,6 +8,12 @@ rank reports a fingerprint (size and crc32 of the bytes) of every plain tensor a
 extra; values whose holders agree are *shared* and written once, values whose holders
 disagree are *per rank* and every holder writes its own. A DTensor shard's placement
 already says what it is (no fingerprint).
+
+So that the checksumming overlaps the disk, a save starts from a *provisional* plan made
+from sizes alone (:func:`plan_writes` with no fingerprints: each value held at one size by
+several ranks is given to one owner, who starts writing it), and :func:`settle` makes it
+final once the fingerprints are in: a value found to differ stays written as its
+provisional owner's own, and its other holders add theirs.
 """
 
 from __future__ import annotations
@@ -55,6 +61,17 @@ def plan_writes(held: Sequence[Sequence[Held]]) -> WritePlan:
         owner[key] = rank
         load[rank] += size[key]
     return WritePlan(owner, per_rank)
+
+
+def settle(provisional: WritePlan, held: Sequence[Sequence[Held]]) -> WritePlan:
+    """The final plan once every rank's fingerprints are known, for a save whose writes
+    began on ``provisional`` (a plan made from sizes alone, every fingerprint None): a value
+    whose holders disagree becomes per rank (each holder writes its own; the copy its
+    provisional owner has already written becomes that owner's own), and every other
+    shared value keeps its provisional owner, who has written it."""
+    per_rank = plan_writes(held).per_rank
+    owner = {k: r for k, r in provisional.owner.items() if k not in per_rank}
+    return WritePlan(owner, per_rank | provisional.per_rank)
 
 
 def differing(held: Sequence[dict[tuple, int]]) -> list[tuple]:

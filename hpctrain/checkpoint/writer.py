@@ -2,7 +2,9 @@
 
 Each rank writes exactly two files per step, ``rankNNNNN.bin`` (all its tensor bytes,
 back to back) and ``rankNNNNN.extra.pkl`` (its extras): few large files, no metadata
-storm on Lustre's MDS however many tensors the model has.
+storm on Lustre's MDS however many tensors the model has. A rank writes the values it
+provisionally owns first, fingerprints the others meanwhile, and appends its per-rank
+values once every rank's fingerprints are compared (:mod:`hpctrain.checkpoint.replicas`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,19 +20,21 @@ import numpy as np
 import torch
 
 from hpctrain.checkpoint import checksum, replicas
-from hpctrain.checkpoint.fileio import write_segments
+from hpctrain.checkpoint.fileio import SegmentFile, write_segments
 from hpctrain.checkpoint.manifest import FileRecord
+from hpctrain.checkpoint.replicas import Held
 from hpctrain.checkpoint.storage import Task
 from hpctrain.checkpoint.tree import Chunk, as_bytes, dtype_name
 
 
-def fingerprints(chunks: list[Chunk]) -> list[tuple[tuple, int, int | None]]:
+def fingerprints(chunks: list[Chunk]) -> list[Held]:
     """(key, nbytes, checksum of the bytes) per chunk, for :func:`replicas.plan_writes`; none
     for DTensor shards, whose placement already says whether they are replicas. The
-    fastest checksum here (every rank hashes every plain tensor it holds)."""
-    fn, out = checksum.fast(), []
+    algorithm is the one the shard files are written with, so the checksum of a chunk a
+    rank has written serves as its fingerprint."""
+    fn, out = checksum.get(checksum.DEFAULT), []
     for c in chunks:
-        crc = None if c.sharded else fn(as_bytes(c.local).numpy())
+        crc = None if c.sharded else fn(segment(c))
         out.append((c.key(), c.nbytes, crc))
     return out
 
@@ -41,32 +45,18 @@ def extras_fingerprints(extras: dict) -> dict[tuple, int]:
     return {path: fn(pickle.dumps(value, protocol=5)) for path, value in extras.items()}
 
 
-def mine(chunks: list[Chunk], plan: replicas.WritePlan, rank: int) -> list[Chunk]:
-    """The chunks ``rank`` writes: shared ones it owns, and its own per-rank values."""
-    return [dataclasses.replace(c, rank=rank) if c.key() in plan.per_rank else c
-            for c in chunks if plan.writes(rank, c.key())]
+def segment(c: Chunk) -> np.ndarray:
+    """A chunk's bytes, as the numpy view the file writer takes."""
+    return as_bytes(c.local).numpy()
 
 
 @dataclass
 class RankPayload:
-    """What one rank persists for one step: chunk metadata + byte segments + extras."""
+    """What one rank persists for one step: its chunks (live tensors, or an async save's
+    staged copies) and its extras, pickled."""
 
     chunks: list[Chunk]
-    segments: list[np.ndarray]
     extras: bytes
-    keepalive: list[Any] = field(default_factory=list)  # tensors the segments point into
-
-    def only(self, chunks: list[Chunk]) -> RankPayload:
-        """This payload cut to ``chunks`` (some of its own, staged: host byte buffers)."""
-        views = [as_bytes(c.local) for c in chunks]
-        return RankPayload(chunks, [v.numpy() for v in views], self.extras, keepalive=views)
-
-
-def payload_direct(chunks: list[Chunk], extras: dict) -> RankPayload:
-    """Sync save: segments are views of the live tensors (no staging copy)."""
-    views = [as_bytes(c.local) for c in chunks]
-    return RankPayload(chunks, [v.numpy() for v in views], pickle.dumps(extras, protocol=5),
-                       keepalive=views)
 
 
 class Staging:
@@ -80,7 +70,6 @@ class Staging:
         self._signature: list[tuple] | None = None
         self._buffers: list[torch.Tensor] = []
         self._typed: list[torch.Tensor] = []   # the same memory, as each chunk's dtype/shape
-        self._arrays: list[np.ndarray] = []    # and as numpy bytes, for the writer
 
     def stage(self, chunks: list[Chunk], extras: dict) -> RankPayload:
         signature = [(c.dtype, c.shape) for c in chunks]
@@ -91,7 +80,6 @@ class Staging:
             # the views are made once: the stall is the copies and nothing else
             self._typed = [b.view(c.dtype).view(c.shape) if c.nbytes else b
                            for b, c in zip(self._buffers, chunks)]
-            self._arrays = [b.numpy() for b in self._buffers]
             self._signature = signature
         cuda = False
         for typed, c in zip(self._typed, chunks):
@@ -102,7 +90,7 @@ class Staging:
             torch.cuda.synchronize()
         staged = [dataclasses.replace(c, local=buf) for buf, c in zip(self._buffers, chunks)]
         # extras are pickled now: the caller may mutate them as soon as save() returns
-        return RankPayload(staged, list(self._arrays), pickle.dumps(extras, protocol=5))
+        return RankPayload(staged, pickle.dumps(extras, protocol=5))
 
 
 def rank_writer(comm: Any, chunks: list[Chunk], extras: dict,
@@ -111,57 +99,107 @@ def rank_writer(comm: Any, chunks: list[Chunk], extras: dict,
     """The function that writes this rank's files: the shared chunks it owns and its own
     per-rank values (:mod:`hpctrain.checkpoint.replicas`), with the extras that differ by
     rank marked; from ``staged`` (an async save's copy) when given, else from the live
-    tensors. Collective when ``comm.active``; a local ``failure`` (or one here) is raised by
-    the returned function, after the collectives, so no rank is left waiting."""
-    own_extras: list = []
+    tensors. Collective when ``comm.active`` (here: who holds what; in the returned
+    function: the fingerprints). A local ``failure`` (or one here) is raised by the returned
+    function, after its collective, so no rank is left waiting."""
+    payload = staged
+    if payload is None and failure is None:
+        try:
+            payload = RankPayload(chunks, pickle.dumps(extras, protocol=5))
+        except Exception as exc:  # noqa: BLE001 - e.g. an extra that cannot be pickled
+            failure = exc
+    if payload is None or failure is not None:
+        payload = RankPayload([], b"")
+    plan = None
     if comm.active:
-        local: tuple = ([], {})
-        if failure is None:
+        # provisional: every value held at the same size by several ranks is taken to be
+        # shared, and its owner starts writing it while the fingerprints that confirm it
+        # are computed (RankSave.write), so checksumming every plain tensor overlaps the disk
+        plan = replicas.plan_writes(comm.all_gather(
+            [(c.key(), c.nbytes, None) for c in payload.chunks]))
+    rank_save = RankSave(comm, plan, payload, extras, extras_fps, failure)
+    return rank_save.write
+
+
+@dataclass
+class RankSave:
+    """One rank's part of one save, written by :meth:`write` into the step's temp dir."""
+
+    comm: Any
+    plan: replicas.WritePlan | None     # provisional; None when this process is alone
+    payload: RankPayload
+    extras: dict                        # live extras, to fingerprint (sync saves)
+    extras_fps: dict | None             # or their fingerprints, taken when staged (async)
+    failure: Exception | None
+
+    def write(self, tmp_dir: Path) -> tuple[list[dict], list[dict], list[dict]]:
+        """Write this rank's files; return (file records, tensors, extras). Every rank
+        passes its one collective (the fingerprints) whatever fails, then raises."""
+        rank, chunks = self.comm.rank, self.payload.chunks
+        data_name, extra_name = f"rank{rank:05d}.bin", f"rank{rank:05d}.extra.pkl"
+        plan = self.plan
+        first = chunks if plan is None else [c for c in chunks if plan.writes(rank, c.key())]
+        out: SegmentFile | None = None
+        blocks: list[tuple[int, int, int]] = []
+        local, error = None, self.failure
+        try:
+            if error is not None:
+                raise error
+            prints = None if plan is None else Task(
+                self._prints, [c for c in chunks if not plan.writes(rank, c.key())])
             try:
-                local = (fingerprints(chunks), extras_fingerprints(extras)
-                         if extras_fps is None else extras_fps)
-            except Exception as exc:  # noqa: BLE001 - e.g. an extra that cannot be pickled
-                failure = exc
-        gathered = comm.all_gather(local)
-        plan = replicas.plan_writes([tensors for tensors, _ in gathered])
-        chunks = mine(chunks, plan, comm.rank)
-        own_extras = replicas.differing([e for _, e in gathered])
-    try:
-        if failure is not None:
-            raise failure
-        payload = payload_direct(chunks, extras) if staged is None else staged.only(chunks)
-    except Exception as exc:  # noqa: BLE001 - re-raised on every rank by the commit
-        error = exc
+                out = SegmentFile(tmp_dir / data_name)
+                blocks = out.write([segment(c) for c in first])
+            finally:
+                others = prints.result() if prints is not None else ([], {})
+            written = [(c.key(), c.nbytes, None if c.sharded else crc)
+                       for c, (_off, _n, crc) in zip(first, blocks)]
+            local = (written + others[0], others[1])
+        except Exception as exc:  # noqa: BLE001 - raised below, after the collective
+            error = exc
+        try:
+            gathered = self.comm.all_gather(local) if plan is not None else [local]
+            if error is not None:
+                raise error
+            assert out is not None
+            final, own_extras, extra_chunks = plan, [], []
+            if plan is not None and all(g is not None for g in gathered):
+                final = replicas.settle(plan, [t for t, _ in gathered])
+                own_extras = replicas.differing([e for _, e in gathered])
+                extra_chunks = [c for c in chunks if final.writes(rank, c.key())
+                                and not plan.writes(rank, c.key())]
+                blocks += out.write([segment(c) for c in extra_chunks])
+            # (a rank that failed fails the commit with its own error; the others just finish)
+            size = out.close()
+        except BaseException:
+            if out is not None:
+                out.abort()
+            raise
+        algorithm = checksum.DEFAULT
+        written_chunks = [dataclasses.replace(c, rank=rank)
+                          if final is not None and c.key() in final.per_rank else c
+                          for c in first + extra_chunks]
+        tensors = [{"path": list(c.path), "dtype": dtype_name(c.dtype),
+                    "global_shape": list(c.global_shape), "offsets": list(c.offsets),
+                    "shape": list(c.shape), "sharded": c.sharded, "file": data_name,
+                    "offset": off, "nbytes": n, "crc32": crc,
+                    **({} if c.rank is None else {"rank": c.rank})}
+                   for c, (off, n, crc) in zip(written_chunks, blocks)]
+        esize, eblocks = write_segments(tmp_dir / extra_name, [self.payload.extras],
+                                        direct=False, algorithm=algorithm)
+        files = [{**FileRecord(data_name, size, blocks).to_json(), "checksum": algorithm},
+                 {**FileRecord(extra_name, esize, eblocks).to_json(), "checksum": algorithm}]
+        entry: dict = {"rank": rank, "file": extra_name}
+        if own_extras:
+            entry["own"] = [list(path) for path in own_extras]
+        return files, tensors, [entry]
 
-        def fail(tmp: Path) -> tuple:
-            raise error
-        return fail
-    rank = comm.rank
-    return lambda tmp: write_payload(tmp, rank, payload, own_extras)
-
-
-def write_payload(tmp_dir: Path, rank: int, payload: RankPayload, own_extras: list = ()
-                  ) -> tuple[list[dict], list[dict], list[dict]]:
-    """Write one rank's files into ``tmp_dir``; return (file records, tensors, extras).
-    ``own_extras``: paths of extras that differ by rank (never handed to another rank).
-    Each file record names the checksum it was written with (the ranks must agree)."""
-    data_name, extra_name = f"rank{rank:05d}.bin", f"rank{rank:05d}.extra.pkl"
-    algorithm = checksum.DEFAULT
-    size, blocks = write_segments(tmp_dir / data_name, payload.segments, algorithm=algorithm)
-    tensors = [{"path": list(c.path), "dtype": dtype_name(c.dtype),
-                "global_shape": list(c.global_shape), "offsets": list(c.offsets),
-                "shape": list(c.shape), "sharded": c.sharded, "file": data_name,
-                "offset": off, "nbytes": n, "crc32": crc,
-                **({} if c.rank is None else {"rank": c.rank})}
-               for c, (off, n, crc) in zip(payload.chunks, blocks)]
-    esize, eblocks = write_segments(tmp_dir / extra_name, [payload.extras], direct=False,
-                                    algorithm=algorithm)
-    files = [{**FileRecord(data_name, size, blocks).to_json(), "checksum": algorithm},
-             {**FileRecord(extra_name, esize, eblocks).to_json(), "checksum": algorithm}]
-    entry: dict = {"rank": rank, "file": extra_name}
-    if own_extras:
-        entry["own"] = [list(path) for path in own_extras]
-    return files, tensors, [entry]
+    def _prints(self, rest: list[Chunk]) -> tuple[list[Held], dict]:
+        """The fingerprints of the plain chunks this rank holds but does not write first,
+        and of its extras (on a second thread, while the first chunks are written)."""
+        efps = self.extras_fps if self.extras_fps is not None \
+            else extras_fingerprints(self.extras)
+        return fingerprints(rest), efps
 
 
 class Background:

@@ -48,5 +48,14 @@ def worker(rank: int, world: int, root: str, port: int) -> None:
         assert torch.equal(back["model"]["b"], torch.arange(6.0))
         assert back["rank_rng"] == {"seed": 100 + rank}  # per-rank extras come back per rank
         mgr.close()
+        # the same failure in a sync save: every rank passes the fingerprint exchange
+        # (after its first writes) and raises, and step 5 is still the latest
+        with CheckpointManager(root) as sync:
+            try:
+                sync.save(6, bad)
+                raise AssertionError("sync step 6 should have failed")
+            except CheckpointError as exc:
+                assert "step 6 was not saved" in str(exc), exc
+            assert sync.latest_step() == 5
     finally:
         dist.destroy_process_group()
