@@ -135,56 +135,67 @@ class RankSave:
     def write(self, tmp_dir: Path) -> tuple[list[dict], list[dict], list[dict]]:
         """Write this rank's files; return (file records, tensors, extras). Every rank
         passes its one collective (the fingerprints) whatever fails, then raises."""
-        rank, chunks = self.comm.rank, self.payload.chunks
-        data_name, extra_name = f"rank{rank:05d}.bin", f"rank{rank:05d}.extra.pkl"
-        plan = self.plan
-        first = chunks if plan is None else [c for c in chunks if plan.writes(rank, c.key())]
-        out: SegmentFile | None = None
-        blocks: list[tuple[int, int, int]] = []
-        local, error = None, self.failure
-        try:
-            if error is not None:
-                raise error
-            prints = None if plan is None else Task(
-                self._prints, [c for c in chunks if not plan.writes(rank, c.key())])
-            try:
-                out = SegmentFile(tmp_dir / data_name)
-                blocks = out.write([segment(c) for c in first])
-            finally:
-                others = prints.result() if prints is not None else ([], {})
-            written = [(c.key(), c.nbytes, None if c.sharded else crc)
-                       for c, (_off, _n, crc) in zip(first, blocks)]
-            local = (written + others[0], others[1])
-        except Exception as exc:  # noqa: BLE001 - raised below, after the collective
-            error = exc
+        rank, plan = self.comm.rank, self.plan
+        data_name = f"rank{rank:05d}.bin"
+        first = [c for c in self.payload.chunks if plan is None or plan.writes(rank, c.key())]
+        out, blocks, local, error = self._write_first(tmp_dir / data_name, first)
         try:
             gathered = self.comm.all_gather(local) if plan is not None else [local]
             if error is not None:
                 raise error
             assert out is not None
-            final, own_extras, extra_chunks = plan, [], []
+            final, own_extras, more = plan, [], []
+            # (a rank that failed fails the commit with its own error; the others finish)
             if plan is not None and all(g is not None for g in gathered):
-                final = replicas.settle(plan, [t for t, _ in gathered])
+                final = replicas.settle(plan, [held for held, _ in gathered])
                 own_extras = replicas.differing([e for _, e in gathered])
-                extra_chunks = [c for c in chunks if final.writes(rank, c.key())
-                                and not plan.writes(rank, c.key())]
-                blocks += out.write([segment(c) for c in extra_chunks])
-            # (a rank that failed fails the commit with its own error; the others just finish)
+                more = [c for c in self.payload.chunks if final.writes(rank, c.key())
+                        and not plan.writes(rank, c.key())]
+                blocks += out.write([segment(c) for c in more])
             size = out.close()
         except BaseException:
             if out is not None:
                 out.abort()
             raise
-        algorithm = checksum.DEFAULT
-        written_chunks = [dataclasses.replace(c, rank=rank)
-                          if final is not None and c.key() in final.per_rank else c
-                          for c in first + extra_chunks]
+        written = [dataclasses.replace(c, rank=rank)
+                   if final is not None and c.key() in final.per_rank else c
+                   for c in first + more]
+        return self._records(tmp_dir, data_name, size, written, blocks, own_extras)
+
+    def _write_first(self, path: Path, first: list[Chunk]) -> tuple:
+        """Write ``first`` (what the provisional plan gives this rank) while a second thread
+        fingerprints the rest; return (open file, blocks, this rank's fingerprints and
+        extras' fingerprints or None, error or None). Raises nothing: the caller must
+        reach the collective either way."""
+        out, blocks, plan = None, [], self.plan
+        try:
+            if self.failure is not None:
+                raise self.failure
+            prints = None if plan is None else Task(self._prints, [
+                c for c in self.payload.chunks if not plan.writes(self.comm.rank, c.key())])
+            try:
+                out = SegmentFile(path)
+                blocks = out.write([segment(c) for c in first])
+            finally:
+                others, extras_fps = prints.result() if prints is not None else ([], {})
+        except Exception as exc:  # noqa: BLE001 - raised by write(), after the collective
+            return out, blocks, None, exc
+        # a written chunk's block checksum is its fingerprint (the same algorithm)
+        held = [(c.key(), c.nbytes, None if c.sharded else crc)
+                for c, (_off, _n, crc) in zip(first, blocks)]
+        return out, blocks, (held + others, extras_fps), None
+
+    def _records(self, tmp_dir: Path, data_name: str, size: int, written: list[Chunk],
+                 blocks: list, own_extras: list) -> tuple[list[dict], list[dict], list[dict]]:
+        """Write the extras file; return (file records, tensor entries, extras entry)."""
+        rank, algorithm = self.comm.rank, checksum.DEFAULT
+        extra_name = f"rank{rank:05d}.extra.pkl"
         tensors = [{"path": list(c.path), "dtype": dtype_name(c.dtype),
                     "global_shape": list(c.global_shape), "offsets": list(c.offsets),
                     "shape": list(c.shape), "sharded": c.sharded, "file": data_name,
                     "offset": off, "nbytes": n, "crc32": crc,
                     **({} if c.rank is None else {"rank": c.rank})}
-                   for c, (off, n, crc) in zip(written_chunks, blocks)]
+                   for c, (off, n, crc) in zip(written, blocks)]
         esize, eblocks = write_segments(tmp_dir / extra_name, [self.payload.extras],
                                         direct=False, algorithm=algorithm)
         files = [{**FileRecord(data_name, size, blocks).to_json(), "checksum": algorithm},
