@@ -107,5 +107,10 @@ def find(job_id: str) -> JobEntry | None:
 
 
 def sweep_members(sweep_id: str) -> list[JobEntry]:
-    """The arrays of one sweep, in submission order."""
-    return [r for r in load() if r.sweep_id == sweep_id]
+    """The arrays of one sweep, in submission order. When the id was used twice (a
+    cluster whose job ids started again, as a reinstalled one's do), the newest sweep:
+    its arrays are recorded together, starting at offset 0, as :func:`find` takes the
+    newest entry of an id."""
+    members = [r for r in load() if r.sweep_id == sweep_id]
+    starts = [i for i, r in enumerate(members) if r.sweep_offset == 0]
+    return members[starts[-1]:] if starts else members

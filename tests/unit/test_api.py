@@ -59,6 +59,12 @@ def test_records_append_find_and_survive_a_damaged_line(tmp_path: Path,
     assert index.find("11_2").job_id == "11" and index.find("14").kind == "function"
     assert [r.job_id for r in index.sweep_members("11")] == ["11", "12"]
     assert index.find("99") is None
+    # the cluster's ids started again (reinstalled): id 11 is now another sweep, whose
+    # members are the new ones only, as `find` gives the newest entry
+    index.append([JobEntry("11", "t", "sweep", "/g", sweep_id="11", num_tasks=2),
+                  JobEntry("13", "t", "sweep", "/g", sweep_id="11", sweep_offset=2)])
+    assert [(r.job_id, r.name) for r in index.sweep_members("11")] == [("11", "t"), ("13", "t")]
+    assert index.find("11").name == "t"
 
 
 def test_log_paths_and_patterns(tmp_path: Path) -> None:
