@@ -8,11 +8,12 @@ Measured in turn (a, b, c, a, b, c, ... after one warm-up each, medians):
 
 - local:  ``hpctrain status`` on the login node (the user's recent jobs, one Slurm call);
 - rtt:    ``ssh HOST true`` over the shared connection (one round trip);
-- remote: ``hpctrain --host HOST status`` from another directory (the same command there);
+- remote: ``hpctrain --host HOST status`` from another directory, through the warm server
+  (the default) and over plain ssh (``HPCTRAIN_REMOTE_SERVER=0``: a Python start there);
 
 and the same in Python: ``status_json()`` here against ``Cluster(host).status()``.
 The target (issue 15): remote <= local + one round trip, i.e. the ratio
-remote / (local + rtt) near 1; the CLI also pays a second interpreter start (the client).
+remote / (local + rtt) at most 1, for the CLI and for the API alike.
 """
 
 from __future__ import annotations
@@ -72,30 +73,44 @@ def main() -> int:
     from hpctrain.remote.ssh import Connection
 
     env = {**os.environ, "HPCTRAIN_REMOTE_COMMAND": HP}
+    cold_env = {**env, "HPCTRAIN_REMOTE_SERVER": "0"}
     os.chdir("/tmp")                       # the laptop's directory: not the cluster's
     conn = Connection(HOST, remote_command=HP)
     cluster = Cluster(host=HOST, remote_command=HP)
-    cli = interleaved({
+
+    def plain_ssh_api() -> None:
+        os.environ["HPCTRAIN_REMOTE_SERVER"] = "0"    # read at each call
+        try:
+            cluster.status()
+        finally:
+            del os.environ["HPCTRAIN_REMOTE_SERVER"]
+
+    t = interleaved({
         "local status (CLI)": lambda: run([HP, "status"], env),
         "ssh round trip": lambda: run(conn.ssh_argv(["true"]), env),
-        "--host status (CLI)": lambda: run([HP, "--host", HOST, "status"], env),
+        "--host status (CLI, warm)": lambda: run([HP, "--host", HOST, "status"], env),
+        "--host status (CLI, plain ssh)": lambda: run([HP, "--host", HOST, "status"], cold_env),
         "local status_json() (API)": lambda: status_json(),
-        "Cluster(host).status() (API)": lambda: cluster.status(),
+        "Cluster(host).status() (API, warm)": lambda: cluster.status(),
+        "Cluster(host).status() (API, plain ssh)": plain_ssh_api,
     }, args.runs)
+    rtt = t["ssh round trip"]
+    local_cli, local_api = t["local status (CLI)"] + rtt, t["local status_json() (API)"] + rtt
     ratios = {
-        "CLI: remote / (local + rtt)": cli["--host status (CLI)"]
-        / (cli["local status (CLI)"] + cli["ssh round trip"]),
-        "API: remote / (local + rtt)": cli["Cluster(host).status() (API)"]
-        / (cli["local status (CLI)"] + cli["ssh round trip"]),
-        "CLI: remote / local": cli["--host status (CLI)"] / cli["local status (CLI)"],
+        "CLI warm: remote / (local + rtt)": t["--host status (CLI, warm)"] / local_cli,
+        "CLI plain ssh: remote / (local + rtt)": t["--host status (CLI, plain ssh)"] / local_cli,
+        "API warm: remote / (local + rtt)": t["Cluster(host).status() (API, warm)"] / local_api,
+        "API plain ssh: remote / (local + rtt)":
+            t["Cluster(host).status() (API, plain ssh)"] / local_api,
     }
+    cluster.close()
     if args.json:
-        print(json.dumps({"seconds": cli, "ratios": ratios}))
+        print(json.dumps({"seconds": t, "ratios": ratios}))
     else:
-        for k, v in cli.items():
-            print(f"{k:<34} {v * 1000:8.1f} ms")
+        for k, v in t.items():
+            print(f"{k:<40} {v * 1000:8.1f} ms")
         for k, v in ratios.items():
-            print(f"{k:<34} {v:8.2f} x")
+            print(f"{k:<40} {v:8.2f} x")
     return 0
 
 

@@ -1,7 +1,8 @@
 """``hpctrain --host H COMMAND ...``: the same commands, run on a cluster over SSH.
 
 ``status``, ``logs``, ``cancel`` and ``report`` pass their arguments to the cluster's
-hpctrain as they are (one ssh round trip; ``logs --follow`` streams over it). ``submit``
+hpctrain as they are (one round trip, to its warm server when there is one; ``logs
+--follow`` streams over its own ssh session). ``submit``
 and ``sweep`` read the spec here, send the code (a snapshot of the current directory,
 unless ``[run] snapshot = false``) and the spec, and print what the cluster answered.
 Exit codes are the cluster's; ssh's own failures are :class:`~hpctrain.errors.RemoteError`.
@@ -41,7 +42,7 @@ def remote_command(name: str, host: str, remote: str | None) -> click.Command:
         @click.command(name=name, context_settings=NO_HELP)
         @click.argument("args", nargs=-1, type=click.UNPROCESSED)
         def forward(args: tuple[str, ...]) -> int:
-            return conn.stream(conn.hpctrain_words([name, *args]))
+            return conn.hpctrain_stream([name, *args])
         return forward
     return _submit_command(conn) if name == "submit" else _sweep_command(conn)
 

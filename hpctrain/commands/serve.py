@@ -10,7 +10,9 @@ and behaves like any other: the cluster stays the one place that knows its jobs.
   and is removed from the staging area once copied;
 - ``info JOB_ID`` / ``wait JOB_ID``: the job's state as JSON (``wait``: one line per change,
   until the job has ended for good);
-- ``result JOB_ID``: a function job's result files, base64, for the client to unpickle.
+- ``result JOB_ID``: a function job's result files, base64, for the client to unpickle;
+- ``daemon --name N``: start the warm server that runs the short commands (status, logs,
+  cancel, report, info, result) without a Python start each (:mod:`hpctrain.remote.server`).
 """
 
 from __future__ import annotations
@@ -203,4 +205,16 @@ def result(job_id: str) -> int:
             files.append(None)
     click.echo(json.dumps({"job_id": job_id, "results": files,
                            "state": _info_line(job)["state"]}))
+    return 0
+
+
+@serve.command()
+@click.option("--name", required=True, help="The client's server name (16 hex digits).")
+@click.option("--idle", "idle_s", type=float, default=600.0,
+              help="End after this many seconds without a request.")
+def daemon(name: str, idle_s: float) -> int:
+    """Start (or find) the warm server ``name``; one JSON line: its socket's path."""
+    from hpctrain.remote.server import start
+
+    click.echo(json.dumps(start(name, idle_s)))
     return 0

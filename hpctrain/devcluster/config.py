@@ -382,7 +382,12 @@ def sshd_config(ssh_dir: Path, port: int, users: Sequence[str]) -> str:
         "UsePAM no",
         f"AllowUsers {' '.join(users)}",
         "StrictModes yes", "PermitUserEnvironment no",
-        "X11Forwarding no", "AllowTcpForwarding no", "AllowAgentForwarding no",
+        # local forwarding only, as most login nodes allow it (Jupyter tunnels): the client
+        # reaches its warm server through a forwarded unix socket, and OpenSSH refuses even
+        # those under AllowTcpForwarding no (hpctrain.remote.warm then falls back to plain
+        # ssh); -R (a listener on the cluster) stays off
+        "X11Forwarding no", "AllowTcpForwarding local", "AllowStreamLocalForwarding local",
+        "AllowAgentForwarding no",
         "PrintMotd no",
         # one login per test worker, each multiplexing many sessions (ControlMaster)
         "MaxSessions 64", "MaxStartups 64:30:128",

@@ -2,8 +2,9 @@
 
 Every command is one ssh round trip over the shared connection (plus one rsync when a
 snapshot is sent). The cluster's hpctrain does the work (``hpctrain _serve``, or the
-ordinary command for status, logs and cancel), so a job submitted from a laptop is in the
-cluster's job index like any other, and ``status`` on the login node shows it too.
+ordinary command for status, logs and cancel; the short calls through its warm server,
+:mod:`hpctrain.remote.warm`), so a job submitted from a laptop is in the cluster's job
+index like any other, and ``status`` on the login node shows it too.
 """
 
 from __future__ import annotations

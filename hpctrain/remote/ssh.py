@@ -9,7 +9,9 @@ keys), their agent, their ``known_hosts``. hpctrain adds only:
 - ``BatchMode=yes``: no password or passphrase prompt ever waits in a notebook (hpctrain
   never asks for, nor stores, a password: keys and the agent authenticate);
 - every remote word quoted for the remote shell (ssh joins its arguments into one command
-  line; an unquoted user value would be shell code there).
+  line; an unquoted user value would be shell code there);
+- a forwarded unix socket to the cluster's warm server (:mod:`hpctrain.remote.warm`), which
+  answers the short commands without a Python start there.
 
 Failures become :class:`~hpctrain.errors.RemoteError` naming the host, what failed
 (resolving, connecting, authentication, host key, hpctrain missing, version skew) and
@@ -26,10 +28,13 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Iterator, Sequence
 
 from hpctrain import __version__, access
 from hpctrain.errors import RemoteError
+
+if TYPE_CHECKING:
+    from hpctrain.remote.warm import WarmPath
 
 HOST_ENV = "HPCTRAIN_HOST"
 REMOTE_COMMAND_ENV = "HPCTRAIN_REMOTE_COMMAND"
@@ -169,6 +174,7 @@ class Connection:
         self.ssh_config = ssh_config
         self.persist_s = persist_s
         self.last_returncode = 0
+        self._warm: WarmPath | None = None
         for tool in ("ssh", "rsync"):
             if shutil.which(tool) is None:
                 raise RemoteError(f"--host needs OpenSSH's `{tool}` on this machine: install "
@@ -215,8 +221,53 @@ class Connection:
 
     def hpctrain(self, args: Sequence[str], *, input: bytes | None = None,
                  timeout: float | None = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[bytes]:
-        """Run hpctrain there with ``args``; its own failures keep their exit code."""
+        """Run hpctrain there with ``args`` and capture its output; its own failures keep
+        their exit code. A short command goes to the warm server when there is one."""
+        if input is None:
+            from hpctrain.remote.warm import writers
+
+            out, err, out_buf, err_buf = writers(stream=False)
+            code = self.warm.run(args, out, err, timeout_s=timeout)
+            if code is not None:
+                return subprocess.CompletedProcess(args, code, bytes(out_buf), bytes(err_buf))
         return self.run(self.hpctrain_words(args), input=input, timeout=timeout)
+
+    def hpctrain_stream(self, args: Sequence[str], *, input: bytes | None = None) -> int:
+        """Run hpctrain there with ``args``, its output relayed to ours as it comes; its exit
+        code. A short command goes to the warm server when there is one."""
+        if input is None:
+            from hpctrain.remote.warm import writers
+
+            out, err, _, _ = writers(stream=True)
+            # no timeout, as over ssh (a long report); a dead link ends the ssh master,
+            # which closes the forwarded socket
+            code = self.warm.run(args, out, err, timeout_s=None)
+            if code is not None:
+                return code
+        return self.stream(self.hpctrain_words(args), input=input)
+
+    @property
+    def warm(self) -> "WarmPath":
+        """This connection's warm server (:mod:`hpctrain.remote.warm`)."""
+        if self._warm is None:
+            from hpctrain.remote.warm import WarmPath
+            self._warm = WarmPath(self)
+        return self._warm
+
+    def forward_socket(self, local: Path, remote: str) -> bool:
+        """Have the shared connection forward unix socket ``local`` here to ``remote`` there
+        (the warm server's); False when that cannot be (ssh's -L takes no ':' in paths)."""
+        if ":" in str(local) or ":" in remote:
+            return False
+        base = ["ssh", *self.ssh_options()]
+        spec = ["-L", f"{local}:{remote}", self.target.destination]
+        # an earlier forward of ours would keep the name without a listener behind it
+        subprocess.run([*base, "-O", "cancel", *spec], capture_output=True, timeout=30,
+                       stdin=subprocess.DEVNULL)
+        local.unlink(missing_ok=True)
+        proc = subprocess.run([*base, "-O", "forward", *spec], capture_output=True,
+                              timeout=30, stdin=subprocess.DEVNULL)
+        return proc.returncode == 0
 
     def lines(self, words: Sequence[str], timeout_s: float | None = None,
               input: bytes | None = None, stderr: IO[str] | None = None) -> Iterator[str]:
@@ -306,6 +357,8 @@ class Connection:
                                        "installed on the cluster?)")
 
     def close(self) -> None:
-        """End the shared connection now (it would end ``persist_s`` after its last use)."""
+        """End the shared connection and the warm server now (they would end ``persist_s``
+        after their last use)."""
+        self.warm.stop()
         subprocess.run(["ssh", *self.ssh_options(), "-O", "exit", self.target.destination],
                        capture_output=True, timeout=30, stdin=subprocess.DEVNULL)

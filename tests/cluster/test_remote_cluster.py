@@ -263,3 +263,63 @@ def test_failures_name_the_host_and_the_fix(alice: users.User, tmp_path: Path) -
                              "status", cwd=root)
     assert missing.returncode == 7 and "hpctrain is not installed on hpctrain-devcluster" \
         in missing.stderr and time.monotonic() - started < 30
+
+
+def serve_log(user: users.User) -> str:
+    """Every warm server's log of the user's on the devcluster's login node (this machine;
+    sshd's sessions have no XDG_RUNTIME_DIR, so /tmp/hpctrain-serve-UID)."""
+    return user.run(["sh", "-c", f"cat /tmp/hpctrain-serve-{user.uid}/*.log"]).stdout
+
+
+def warm_server(user: users.User, remote_command: str) -> dict:
+    """The ping answer of the user's warm server for ``remote_command`` (its pid)."""
+    code = ("import json, sys\n"
+            "from hpctrain.remote.frames import ask\n"
+            "from hpctrain.remote.ssh import Connection\n"
+            "w = Connection(sys.argv[1], remote_command=sys.argv[2]).warm\n"
+            "print(json.dumps(ask(w.local, {'ping': True})))\n")
+    res = user.run([sys.executable, "-c", code, HOST, remote_command], check=True)
+    return json.loads(res.stdout) or {}
+
+
+def test_short_commands_are_answered_by_the_warm_server(alice: users.User) -> None:
+    root, _ = project(alice, sleep=0)
+    plain = {**REMOTE, "HPCTRAIN_REMOTE_SERVER": "0"}
+    cases = [("status", "--json", "999999"), ("logs", "999999")]
+    for args in cases:
+        warm = host(alice, root, *args)
+        cold = alice.hpctrain("--host", HOST, *args, cwd=root, env=plain, timeout=120)
+        # the same bytes, streams and exit code as over plain ssh
+        assert (warm.returncode, warm.stdout, warm.stderr) == \
+            (cold.returncode, cold.stdout, cold.stderr), args
+    assert host(alice, root, "logs", "999999").returncode == 6
+    log = serve_log(alice)
+    assert "status --json: exit 0" in log and "logs 999999: exit 6" in log, log
+    # a server gone (killed, or ended while idle) is started again by the next command
+    pid = warm_server(alice, REMOTE["HPCTRAIN_REMOTE_COMMAND"])["pid"]
+    alice.run(["kill", "-KILL", str(pid)], check=True)
+    res = host(alice, root, "status", "--json", "999999")
+    assert res.returncode == 0 and json.loads(res.stdout)["jobs"][0]["state"] == "UNKNOWN"
+    assert warm_server(alice, REMOTE["HPCTRAIN_REMOTE_COMMAND"])["pid"] != pid
+
+
+def test_a_cluster_without_the_warm_server_is_served_over_plain_ssh(alice: users.User) -> None:
+    root, _ = project(alice, sleep=0)
+    # an hpctrain there that has no `_serve daemon` (an older release, a site that
+    # forbids it): every command still answers, and the client stops asking for a while
+    calls = alice.home / "laptop" / f"calls-{uuid.uuid4().hex[:6]}"
+    wrapper = alice.home / f"old-hpctrain-{uuid.uuid4().hex[:6]}"
+    write(alice, wrapper, "#!/bin/sh\n"
+          f"echo \"$*\" >> {calls}\n"
+          "case \"$*\" in *'_serve daemon'*) echo \"Error: No such command 'daemon'.\" >&2;"
+          " exit 2;; esac\n"
+          f"exec {REMOTE['HPCTRAIN_REMOTE_COMMAND']} \"$@\"\n")
+    alice.run(["chmod", "0700", str(wrapper)], check=True)
+    env = {"HPCTRAIN_REMOTE_COMMAND": str(wrapper)}
+    for _ in range(2):
+        res = alice.hpctrain("--host", HOST, "status", "--json", "999999", cwd=root, env=env)
+        assert res.returncode == 0 and res.stderr == "", res.stderr
+        assert json.loads(res.stdout)["jobs"][0]["job_id"] == "999999"
+    lines = alice.run(["cat", str(calls)], check=True).stdout.splitlines()
+    assert sum("_serve daemon" in line for line in lines) == 1, lines
+    assert sum(line.endswith("status --json 999999") for line in lines) == 2, lines

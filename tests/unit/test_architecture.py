@@ -59,6 +59,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     # --host: the client of the cluster's hpctrain (its status's JSON for Cluster.status)
     "hpctrain.remote": SHARED | {"hpctrain.jobs", "hpctrain.spec", "hpctrain.slurm.states",
                                  "hpctrain.commands.status"},
+    # --host's warm server, on the cluster: runs each request through the ordinary CLI
+    "hpctrain.remote.server": SHARED | {"hpctrain.remote.frames", "hpctrain.cli"},
     "hpctrain.cli": {"hpctrain.errors", "hpctrain.commands.remote", "click"},
     "hpctrain.commands": SHARED | {"hpctrain.spec", "hpctrain.planner", "hpctrain.render",
                                    "hpctrain.jobs", "hpctrain.report", "hpctrain.slurm",

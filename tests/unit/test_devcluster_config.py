@@ -142,6 +142,9 @@ def test_sshd_config_listens_on_loopback_only_with_its_port_and_no_passwords() -
     assert settings["AllowUsers"] == "hpct-alice" and settings["StrictModes"] == "yes"
     assert settings["PidFile"] == "/s/ssh/sshd.pid" and settings["UsePAM"] == "no"
     assert settings["MaxStartups"] == "64:30:128" and settings["MaxSessions"] == "64"
+    # -L only (the warm server's socket forward); nothing listens on the cluster's side
+    assert settings["AllowTcpForwarding"] == settings["AllowStreamLocalForwarding"] == "local"
+    assert settings["X11Forwarding"] == settings["AllowAgentForwarding"] == "no"
     assert config.sshd_settings("\n".join(lines)) == {"port": 2299, "users": ["hpct-alice"]}
 
 
