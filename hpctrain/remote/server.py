@@ -97,6 +97,10 @@ def start(name: str, idle_s: float = IDLE_S) -> dict[str, Any]:
             return {"socket": str(path), "pid": running.get("pid"), "started": False}
         if running:
             frames.ask(path, {"stop": True})
+            # it removes its socket on the way out: let it, before ours takes the name
+            deadline = time.monotonic() + 5
+            while path.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
         path.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)

@@ -153,3 +153,36 @@ def test_a_stopped_server_removes_its_socket(server) -> None:
         time.sleep(0.05)
     assert not path.exists()
     assert ask(path, {"ping": True}) is None
+
+
+def test_a_server_of_other_code_is_replaced(tmp_path: Path) -> None:
+    # a server still running the code before an upgrade: the next start stops it and
+    # serves from a new one under the same name
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    old_code = ("import socket, sys\n"
+                "from hpctrain.remote.server import Server, socket_dir\n"
+                "path = socket_dir() / 'fedcba9876543210.sock'\n"
+                "listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                "listener.bind(str(path)); listener.listen(8)\n"
+                "print('up', flush=True)\n"
+                "Server(listener, path, 60, 'the code before').serve()\n")
+    old = subprocess.Popen([sys.executable, "-c", old_code], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert old.stdout.readline() == "up\n", old.stderr.read()
+        path = runtime / "hpctrain" / "fedcba9876543210.sock"
+        assert ask(path, {"ping": True})["signature"] == "the code before"
+        res = subprocess.run([HPCTRAIN, "_serve", "daemon", "--name", "fedcba9876543210",
+                              "--idle", "60"], env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 0, res.stderr
+        data = json.loads(res.stdout)
+        assert data["started"] is True and data["pid"] != old.pid
+        assert old.wait(timeout=10) == 0             # asked to stop, and it did
+        assert ask(path, {"ping": True})["signature"] == code_signature()
+        assert call(path, ["--version"])[0] == 0
+    finally:
+        old.kill()
+        ask(runtime / "hpctrain" / "fedcba9876543210.sock", {"stop": True})
