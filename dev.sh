@@ -66,7 +66,8 @@ test_user() {
 
 run_tests() {
     if [ "$(id -u)" != 0 ]; then exec python -m pytest "$@"; fi
-    test_user
+    # test_user ran before cluster_up, so `up` registered it with the accounting
+    # (PrivateData: slurmdbd shows its jobs only to a user it knows)
     exec runuser -u "$TEST_USER" -- env -i HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
         USER="$TEST_USER" LOGNAME="$TEST_USER" LANG=C.UTF-8 PATH="$VENV/bin:/usr/bin:/bin" \
         SLURM_CONF="$SLURM_CONF" ${CI:+CI="$CI"} ${PYTEST_ADDOPTS:+PYTEST_ADDOPTS="$PYTEST_ADDOPTS"} \
@@ -81,7 +82,7 @@ cluster_up() {
 case "${1:-}" in
     install) install ;;
     demo)    install; cluster_up; exec bash examples/demo.sh ;;
-    test)    install; cluster_up; shift; run_tests "$@" ;;
+    test)    install; [ "$(id -u)" != 0 ] || test_user; cluster_up; shift; run_tests "$@" ;;
     bench)   install; bench_tools; cluster_up; shift; exec bash benchmarks/run_all.sh "$@" ;;
     regen)   install; exec python tools/regen_sbatch.py ;;
     *) echo "usage: ./dev.sh demo|test|bench|regen|install" >&2; exit 2 ;;

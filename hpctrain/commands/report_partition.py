@@ -6,6 +6,8 @@ aggregates."""
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
 from pathlib import Path
 
@@ -16,9 +18,10 @@ from hpctrain.commands.report import gpus_of, ledger_entries, sacct_runs
 from hpctrain.errors import ReportError, SlurmError
 from hpctrain.jobs import index
 from hpctrain.report.build import build
-from hpctrain.report.partition import PartitionReport, RunRow, aggregate
+from hpctrain.report.partition import PartitionReport, RunRow, aggregate, scope_of
 from hpctrain.slurm import client
-from hpctrain.slurm.parse import parse_elapsed, parse_kv_records, parse_sacct_parsable2
+from hpctrain.slurm.parse import (parse_elapsed, parse_kv_records, parse_sacct_parsable2,
+                                  parse_scontrol_config)
 
 
 def since_arg(since: str) -> str:
@@ -49,7 +52,8 @@ def partition_report(partition: str, since: str, as_json: bool) -> int:
     for job, state in readable.items():
         ledgers[job], histories[job] = ledger_entries(state), protocol.read_history(state)
         reports[job] = build(job, runs.get(job, []), ledgers[job], histories[job])
-    result = aggregate(partition, since, rows, ledgers, reports, histories, _grace(partition))
+    result = aggregate(partition, since, rows, ledgers, reports, histories, _grace(partition),
+                       _scope())
     click.echo(json.dumps(result.to_json()) if as_json else format_partition(result))
     return 0
 
@@ -71,6 +75,27 @@ def _grace(partition: str) -> int | None:
     return parse_elapsed(found[0].get("GraceTime", "")) if found else None
 
 
+def _scope() -> str:
+    """Whose jobs this user's sacct sees (report.partition.scope_of): slurmdbd's PrivateData
+    decides (``sacctmgr show config``, its "SlurmDBD configuration" part); "all" when Slurm
+    does not say."""
+    try:
+        shown = client.run(["sacctmgr", "show", "config"]).stdout
+    except SlurmError:
+        return "all"
+    _, found, dbd = shown.partition("SlurmDBD configuration:")
+    private = parse_scontrol_config(dbd).get("PrivateData", "") if found else ""
+    if "jobs" not in private.lower():
+        return "all"
+    user = pwd.getpwuid(os.getuid()).pw_name
+    try:
+        level = client.run(["sacctmgr", "-n", "-P", "show", "user", user,
+                            "format=AdminLevel"]).stdout.strip() or None
+    except SlurmError:
+        level = None
+    return scope_of(private, os.getuid(), level)
+
+
 def format_partition(r: PartitionReport) -> str:
     lines = [f"partition {r.partition}, since {r.since}: {r.jobs} job(s), {r.runs} run(s)",
              "requeues by cause: " + (" ".join(f"{c}:{n}" for c, n in sorted(r.requeues.items()))
@@ -85,4 +110,8 @@ def format_partition(r: PartitionReport) -> str:
                      f"{len(r.emergency_saves_s)} (GraceTime {grace})")
     else:
         lines.append("emergency saves: none recorded (no readable progress history)")
+    if r.scope == "own":
+        lines.append("only your own jobs are counted: the cluster's PrivateData=jobs hides "
+                     "other users' from you (run this as root or a Slurm operator for the "
+                     "whole partition)")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import pwd
 import secrets
 import socket
 import time
@@ -141,6 +142,7 @@ class DevCluster:
             fresh = previous == shape and not self._configs_changed(shape)
             if fresh and all(daemons.running_pid(d) for d in wanted):
                 ensure_host_image(self.paths)  # cheap; a cluster from before 0.2 gets it
+                self._ensure_accounting()      # users made since the last `up`
                 self._keep_ssh()
                 return UpResult("already up", self.make_nodes_usable(shape))
             self._prepare_dirs(shape)
@@ -285,7 +287,11 @@ class DevCluster:
                         f"cluster={config.CLUSTER_NAME}"], env=env)
         users = client.run(["sacctmgr", "-n", "-P", "list", "user", "format=User"],
                            env=env).stdout.split()
-        for user in {"root", os.environ.get("SUDO_USER") or "root"} - set(users):
+        # PrivateData=jobs: slurmdbd shows a user's own jobs only to a user it knows, as on
+        # a site whose admins add every user; here every login account is one
+        wanted = {"root", os.environ.get("SUDO_USER") or "root", *config.login_users(
+            (e.pw_name, e.pw_uid, e.pw_shell) for e in pwd.getpwall())}
+        for user in sorted(wanted - set(users)):
             client.run(["sacctmgr", "-i", "add", "user", user, f"account={config.ACCOUNT}",
                         f"cluster={config.CLUSTER_NAME}"], env=env)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -142,6 +142,9 @@ SlurmdPort={ports.slurmd_base}
 {comm_params(loopback_host)}
 SlurmUser=root
 SlurmdUser=root
+# Users see their own jobs, usage and user record only, as on most shared clusters: what
+# hpctrain asks Slurm is always about the user's own jobs, and the tests prove it works so.
+PrivateData=jobs,usage,users
 AuthType=auth/munge
 CredType=cred/munge
 # Our own munged on our own socket; cred_expire is also how long a requeued job is
@@ -209,6 +212,13 @@ def gres_conf(shape: Shape, paths: Paths) -> str:
     return "\n".join(lines) + "\n"
 
 
+def login_users(entries: Iterable[tuple[str, int, str]]) -> list[str]:
+    """The login accounts among (name, uid, shell) entries: uid 1000-59999 (Debian's
+    UID_MIN/UID_MAX) with a shell that is not nologin/false. Pure."""
+    return sorted(name for name, uid, shell in entries
+                  if 1000 <= uid < 60000 and not shell.endswith(("nologin", "false")))
+
+
 def slurmdbd_conf(paths: Paths, ports: Ports, db_password: str,
                   loopback_host: bool = True) -> str:
     """slurmdbd.conf (must be mode 600: it holds the database password)."""
@@ -221,6 +231,8 @@ DbdAddr=127.0.0.1
 DbdPort={ports.slurmdbd}
 {comm_params(loopback_host, ctld=False)}
 SlurmUser=root
+# as slurm.conf's: sacct lists a user's own jobs only
+PrivateData=jobs,usage,users
 PidFile={paths.pid_file('slurmdbd')}
 LogFile={paths.log_file('slurmdbd')}
 DebugLevel=info

@@ -43,6 +43,9 @@ class PartitionReport:
     goodput: dict[str, float | None]         # per account (None: no history known)
     emergency_saves_s: list[float] = field(default_factory=list)
     grace_s: int | None = None
+    # whose jobs sacct showed: "all", or "own" where the cluster's PrivateData=jobs hides
+    # other users' jobs from this (unprivileged) caller; the figures are then theirs alone
+    scope: str = "all"
 
     @property
     def median_save_s(self) -> float | None:
@@ -52,14 +55,15 @@ class PartitionReport:
         return {"partition": self.partition, "since": self.since, "jobs": self.jobs,
                 "runs": self.runs, "requeues": self.requeues, "gpu_hours": self.gpu_hours,
                 "goodput": self.goodput, "emergency_saves_s": self.emergency_saves_s,
-                "median_emergency_save_s": self.median_save_s, "grace_s": self.grace_s}
+                "median_emergency_save_s": self.median_save_s, "grace_s": self.grace_s,
+                "scope": self.scope}
 
 
 def aggregate(partition: str, since: str, rows: Sequence[RunRow],
               ledgers: Mapping[str, Sequence[tuple[str, Mapping[str, str]]]],
               reports: Mapping[str, Report],
               histories: Mapping[str, Sequence[Mapping[str, Any]]],
-              grace_s: int | None) -> PartitionReport:
+              grace_s: int | None, scope: str = "all") -> PartitionReport:
     """The partition's report from its runs, and the ledgers/reports/histories of the jobs
     whose state directories could be read (by job key)."""
     requeues: dict[str, int] = {}
@@ -88,7 +92,7 @@ def aggregate(partition: str, since: str, rows: Sequence[RunRow],
         partition, since, jobs=len({r.job for r in rows}), runs=len(rows), requeues=requeues,
         gpu_hours={a: s / 3600 for a, s in sorted(gpu_s.items())},
         goodput={a: (kept[a] / known[a] if known.get(a) else None) for a in sorted(gpu_s)},
-        emergency_saves_s=saves, grace_s=grace_s)
+        emergency_saves_s=saves, grace_s=grace_s, scope=scope)
 
 
 def emergency_saves(history: Sequence[Mapping[str, Any]], within_s: float = 5.0) -> list[float]:
@@ -105,3 +109,13 @@ def emergency_saves(history: Sequence[Mapping[str, Any]], within_s: float = 5.0)
         if done is not None and exiting is not None and exiting["t"] - done["t"] <= within_s:
             out.append(round(done["t"] - event["t"], 3))
     return out
+
+
+def scope_of(private_data: str, uid: int, admin_level: str | None) -> str:
+    """Whose jobs ``sacct -a`` lists: "own" when PrivateData includes ``jobs`` and the caller
+    is neither root nor a Slurm operator/administrator (``admin_level``: sacctmgr's
+    AdminLevel, None when unknown), else "all". Pure."""
+    hidden = "jobs" in {w.strip().lower() for w in private_data.split(",")}
+    privileged = uid == 0 or (admin_level or "").strip().lower() in ("operator",
+                                                                     "administrator")
+    return "own" if hidden and not privileged else "all"

@@ -85,9 +85,20 @@ def test_a_job_of_alice_survives_bobs_preemption_and_bob_sees_nothing_of_it(
                90, "alice's job to pass step 2")
     # bob's urgent job takes alice's node: Slurm preempts her job, which is requeued
     node = alice.run(["squeue", "-h", "-j", job, "-o", "%N"], check=True).stdout.strip()
+    # PrivateData=jobs: bob's squeue, scontrol and sacct do not show her job, not even its
+    # name, while her own do (hpctrain only ever asks about the user's own jobs)
+    queue = bob.run(["squeue", "-h", "-o", "%i %j"], check=True).stdout.split()
+    assert job not in queue and f"alice-{tag}" not in queue, queue
+    assert bob.run(["scontrol", "show", "job", job]).returncode != 0
+    assert bob.run(["sacct", "-n", "-X", "-a", "-j", job, "-o", "JobName%40"],
+                   check=True).stdout.strip() == ""
     urgent = bob.run(["sbatch", "--parsable", "-p", "urgent", f"--nodelist={node}",
                       "--gres=gpu:2", "-o", "/dev/null", "--wrap", "sleep 1"], check=True)
-    assert wait_done(urgent.stdout.strip().split(";")[0], 120) == "COMPLETED"
+    urgent_id = urgent.stdout.strip().split(";")[0]
+    # and alice sees nothing of bob's: his job is waited for as him
+    assert alice.run(["squeue", "-h", "-j", urgent_id, "-o", "%j"]).stdout.strip() == ""
+    wait_until(lambda: bob.run(["sacct", "-n", "-X", "-P", "-j", urgent_id, "-o", "State"])
+               .stdout.strip() == "COMPLETED", 120, "bob's urgent job")
     # bob cannot cancel it: Slurm's refusal, said plainly
     cancel = bob.hpctrain("cancel", job)
     assert cancel.returncode == 3 and f"Slurm refused to cancel {job}: Access/permission " \

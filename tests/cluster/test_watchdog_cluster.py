@@ -23,6 +23,7 @@ script kind x fault:
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -285,6 +286,9 @@ def check_report(root: Path, job: str) -> None:
     fleet = json.loads(part.stdout)
     assert fleet["requeues"].get("preemption", 0) >= 1 and fleet["grace_s"] == 10, fleet
     assert fleet["emergency_saves_s"] and fleet["median_emergency_save_s"] < 10, fleet
+    # the devcluster's PrivateData=jobs: an ordinary user's report counts their jobs only,
+    # and says so (root sees the partition's)
+    assert fleet["scope"] == ("all" if os.geteuid() == 0 else "own"), fleet
     # status --watch stops by itself once the job has ended
     watched = subprocess.run([sys.executable, "-m", "hpctrain", "status", job, "--watch", "1"],
                              capture_output=True, text=True, timeout=60)

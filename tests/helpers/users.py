@@ -75,9 +75,23 @@ def ensure(name: str) -> User:
         entry = pwd.getpwnam(name)
     home = Path(entry.pw_dir)
     admin.run(["chmod", "700", str(home)])
+    _register(name)
     user = User(name, entry.pw_uid, home)
     probe = user.python("import hpctrain")
     assert probe.returncode == 0, (
         f"{name} cannot run {sys.executable} ({probe.stderr.strip()[-300:]}): the venv "
         "must be made from a Python every user may execute (./dev.sh install does)")
     return user
+
+
+def _register(name: str) -> None:
+    """Add the user to the devcluster's accounting, as a site's admins add every user: under
+    PrivateData=jobs slurmdbd shows nothing, not even their own jobs, to a user it does not
+    know (`devcluster up` registers the login accounts that exist when it runs)."""
+    from hpctrain.devcluster.config import ACCOUNT, CLUSTER_NAME
+
+    known = admin.run(["sacctmgr", "-n", "-P", "list", "user", name, "format=User"],
+                      check=False).stdout.split()
+    if name not in known:
+        admin.run(["sacctmgr", "-i", "add", "user", name, f"account={ACCOUNT}",
+                   f"cluster={CLUSTER_NAME}"])

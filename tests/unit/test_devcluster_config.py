@@ -84,6 +84,23 @@ def test_slurmdbd_conf_and_sql_carry_the_password() -> None:
     assert "IDENTIFIED BY 's3cret'" in config.db_setup_sql("s3cret")
 
 
+def test_login_accounts_are_registered_with_the_accounting() -> None:
+    # under PrivateData=jobs slurmdbd shows a user nothing, not even their own jobs,
+    # unless it knows them: `up` registers the machine's login accounts
+    entries = [("root", 0, "/bin/bash"), ("daemon", 1, "/usr/sbin/nologin"),
+               ("hpct-alice", 1001, "/bin/bash"), ("svc", 1002, "/usr/sbin/nologin"),
+               ("ci", 1003, "/bin/false"), ("nobody", 65534, "/usr/sbin/nologin"),
+               ("bob", 59999, "/bin/sh")]
+    assert config.login_users(entries) == ["bob", "hpct-alice"]
+
+
+def test_users_see_only_their_own_jobs_in_squeue_and_sacct() -> None:
+    # slurmctld (squeue, scontrol) and slurmdbd (sacct) each apply their own PrivateData
+    assert "PrivateData=jobs,usage,users" in conf_lines(Shape())
+    assert "PrivateData=jobs,usage,users" in \
+        config.slurmdbd_conf(PATHS, Ports(), "x").splitlines()
+
+
 def test_missing_packages_error_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(packages.BINARIES, "slurmdbd", "/nonexistent/slurmdbd")
     assert "slurmdbd" in packages.missing_packages()

@@ -146,6 +146,25 @@ def test_a_partitions_requeues_gpu_hours_goodput_and_emergency_saves() -> None:
                               "vision": pytest.approx(4260 * 8 / 3600)}
     assert part.goodput["ml"] == pytest.approx(rep.goodput) and part.goodput["vision"] is None
     assert (part.median_save_s, part.grace_s, part.jobs, part.runs) == (2.5, 10, 2, 5)
+    assert part.scope == "all" and part.to_json()["scope"] == "all"
     assert since_arg("7d") == "now-7days" and since_arg("2026-11-01") == "2026-11-01"
     with pytest.raises(ReportError, match="--since 'last week'"):
         since_arg("last week")
+
+
+@pytest.mark.parametrize("private, uid, level, scope", [
+    ("jobs,usage,users", 1001, "None", "own"), ("jobs,usage,users", 1001, None, "own"),
+    ("jobs", 1001, "Operator", "all"), ("Jobs,Usage", 1001, "Administrator", "all"),
+    ("jobs,usage", 0, None, "all"), ("usage,users", 1001, "None", "all"), ("", 1001, None, "all"),
+    ("none", 1001, "None", "all"),
+])
+def test_a_partition_report_says_when_privatedata_hides_other_users(
+        private: str, uid: int, level: str | None, scope: str) -> None:
+    # a sysadmin's report run as an ordinary user under PrivateData=jobs counts that
+    # user's jobs only: it must say so, not pass them off as the partition's
+    from hpctrain.commands.report_partition import format_partition
+    from hpctrain.report.partition import aggregate, scope_of
+
+    assert scope_of(private, uid, level) == scope
+    text = format_partition(aggregate("debug", "7d", [], {}, {}, {}, 10, scope))
+    assert ("only your own jobs are counted" in text) is (scope == "own")
