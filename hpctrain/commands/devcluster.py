@@ -8,7 +8,8 @@ import os
 import click
 
 from hpctrain.devcluster.cluster import DevCluster
-from hpctrain.devcluster.config import SSH_PORT, Shape
+from hpctrain.devcluster.config import Shape
+from hpctrain.devcluster.sshconf import SSH_PORT
 
 state_dir_option = click.option(
     "--state-dir", type=click.Path(file_okay=False), default=None,

@@ -85,7 +85,7 @@ def _scope() -> str:
         return "all"
     _, found, dbd = shown.partition("SlurmDBD configuration:")
     private = parse_scontrol_config(dbd).get("PrivateData", "") if found else ""
-    if "jobs" not in private.lower():
+    if scope_of(private, os.getuid(), None) == "all":   # nothing hidden, or root
         return "all"
     user = pwd.getpwuid(os.getuid()).pw_name
     try:

@@ -12,7 +12,6 @@ import fcntl
 import ipaddress
 import json
 import os
-import pwd
 import secrets
 import socket
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from hpctrain.devcluster import config, daemons, sshd
+from hpctrain.devcluster import accounting, config, daemons, sshd
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.devcluster.containers import ensure_host_image
 from hpctrain.devcluster.packages import ensure_packages
@@ -142,7 +141,7 @@ class DevCluster:
             fresh = previous == shape and not self._configs_changed(shape)
             if fresh and all(daemons.running_pid(d) for d in wanted):
                 ensure_host_image(self.paths)  # cheap; a cluster from before 0.2 gets it
-                self._ensure_accounting()      # users made since the last `up`
+                accounting.register(self.client_env())   # users made since the last `up`
                 self._keep_ssh()
                 return UpResult("already up", self.make_nodes_usable(shape))
             self._prepare_dirs(shape)
@@ -156,9 +155,9 @@ class DevCluster:
             env = self._daemon_env()
             munge, mariadb, slurmdbd, ctld, *slurmds = wanted
             daemons.start(munge, env)
-            self._start_database(mariadb, env)
+            accounting.start_database(self.paths, mariadb, env)
             daemons.start(slurmdbd, env)
-            self._ensure_accounting()
+            accounting.register(self.client_env())
             daemons.start(ctld, env)
             for d in slurmds:
                 daemons.start(d, env)
@@ -245,55 +244,6 @@ class DevCluster:
                                                         p.db_password_file.read_text().strip(),
                                                         _hostname_is_loopback()))
         p.slurmdbd_conf.chmod(0o600)  # slurmdbd refuses a readable config (it holds a password)
-
-    def _start_database(self, mariadb: daemons.Daemon, env: dict[str, str]) -> None:
-        p = self.paths
-        if not (p.mysql_data / "mysql").is_dir():
-            p.mysql_data.mkdir(parents=True, exist_ok=True)
-            daemons.run_checked(["chown", "-R", "mysql:mysql", str(p.mysql_data)])
-            daemons.run_checked(["/usr/bin/mariadb-install-db", "--no-defaults",
-                                 f"--datadir={p.mysql_data}", "--user=mysql",
-                                 "--auth-root-authentication-method=socket",
-                                 "--skip-test-db"], env=env)
-        p.mysql_run.mkdir(exist_ok=True)
-        daemons.run_checked(["chown", "mysql:mysql", str(p.mysql_run)])
-        daemons.start(mariadb, env)
-        deadline = time.monotonic() + 30
-        while not p.mysql_socket.exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        daemons.run_checked(["/usr/bin/mariadb", "--no-defaults", f"--socket={p.mysql_socket}",
-                             "-u", "root"], env=env,
-                            input=config.db_setup_sql(p.db_password_file.read_text().strip()))
-
-    def _ensure_accounting(self) -> None:
-        """Register cluster, account and users with slurmdbd (idempotent)."""
-        env = self.client_env()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                existing = client.run(["sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster"],
-                                      env=env, timeout=10).stdout.split()
-                break
-            except SlurmError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-        if config.CLUSTER_NAME not in existing:
-            client.run(["sacctmgr", "-i", "add", "cluster", config.CLUSTER_NAME], env=env)
-        accounts = client.run(["sacctmgr", "-n", "-P", "list", "account", "format=Account"],
-                              env=env).stdout.split()
-        if config.ACCOUNT not in accounts:
-            client.run(["sacctmgr", "-i", "add", "account", config.ACCOUNT,
-                        f"cluster={config.CLUSTER_NAME}"], env=env)
-        users = client.run(["sacctmgr", "-n", "-P", "list", "user", "format=User"],
-                           env=env).stdout.split()
-        # PrivateData=jobs: slurmdbd shows a user's own jobs only to a user it knows, as on
-        # a site whose admins add every user; here every login account is one
-        wanted = {"root", os.environ.get("SUDO_USER") or "root", *config.login_users(
-            (e.pw_name, e.pw_uid, e.pw_shell) for e in pwd.getpwall())}
-        for user in sorted(wanted - set(users)):
-            client.run(["sacctmgr", "-i", "add", "user", user, f"account={config.ACCOUNT}",
-                        f"cluster={config.CLUSTER_NAME}"], env=env)
 
     def make_nodes_usable(self, shape: Shape | None = None) -> tuple[str, ...]:
         """Wait until Slurm would place jobs on every node. A stopped slurmd is started; a

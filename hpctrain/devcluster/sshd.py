@@ -26,8 +26,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hpctrain.devcluster import config, daemons
-from hpctrain.devcluster.config import SSH_ALIAS
+from hpctrain.devcluster import daemons, sshconf
+from hpctrain.devcluster.sshconf import SSH_ALIAS
 from hpctrain.errors import DevclusterError
 
 SSHD = "/usr/sbin/sshd"
@@ -77,14 +77,14 @@ def settings(root: Path) -> dict[str, Any] | None:
         text = config_file(root).read_text()
     except OSError:
         return None
-    return {**config.sshd_settings(text), "alias": SSH_ALIAS, "config": str(config_file(root))}
+    return {**sshconf.sshd_settings(text), "alias": SSH_ALIAS, "config": str(config_file(root))}
 
 
 # ---- up ----------------------------------------------------------------------------------------
 def up(root: Path, port: int, users: Sequence[str], env: Mapping[str, str]) -> list[str]:
     """Start (or restart with new settings) the SSH server on ``port`` for ``users`` and
     every user set up before; set each one's files up. Returns what to tell the operator."""
-    config.check_ssh_settings(port, users)
+    sshconf.check_ssh_settings(port, users)
     _check_port(root, port)
     d = ssh_dir(root)
     keys = authorized_dir(root)
@@ -145,7 +145,7 @@ def _check_port(root: Path, port: int) -> None:
 def _write_config(root: Path, port: int, users: Sequence[str]) -> bool:
     """Write sshd_config if it changed, checked by ``sshd -t`` first (a config sshd would
     refuse never replaces a working one). True when it changed."""
-    text = config.sshd_config(ssh_dir(root), port, users)
+    text = sshconf.sshd_config(ssh_dir(root), port, users)
     conf = config_file(root)
     if conf.is_file() and conf.read_text() == text:
         return False
@@ -239,9 +239,9 @@ def _set_up_user(entry: pwd.struct_passwd, port: int, keys: Path, host_key: str)
     public key in the root-owned authorized-keys file; notes for the operator."""
     name, ssh = entry.pw_name, Path(entry.pw_dir) / ".ssh"
     key = ssh / KEY_NAME
-    block = config.ssh_client_config(port, name, str(key), f"{key}.known_hosts")
+    block = sshconf.ssh_client_config(port, name, str(key), f"{key}.known_hosts")
     out = _run(["sh", "-c", _USER_SCRIPT, "sh", str(key), f"{name}@{SSH_ALIAS}",
-                config.ssh_known_hosts(port, host_key), block], user=entry)
+                sshconf.ssh_known_hosts(port, host_key), block], user=entry)
     found = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
     public = _PUBLIC_KEY.match(found.get("pub", ""))
     if public is None:

@@ -224,24 +224,23 @@ class Connection:
         """Run hpctrain there with ``args`` and capture its output; its own failures keep
         their exit code. A short command goes to the warm server when there is one."""
         if input is None:
-            from hpctrain.remote.warm import writers
-
-            out, err, out_buf, err_buf = writers(stream=False)
-            code = self.warm.run(args, out, err, timeout_s=timeout)
+            out, err = bytearray(), bytearray()
+            code = self.warm.run(args, out.extend, err.extend, timeout_s=timeout)
             if code is not None:
-                return subprocess.CompletedProcess(args, code, bytes(out_buf), bytes(err_buf))
+                return subprocess.CompletedProcess(args, code, bytes(out), bytes(err))
         return self.run(self.hpctrain_words(args), input=input, timeout=timeout)
 
     def hpctrain_stream(self, args: Sequence[str], *, input: bytes | None = None) -> int:
         """Run hpctrain there with ``args``, its output relayed to ours as it comes; its exit
         code. A short command goes to the warm server when there is one."""
         if input is None:
-            from hpctrain.remote.warm import writers
+            import sys
 
-            out, err, _, _ = writers(stream=True)
+            from hpctrain.remote.warm import relay
+
             # no timeout, as over ssh (a long report); a dead link ends the ssh master,
             # which closes the forwarded socket
-            code = self.warm.run(args, out, err, timeout_s=None)
+            code = self.warm.run(args, relay(sys.stdout), relay(sys.stderr), timeout_s=None)
             if code is not None:
                 return code
         return self.stream(self.hpctrain_words(args), input=input)

@@ -21,9 +21,8 @@ import hashlib
 import json
 import os
 import socket
-import sys
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Sequence
 
 from hpctrain import __version__
 from hpctrain.errors import RemoteError
@@ -149,22 +148,17 @@ class WarmPath:
         return self.conn.forward_socket(self.local, str(remote))
 
 
-def writers(stream: bool) -> tuple[Write, Write, bytearray, bytearray]:
-    """Where an answer goes: our stdout/stderr as it comes (``stream``), or two buffers."""
-    out, err = bytearray(), bytearray()
-    if not stream:
-        return out.extend, err.extend, out, err
+def relay(target: IO[str]) -> Write:
+    """A writer of answer bytes to a text stream of ours (stdout, stderr), flushed as they
+    come; through its binary buffer where it has one (a notebook's streams have none)."""
+    buffer = getattr(target, "buffer", None)
 
-    def to(target) -> Write:       # noqa: ANN001 - a text stream (a notebook's has no .buffer)
-        def write(data: bytes) -> None:
-            buffer = getattr(target, "buffer", None)
-            if buffer is not None:
-                target.flush()
-                buffer.write(data)
-                buffer.flush()
-            else:
-                target.write(data.decode("utf-8", "replace"))
-                target.flush()
-        return write
-    return to(sys.stdout), to(sys.stderr), out, err
-
+    def write(data: bytes) -> None:
+        if buffer is not None:
+            target.flush()
+            buffer.write(data)
+            buffer.flush()
+        else:
+            target.write(data.decode("utf-8", "replace"))
+            target.flush()
+    return write

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from hpctrain.devcluster.config import SSH_ALIAS, SSH_PORT
+from hpctrain.devcluster.sshconf import SSH_ALIAS, SSH_PORT
 from helpers import admin
 
 ALIAS = SSH_ALIAS   # the Host block `up --ssh` writes into the user's ~/.ssh

@@ -74,6 +74,7 @@ THIRD_PARTY = ("torch", "numpy", "submitit", "jinja2", "click", "safetensors", "
 PURE = ("hpctrain.spec.model", "hpctrain.spec.checks", "hpctrain.spec.layout",
         "hpctrain.spec.tomlwriter", "hpctrain.render.script", "hpctrain.planner",
         "hpctrain.jobs.sweep", "hpctrain.report", "hpctrain.devcluster.config",
+        "hpctrain.devcluster.sshconf",
         "hpctrain.slurm.parse", "hpctrain.slurm.states", "hpctrain.slurm.view",
         "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
         "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog", "hpctrain.hostlist",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.devcluster import config, packages
+from hpctrain.devcluster import config, packages, sshconf
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.errors import DevclusterError
 from hpctrain.slurm.parse import parse_kv_line
@@ -133,7 +133,7 @@ def test_the_host_image_binds_where_the_python_and_project_live() -> None:
 
 
 def test_sshd_config_is_loopback_and_keys_only() -> None:
-    from hpctrain.devcluster.config import ssh_client_config, sshd_config
+    from hpctrain.devcluster.sshconf import ssh_client_config, sshd_config
 
     text = sshd_config(Path("/var/lib/x/ssh"), 2222, ["hpct-alice", "bob"])
     lines = set(text.splitlines())
@@ -147,7 +147,7 @@ def test_sshd_config_is_loopback_and_keys_only() -> None:
 
 
 def test_sshd_config_listens_on_loopback_only_with_its_port_and_no_passwords() -> None:
-    lines = config.sshd_config(Path("/s/ssh"), 2299, ["hpct-alice"]).splitlines()
+    lines = sshconf.sshd_config(Path("/s/ssh"), 2299, ["hpct-alice"]).splitlines()
     listen = [ln for ln in lines if ln.startswith(("ListenAddress", "Port"))]
     assert listen == ["Port 2299", "ListenAddress 127.0.0.1"]
     settings = dict(ln.split(" ", 1) for ln in lines if ln and not ln.startswith("#"))
@@ -162,7 +162,7 @@ def test_sshd_config_listens_on_loopback_only_with_its_port_and_no_passwords() -
     # -L only (the warm server's socket forward); nothing listens on the cluster's side
     assert settings["AllowTcpForwarding"] == settings["AllowStreamLocalForwarding"] == "local"
     assert settings["X11Forwarding"] == settings["AllowAgentForwarding"] == "no"
-    assert config.sshd_settings("\n".join(lines)) == {"port": 2299, "users": ["hpct-alice"]}
+    assert sshconf.sshd_settings("\n".join(lines)) == {"port": 2299, "users": ["hpct-alice"]}
 
 
 @pytest.mark.parametrize("port, users, named", [
@@ -174,14 +174,14 @@ def test_sshd_config_listens_on_loopback_only_with_its_port_and_no_passwords() -
 def test_sshd_config_refuses_a_bad_port_or_user_by_name(port: int, users: list[str],
                                                         named: str) -> None:
     with pytest.raises(DevclusterError, match=named.replace("\n", "\\n")):
-        config.sshd_config(Path("/s/ssh"), port, users)
+        sshconf.sshd_config(Path("/s/ssh"), port, users)
 
 
 def test_ssh_client_files_name_the_alias_port_and_host_key() -> None:
-    known = config.ssh_known_hosts(2299, "ssh-ed25519 AAAAkey hpctrain-devcluster\n")
+    known = sshconf.ssh_known_hosts(2299, "ssh-ed25519 AAAAkey hpctrain-devcluster\n")
     assert known == ("[127.0.0.1]:2299 ssh-ed25519 AAAAkey\n"
                      "[hpctrain-devcluster]:2299 ssh-ed25519 AAAAkey\n")
-    block = config.ssh_client_config(2299, "bob", "/h/.ssh/k", "/h/.ssh/k.known_hosts")
+    block = sshconf.ssh_client_config(2299, "bob", "/h/.ssh/k", "/h/.ssh/k.known_hosts")
     assert {"  Port 2299", "  User bob", "  IdentitiesOnly yes", "  BatchMode yes",
             "  UserKnownHostsFile /h/.ssh/k.known_hosts"} <= set(block.splitlines())
 
