@@ -3,7 +3,13 @@
 Every repetition measures, on the same state and the same disk, in an order that rotates
 from one repetition to the next (the disk's speed drifts on a shared machine):
 
-* saves, durable (fsynced) when they return: hpctrain, ``dcp.save``, ``torch.save``;
+* saves, durable (fsynced) when they return: hpctrain, ``dcp.save``, ``torch.save``, and
+  the plainest durable write of the same bytes by the same ranks (``raw``: each rank
+  ``write()``s its share of the tensors' bytes, then fsyncs): what no saver can beat by
+  much, since all of them must get these bytes onto the disk. Before each save the
+  previous saves' deletions are finished and synced, untimed: a training loop deletes old
+  checkpoints long before its next save, and the file system's deferred work for a
+  deletion (journal commit, discards) would otherwise land in the next contender's fsync;
 * the training loop's stall of an async save: hpctrain's ``async_save=True`` and
   ``dcp.async_save``, against one in-memory copy of the state into preallocated memory;
 * cold loads (page cache dropped before each), every one checked equal to what was
@@ -145,14 +151,35 @@ class Contenders:
         self.step += 1
         self.hp.save(self.step, self.state)
 
-    def dcp_clear(self) -> None:
-        """Not timed: deleting the last DCP checkpoint (hpctrain's save deletes its previous
-        step itself, as keep_last=1 asks, and that is timed)."""
+    def settle(self, name: str) -> None:
+        """Not timed, before save ``name``: its last checkpoint deleted (DCP, torch.save
+        and the raw write; hpctrain's save deletes its previous step itself, as keep_last=1
+        asks, on a background thread), every deletion finished, and all of it synced, so
+        no save pays for another's deletion."""
+        for removal in self.hp._removals:
+            removal.result()
+        dist.barrier()
         if self.rank == 0:
-            shutil.rmtree(self.work / "dcp", ignore_errors=True)
+            if name == "dcp_save":
+                shutil.rmtree(self.work / "dcp", ignore_errors=True)
+            old = {"torch_save": "torch-*.pt", "raw_save": "raw-*.bin"}.get(name)
+            for path in self.work.glob(old) if old else ():
+                path.unlink()
+            os.sync()
+        dist.barrier()
 
     def dcp_save(self) -> None:
         dcp.save(self.state, checkpoint_id=str(self.work / "dcp"))
+
+    def raw_save(self) -> None:
+        """Each rank writes the bytes of its share of the tensors (all of its shards; a
+        replicated state split between the ranks) with write(), then fsyncs."""
+        world = dist.get_world_size()
+        tensors = leaves(self.state) if self.sharded else leaves(self.state)[self.rank::world]
+        with open(self.work / f"raw-{self.rank}.bin", "wb", buffering=0) as f:
+            for t in tensors:
+                f.write(local(t).numpy().data.cast("B"))
+            os.fsync(f.fileno())
 
     def torch_path(self) -> Path:
         return self.work / f"torch-{self.rank}.pt"
@@ -245,7 +272,8 @@ def run(args: argparse.Namespace) -> dict:
     def add(name: str, value: float) -> None:
         figures.setdefault(name, []).append(value)
 
-    saves = [("hp_save", c.hp_save), ("dcp_save", c.dcp_save), ("torch_save", c.torch_save)]
+    saves = [("hp_save", c.hp_save), ("dcp_save", c.dcp_save), ("torch_save", c.torch_save),
+             ("raw_save", c.raw_save)]
     stalls = [("hp_async", c.hp_async_stall), ("dcp_async", c.dcp_async_stall),
               ("copy", c.copy_stall)]
     loads = [("hp_load", c.hp_load), ("dcp_load", c.dcp_load), ("torch_load", c.torch_load)]
@@ -256,8 +284,7 @@ def run(args: argparse.Namespace) -> dict:
         if rank == 0:
             add("fio_write", fio(work, total, "write"))
         for name, fn in rotate(saves, rep):
-            if name == "dcp_save":
-                c.dcp_clear()
+            c.settle(name)
             add(name, timed(fn))
         for name, fn in rotate(stalls, rep):
             add(name, fn())

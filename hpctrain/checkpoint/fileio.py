@@ -104,10 +104,13 @@ class SegmentFile:
         self._k = 0          # direct: which bounce buffer is being filled
         self._pending: list[Task | None] = [None, None]
         self._bufs = _bounce_buffers() if self.direct else []
+        self._synced = -1    # the size :meth:`sync` made durable (-1: never synced)
+        self._syncing: Task | None = None  # a sync on a second thread (start_sync)
 
     def write(self, segments: Sequence[memoryview | bytes | np.ndarray]
               ) -> list[tuple[int, int, int]]:
         """Append ``segments``; one (offset, length, checksum) block per segment."""
+        self._join_sync()
         blocks = []
         for seg in segments:
             arr = _as_bytes(seg)
@@ -146,21 +149,54 @@ class SegmentFile:
         if task is not None:
             task.result()
 
+    def start_sync(self) -> None:
+        """Run :meth:`sync` on a second thread, while the caller does other work; the next
+        :meth:`write` or :meth:`close` waits for it first (and raises its error)."""
+        self._join_sync()
+        self._syncing = Task(self.sync, name="hpctrain-ckpt-sync")
+
+    def _join_sync(self) -> None:
+        task, self._syncing = self._syncing, None
+        if task is not None:
+            task.result()
+
+    def sync(self) -> None:
+        """Make every segment written so far durable (its bytes and the file's size), and
+        keep the file open for more. A rank syncs what it has written while it learns
+        whether it must write more; in the usual case (nothing more) :meth:`close` then
+        has nothing left to flush, so the disk's flush overlaps that wait.
+
+        O_DIRECT: the partly filled bounce buffer is written padded to a whole block and
+        stays current; bytes appended later fill it up and rewrite that block in place."""
+        if self.direct:
+            self._wait(0)
+            self._wait(1)
+            self._write_tail()
+        os.fdatasync(self._fd)
+        self._synced = self.size
+
+    def _write_tail(self) -> None:
+        """pwrite the current, partly filled bounce buffer (padded) at its place, then
+        cut the padding off the file's end (direct only)."""
+        if self._pos:
+            padded = -(-self._pos // ALIGN) * ALIGN  # O_DIRECT writes whole blocks
+            self._bufs[self._k][self._pos:padded] = 0
+            _pwrite_all(self._fd, memoryview(self._bufs[self._k])[:padded], self._file_off)
+            os.ftruncate(self._fd, self.size)  # drop the alignment padding
+
     def close(self) -> int:
         """Write what is left, fsync and close; return the file's size."""
         try:
+            self._join_sync()
             if self.direct:
-                if self._pos:
-                    padded = -(-self._pos // ALIGN) * ALIGN  # O_DIRECT writes whole blocks
-                    self._bufs[self._k][self._pos:padded] = 0
-                    self._send(padded)
                 self._wait(0)
                 self._wait(1)
-                if self._pos:
-                    os.ftruncate(self._fd, self.size)  # drop the alignment padding
+                if self.size != self._synced:
+                    self._write_tail()
                 self._pos = 0
             fault("file-before-fsync")
-            os.fsync(self._fd)
+            if self.size != self._synced:
+                os.fsync(self._fd)
         except BaseException:
             self.abort()
             raise
@@ -171,13 +207,13 @@ class SegmentFile:
     def abort(self) -> None:
         """Close without fsync (the caller deletes the file): never leave a write running
         into a bounce buffer that will be reused."""
-        for task in self._pending:
+        for task in [*self._pending, self._syncing]:
             if task is not None and not task.done():
                 try:
                     task.result()
                 except OSError:
                     pass
-        self._pending = [None, None]
+        self._pending, self._syncing = [None, None], None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

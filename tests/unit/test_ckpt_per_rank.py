@@ -30,8 +30,11 @@ def _ranks_at(manifest: dict, path: list) -> list:
     return sorted((t.get("rank", -1) for t in manifest["tensors"] if t["path"] == path))
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int) -> None:
+@pytest.mark.parametrize("world, alongside", [(2, False), (2, True), (4, False)])
+def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int,
+                                            alongside: bool) -> None:
+    """Both ways of fingerprinting (alongside the first writes, or after them while the
+    disk flushes them), each then appending the per-rank values to a file already synced."""
     import torch.multiprocessing as mp
 
     from hpctrain.checkpoint import CheckpointManager
@@ -39,7 +42,7 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int) -> None:
     roots = [tmp_path / "sync", tmp_path / "async"]
     for root in roots:
         root.mkdir()
-    mp.spawn(save_and_load, args=(world, [str(r) for r in roots], free_port()),
+    mp.spawn(save_and_load, args=(world, [str(r) for r in roots], free_port(), alongside),
              nprocs=world, join=True)
     for root in roots:
         man = _manifest(root)
