@@ -129,11 +129,17 @@ class WarmPath:
                     return None          # the forward is there, the server is not
                 raise RemoteError(f"the connection to {self.conn.target} broke while "
                                   f"{args[0]!r} answered (its output above is incomplete)")
-            for kind, payload in reader.feed(chunk):
-                answered = True
-                if kind == frames.EXIT:
-                    return frames.exit_code(payload)
-                (out if kind == frames.STDOUT else err)(payload)
+            try:
+                for kind, payload in reader.feed(chunk):
+                    answered = True
+                    if kind == frames.EXIT:
+                        return frames.exit_code(payload)
+                    (out if kind == frames.STDOUT else err)(payload)
+            except frames.FrameError as exc:
+                raise RemoteError(
+                    f"the hpctrain server on {self.conn.target} answered {args[0]!r} with "
+                    f"something that is not its protocol ({exc}); {ENV}=0 runs commands "
+                    "over plain ssh meanwhile (please report this)") from None
 
     def _start(self) -> bool:
         """Start (or find) the server over ssh and forward the local socket to it."""

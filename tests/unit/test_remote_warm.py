@@ -79,6 +79,29 @@ def test_code_signature_follows_the_module_files(tmp_path: Path) -> None:
     assert code_signature(tmp_path) != before
 
 
+@pytest.mark.parametrize("garbage", [b"?\x00\x00\x00\x01x", frames.pack(frames.EXIT, b"zero")],
+                         ids=["unknown kind", "bad exit code"])
+def test_a_server_answer_that_is_not_the_protocol_is_a_remote_error(garbage: bytes) -> None:
+    """Whatever the server sends, the user gets hpctrain's error naming the host and the
+    way around it, not a ValueError's traceback."""
+    from types import SimpleNamespace
+
+    from hpctrain.errors import RemoteError
+    from hpctrain.remote.warm import WarmPath
+
+    warm = object.__new__(WarmPath)
+    warm.conn = SimpleNamespace(target="alice@login1")
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        theirs.sendall(frames.pack(frames.STDOUT, b"partial ") + garbage)
+        theirs.shutdown(socket.SHUT_WR)
+        out: list[bytes] = []
+        with pytest.raises(RemoteError) as err:
+            warm._answer(ours, ["status"], out.append, out.append, 10)
+    assert out == [b"partial "]
+    assert "alice@login1" in str(err.value) and "HPCTRAIN_REMOTE_SERVER=0" in str(err.value)
+
+
 # ---- a real server -------------------------------------------------------------------------------
 @pytest.fixture()
 def server(tmp_path: Path):
