@@ -366,17 +366,23 @@ class CheckpointManager:
 _LIVE: weakref.WeakSet = weakref.WeakSet()   # every open manager of this process
 
 
-def wait_all() -> list[str]:
-    """Block until every manager's in-flight async save is durable; their failures, as
-    messages (the caller is leaving: nothing to raise into). The runtime calls this before
-    it tears the process group down, which an in-flight save still needs."""
-    failures = []
+def close_all() -> list[str]:
+    """Close every open manager of this process (in-flight save durable, root lock
+    released), printing what fails; every failure met so far as the process leaves, as
+    messages (also one a manager's own flush at exit met). The runtime calls this before it
+    destroys the process group that an in-flight save still needs, and again at exit:
+    the second call closes nothing new and reports the same failures."""
     for mgr in list(_LIVE):
         try:
-            mgr.wait()
-        except Exception as exc:  # noqa: BLE001 - reported, the next manager still waits
-            failures.append(f"{mgr.root}: {exc}")
-    return failures
+            mgr.close()
+        except Exception as exc:  # noqa: BLE001 - reported, the next manager still closes
+            _FAILED_AT_EXIT.append(f"{mgr.root}: {exc}")
+            print(f"hpctrain: checkpoint save failed before exit: {exc}", file=sys.stderr,
+                  flush=True)
+    return _FAILED_AT_EXIT[:]
+
+
+_FAILED_AT_EXIT: list[str] = []   # saves that failed as the process left (close_all's report)
 
 
 def _versions() -> dict[str, str]:
@@ -402,4 +408,5 @@ def _flush_at_exit(ref: weakref.ref) -> None:
     try:
         mgr.close()
     except Exception as exc:  # noqa: BLE001 - nothing left to raise into at exit
+        _FAILED_AT_EXIT.append(f"{mgr.root}: {exc}")
         print(f"hpctrain: checkpoint save failed at exit: {exc}", file=sys.stderr)

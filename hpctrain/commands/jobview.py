@@ -29,6 +29,8 @@ def format_cause(verdict: dict[str, str]) -> str:
     ValueError: boom (rank 1, n2)`` for a crash, ``last requeue: preemption@40`` while a
     requeued job goes on, ``requeue limit max_preemptions=1 reached``; ``-`` without one."""
     cause, action = verdict.get("cause"), verdict.get("action")
+    if cause == "completed" and verdict.get("detail"):
+        return f"finished; {verdict['detail']}"   # a rank died at exit, nothing was lost
     if not cause or cause == "completed":
         return "-"
     at = f"@{verdict['step']}" if verdict.get("step") else ""

@@ -68,8 +68,10 @@ def job_report(key: str, state: Path, runs: list[RunFacts] | None = None) -> Rep
     state directory."""
     if runs is None:
         runs = sacct_runs(key).get(key, [])
-    return build(key, runs, ledger_entries(state), protocol.read_history(state),
-                 protocol.read_record(state / protocol.OUTCOME).get("cause", ""))
+    verdict = protocol.read_record(state / protocol.OUTCOME)
+    cause = verdict.get("cause", "")
+    return build(key, runs, ledger_entries(state), protocol.read_history(state), cause,
+                 verdict.get("detail", "") if cause == "completed" else "")
 
 
 def sweep_report(sweep_id: str, as_json: bool) -> int:
@@ -171,6 +173,8 @@ def format_text(r: Report) -> str:
             lines.append(f"    attempt {att.attempt}: start-up {s.get('startup', 0):.1f} s, "
                          f"{steps}, saving {s.get('saving', 0):.1f} s, stopping "
                          f"{s.get('stopping', 0):.1f} s, ended: {att.cause or '-'}")
+    if r.note:
+        lines.append(f"  the work was done, then: {r.note}")
     if r.goodput is None:
         lines.append("goodput: unknown (no progress history: the script does not use "
                      "hpctrain.runtime)")

@@ -85,6 +85,7 @@ class Report:
     step_s: float | None                  # median step time
     known: bool                           # rank 0's history was there
     points: list[tuple[float, int, bool]] = field(default_factory=list)  # (t, step, kept)
+    note: str = ""        # what the last run's verdict adds: "rank 1 then died at exit (...)"
 
     @property
     def goodput(self) -> float | None:
@@ -97,8 +98,10 @@ class Report:
 
 
 def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mapping[str, str]]],
-          history: Sequence[Mapping[str, Any]], final_cause: str = "") -> Report:
-    """The report of job ``job`` (see the module docstring)."""
+          history: Sequence[Mapping[str, Any]], final_cause: str = "",
+          note: str = "") -> Report:
+    """The report of job ``job`` (see the module docstring); ``final_cause`` and ``note``
+    from the supervisor's verdict on the last run."""
     reports = [_run(r, runs, ledger, final_cause) for r in runs]
     events = sorted(history, key=lambda e: e.get("t", 0.0))
     kept_at = _kept(events)
@@ -121,7 +124,7 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
                kept_at.get(_step_id(e)) == e["t"]) for e in completions]
     return Report(job, reports, allocated, gpu_s, kept_steps=len(kept_at),
                   lost_steps=len(completions) - len(kept_at), step_s=step_s,
-                  known=bool(completions), points=points)
+                  known=bool(completions), points=points, note=note)
 
 
 def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mapping[str, str]]],

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hpctrain.runtime import progress
+from hpctrain.runtime import progress, teardown
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
@@ -33,7 +33,7 @@ class Context:
     """A training process's view of the job; built by :func:`init`."""
 
     def __init__(self, env: Environment, device: torch.device, mesh: DeviceMesh,
-                 flag: StopFlag, owns_process_group: bool,
+                 flag: StopFlag, exit: teardown.Teardown,
                  reporter: Reporter | None = None) -> None:
         self.env = env
         self.reporter = reporter  # progress for the supervisor's hang watchdog (or None)
@@ -42,7 +42,7 @@ class Context:
         self.flag = flag
         self.stop_cause: str | None = None  # agreed cause once stop_requested() is True
         self._step: int | None = None
-        self._owns_pg = owns_process_group
+        self._exit = exit   # what close(), exit_for_requeue() and the process's exit run
         self.last_exit_cause: str | None = (
             env.last_exit_cause or previous_cause(read_record(env.exit_file), env.restart_count))
 
@@ -116,14 +116,13 @@ class Context:
         if row is None or not row.requeue or row.exit_code is None:
             raise ValueError(f"exit_for_requeue(cause={name!r}): call it after stop_requested() "
                              "returned True, or pass cause='preemption' or 'time_limit'")
-        # an async emergency save still needs the process group: let it finish first
-        from hpctrain.checkpoint.manager import wait_all
-
+        self._exit.mark("requeue")
         if self.reporter is not None:
             self.reporter.set_phase("exiting")
-        for failure in wait_all():
-            print(f"hpctrain: rank {self.rank}: checkpoint save failed before exit: {failure}",
-                  file=sys.stderr, flush=True)
+        # an async emergency save still needs the process group: let it finish first
+        from hpctrain.checkpoint.manager import close_all
+
+        close_all()
         dist.barrier()
         if self.is_main and self.env.exit_file:
             write_record(self.env.exit_file, {
@@ -137,19 +136,19 @@ class Context:
     def record_crash(self, exc_type: type[BaseException], exc: BaseException) -> bool:
         """Leave a ``cause=user_crash`` exit record for an uncaught exception (any rank,
         first one wins, never over this run's requeue record); never raises."""
+        self._exit.mark("crash")
         return write_crash_record(self.env.exit_file, exc_type, exc, step=self.step,
                                   restart_count=self.env.restart_count,
                                   job_id=self.env.job_id, rank=self.env.rank,
                                   node=self.env.node, run_id=self.env.run_id)
 
     def close(self) -> None:
-        """Tear down the process group (if init made it); stop signals stay routed to the
-        flag until the process ends, so a late SIGTERM cannot kill a rank mid-exit."""
-        import torch.distributed as dist
-
-        if self._owns_pg and dist.is_initialized():
-            dist.destroy_process_group()
-        self._owns_pg = False
+        """Leave cleanly: every checkpoint manager's in-flight save made durable and its
+        lock released, then the process group destroyed (if init made it). Runs once
+        (later calls do nothing), and by itself at the process's exit: a script need not
+        call it (:mod:`hpctrain.runtime.teardown`). Stop signals stay routed to the flag
+        until the process ends, so a late SIGTERM cannot kill a rank mid-exit."""
+        self._exit.run()
 
     def __enter__(self) -> Context:
         return self
@@ -212,7 +211,9 @@ def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
                                 world_size=parsed.world_size, timeout=timedelta(seconds=timeout_s))
     mesh = init_device_mesh(device.type, (parsed.pp, parsed.dp, parsed.tp),
                             mesh_dim_names=MESH_DIMS)
-    ctx = Context(parsed, device, mesh, flag, owns, reporter)
+    # what init set up, torn down at every exit (close, exit_for_requeue, the interpreter's)
+    ctx = Context(parsed, device, mesh, flag, teardown.install(reporter, parsed.rank, owns),
+                  reporter)
     # an uncaught exception ends the job FAILED (not requeued); say why in the record
     install_excepthook(ctx.record_crash)
     return ctx

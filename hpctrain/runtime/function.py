@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from hpctrain import hostlist, protocol
 from hpctrain.mesh import rank_to_coords
+from hpctrain.runtime import teardown
 
 
 class RankCall:
@@ -31,8 +32,17 @@ class RankCall:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         set_rank_environment(os.environ, self.layout)
-        with rank_log_tee(os.environ):
-            return self.fn(*args, **kwargs)
+        had_group, crashed = teardown.group_exists(), True
+        try:
+            with rank_log_tee(os.environ):
+                result = self.fn(*args, **kwargs)
+            crashed = False
+            return result
+        finally:
+            # what the callable set up (init(), a process group) is torn down before
+            # submitit pickles the result and the process exits: torch's gloo group left
+            # to the interpreter's exit can abort it, and the job would end FAILED
+            teardown.after_call(had_group, crashed)
 
 
 class CheckpointableRankCall(RankCall):

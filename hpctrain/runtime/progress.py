@@ -3,9 +3,10 @@
 A daemon thread rewrites ``<state dir>/progress/rank-N`` (:mod:`hpctrain.protocol`) every
 heartbeat: the step (``ctx.step = n``), how many step boundaries it reached (each
 ``stop_requested()`` call), the phase (``startup``, ``training``, ``loading``, ``saving``,
-``exiting``), when any of them last changed, and the heartbeat itself. The training loop
-only sets fields (no I/O on its path); the supervisor's hang watchdog reads the files
-without torch.
+``exiting``, ``exited``), when any of them last changed, and the heartbeat itself; once the
+script's work has ended, how (``exit``) and whether its saves were durable (``flushed``).
+The training loop only sets fields (no I/O on its path); the supervisor's hang watchdog
+reads the files without torch.
 
 Rank 0 also keeps the history (``<state dir>/history``): one JSON line per step boundary
 and phase change, queued by the training loop (no I/O there) and appended by the thread,
@@ -55,6 +56,8 @@ class Reporter:
         self.boundaries = 0
         self.phase = "startup"
         self.changed_at = time.time()
+        self.exit = ""      # how the script's work ended: return, crash, requeue (teardown)
+        self.flushed = ""   # at the end of the teardown: 1 if every save was durable
         self._answered = ""
         # rank 0's history: (time, event fields) queued by the training loop
         self.history = Path(state_dir) / p.HISTORY if rank == 0 else None
@@ -81,6 +84,25 @@ class Reporter:
         if phase != before:
             self._note(event="phase", phase=phase)
         return before
+
+    def ended(self, word: str) -> None:
+        """The script's work ended (``return``, ``crash``, ``requeue``): said at once, in
+        case the process dies in what follows (:mod:`hpctrain.runtime.teardown`)."""
+        self.exit = word
+        self.set_phase("exiting")
+        self.write()
+
+    def exited(self, flushed: bool) -> None:
+        """Nothing of the job's work is left in this process (``flushed``: every save was
+        durable); only the teardown remains. The heartbeat stops (the record stays as the
+        rank's last word) and the history is appended."""
+        self.flushed = "1" if flushed else "0"
+        self.set_phase("exited")
+        self._stop.set()
+        if self._thread.is_alive():   # its last beat must not land after this record
+            self._thread.join(timeout=2.0)
+        self.write()
+        self.drain()
 
     def _note(self, **event: object) -> None:
         if self.history is not None:   # deque.append is atomic: no lock on the loop's path
@@ -118,9 +140,12 @@ class Reporter:
             pass   # the report then misses these lines; training goes on
 
     def record(self) -> dict[str, object]:
-        return {**self.ident, "step": "" if self.step is None else self.step,
-                "boundaries": self.boundaries, "phase": self.phase,
-                "changed_at": f"{self.changed_at:.3f}", "beat_at": f"{time.time():.3f}"}
+        record = {**self.ident, "step": "" if self.step is None else self.step,
+                  "boundaries": self.boundaries, "phase": self.phase,
+                  "changed_at": f"{self.changed_at:.3f}", "beat_at": f"{time.time():.3f}"}
+        if self.exit:
+            record.update(exit=self.exit, flushed=self.flushed)
+        return record
 
     def write(self) -> None:
         try:

@@ -11,18 +11,32 @@ table decides how a run ended and what to do about it (:func:`decide`); its rows
 3   the step exited 0                                  completed       finish (exit 0)
 4   Slurm ended the run (scancel, an admin)            cancelled       finish, never undone
 5   Slurm's time limit was reached (Reason=TimeLimit)  time_limit      requeue
-6   the batch step caught the requeue signal           time_limit      requeue
-7   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
+6   every rank's script returned and its saves are     completed       finish (exit 0), the
+    durable (its own word), then a rank died of a                      death named
+    signal at exit, a stop passed on ended them, or
+    the exit hung
+7   the batch step caught the requeue signal           time_limit      requeue
+8   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
     (Slurm unreachable: cause ``unknown``, finish)
-8   the watchdog stopped a hung step                   hang            restart in place, else
+9   the watchdog stopped a hung step                   hang            restart in place, else
                                                                        requeue (max_hangs)
-9   the runtime asked for a requeue (75/76, record;    its cause       requeue
+10  the runtime asked for a requeue (75/76, record;    its cause       requeue
     storage trouble)
-10  the step failed                                    user_crash      finish, or (within
+11  the step failed                                    user_crash      finish, or (within
                                                                        max_crash_restarts)
                                                                        restart in place, else
                                                                        requeue
 ==  ================================================  ==============  =====================
+
+Row 6 needs the runtime's word (:mod:`hpctrain.supervisor.finish`) *and* a death that is
+not the script's choice: a signal (torch's gloo group aborting in the C++ destructors), a
+stop the batch step passed on while they left (torchrun's agent dies of the TERM with exit
+code 1 and takes the ranks along), or a teardown the watchdog found hung. It comes after Slurm's own facts (a preemption is still requeued, a
+cancellation still final) and before the signals the batch step caught: a time-limit
+warning that arrives once every save is durable has nothing left to save, and a requeue
+would only repeat the start-up. A script that exits 3 after its work is not completed, and
+a script without the runtime that aborts at exit is reported as it ended, with the likely
+cause and its fix in the diagnosis.
 
 "requeue" is within the budget (``max_requeues`` and the cause's own limit), else "stop":
 the job ends and says which limit. "restart in place" runs the step again in the same
@@ -42,6 +56,8 @@ from dataclasses import dataclass, field
 
 from hpctrain.runtime.causes import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT
 from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.diagnosis import Diagnosis
+from hpctrain.supervisor.finish import Finish
 
 REQUEUE_CAUSES = ("preemption", "time_limit", "node_fail", "user_crash", "storage", "hang",
                   "health_check", "requeued")
@@ -143,6 +159,9 @@ class Facts:
     record: Mapping[str, str] = field(default_factory=dict)  # the runtime's, this run's
     requeued_as: str | None = None              # sacct's end state of this run, as a cause
     hang: str | None = None                     # the watchdog stopped the step: what it saw
+    hang_phase: str = ""                        # ...and in which phase ("exited": teardown)
+    finish: Finish | None = None                # the ranks' own last word (runtime scripts)
+    failure: Diagnosis | None = None            # the first failure, as the launcher told it
     restarts: Mapping[str, int] = field(default_factory=dict)  # in-place restarts by cause
     inplace: InPlace = InPlace()
 
@@ -158,7 +177,8 @@ class Decision:
     exit_code: int
     why: str
     limit: str | None = None
-    # requeue: "restart 1 of max_requeues=10, ..."; stop: "max_preemptions=1 reached (...)"
+    # requeue: "restart 1 of max_requeues=10, ..."; stop: "max_preemptions=1 reached (...)";
+    # completed: "rank 1 then died at exit (SIGABRT)" (row 6)
     detail: str = ""
 
 
@@ -215,8 +235,29 @@ def signal_name(status: int | None) -> str:
     return f"status {status}"
 
 
+def death_at_exit(f: Facts) -> str | None:
+    """Row 6: ``rank 1 then died at exit (SIGABRT)`` when the step failed only after every
+    rank's work ended with its saves durable; None when that is not what happened."""
+    if f.finish is None or not f.finish.done or not f.status:
+        return None
+    if f.hang_phase == "exited":
+        return "their exit then hung and the watchdog ended it"
+    died_of = f.failure.signal if f.failure is not None else None
+    if died_of is None and f.status > 128:     # srun: 128 + the task's signal
+        died_of = signal_name(f.status)
+    if died_of is not None and not died_of.startswith("status"):
+        rank = f.failure.rank if f.failure is not None else None
+        who = "a rank" if rank is None else f"rank {rank}"
+        return f"{who} then died at exit ({died_of})"
+    if f.caught:
+        # the stop was passed on while they left: torchrun's agent dies of a TERM with its
+        # own exit code 1, and takes the finished ranks with it
+        return f"the stop (SIG{f.caught[-1].name}) then ended the step as they left"
+    return None                                # an exit code: the script's own choice
+
+
 def cause_of_run(f: Facts) -> tuple[str, str]:
-    """Rows 2-10 of the table: (cause, why)."""
+    """Rows 2-11 of the table: (cause, why)."""
     event = slurm_event(f.view, f.restart_count)
     names = [c.name for c in f.caught]
     if event == "preemption":
@@ -228,6 +269,9 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
                             "no preemption or time limit: scancel or an admin)"
     if event == "time_limit":
         return "time_limit", "the job reached its time limit"
+    death = death_at_exit(f)
+    if death is not None:
+        return "completed", f"{f.finish.text()}; {death}"  # type: ignore[union-attr]
     if f.requeue_signal in names:
         return "time_limit", f"caught SIG{f.requeue_signal}, the time-limit warning (--signal)"
     stops = [n for n in names if n in ("TERM", "INT")]
@@ -254,7 +298,7 @@ def decide(f: Facts) -> Decision:
         return Decision("leave", cause, step_code, f"Slurm already requeued the job ({cause})")
     cause, why = cause_of_run(f)
     if cause == "completed":
-        return Decision("finish", cause, 0, why)
+        return Decision("finish", cause, 0, why, detail=death_at_exit(f) or "")
     if cause in ("cancelled", "unknown") or (cause == "user_crash" and
                                              f.budget.limit_of(cause) == ("max_crash_restarts", 0)):
         return Decision("finish", cause, step_code or 1, why)

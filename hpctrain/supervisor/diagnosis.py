@@ -13,6 +13,7 @@ step started.
 from __future__ import annotations
 
 import re
+import signal as _signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,20 @@ _SRUN = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?
 _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")   # "ValueError: boom", "KeyboardInterrupt"
 _FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$")
+# torchrun's agent's own traceback: it reports a rank's failure, it is never the error
+_LAUNCHER_ERRORS = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
+                    "torch.distributed.elastic.multiprocessing.api.SignalException")
+# srun names a task's fatal signal by strsignal(3)'s words
+_SRUN_SIGNALS = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+                 "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL",
+                 "Killed": "SIGKILL", "Terminated": "SIGTERM"}
+# what a C++ runtime prints when a std::thread is destroyed while joinable: torch's gloo
+# process group (and its store) left to the interpreter's exit
+ABORT_AT_EXIT = "terminate called without an active exception"
+ABORT_AT_EXIT_FIX = (f"aborted at exit ('{ABORT_AT_EXIT}'): torch.distributed's process group "
+                     "was left for the interpreter to tear down; call "
+                     "torch.distributed.destroy_process_group() at the end of the script "
+                     "(hpctrain.runtime.init() does it for you)")
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,7 @@ class Diagnosis:
     exit_code: str | None = None
     error: str | None = None   # the exception's last line: "ValueError: boom"
     source: str = ""           # runtime | torchrun | srun | log
+    signal: str | None = None  # the rank died of this signal (SIGABRT), not by exiting
 
     def text(self) -> str:
         """``rank 3 on n2 (exit code 1): ValueError: boom``."""
@@ -80,7 +96,7 @@ def exceptions(text: str) -> list[tuple[int | None, str]]:
             continue
         if in_tb.get(rank) and line and not line[0].isspace():
             in_tb[rank] = False   # the first unindented line ends the traceback
-            if _EXCEPTION.match(line):
+            if _EXCEPTION.match(line) and not line.startswith(_LAUNCHER_ERRORS):
                 found.append((rank, line.strip()[:300]))
     return found
 
@@ -134,23 +150,47 @@ def diagnose(segment: str, launcher: str, record: Mapping[str, str]) -> Diagnosi
         rank = int(m.group(1)) if m else None
         code = root.get("exitcode", "").split(" (pid")[0].strip()
         tb = root.get("traceback", "")
-        error = None if not tb or tb.startswith("To enable traceback") else tb[:300]
-        error = error or _error_of(raised, rank)
+        error = None if not tb or tb.startswith(("To enable traceback", "Signal ")) \
+            else tb[:300]
+        died_of = _signal_of_code(code)
+        error = error or _first_error(raised, rank, _abort_hint(segment, died_of))
         # srun names the node as Slurm does (torchrun's host is the machine's hostname)
         node = srun.get("node") or root.get("host") or None
-        return Diagnosis(rank, node, f"exit code {code}" if code else None, error, "torchrun")
+        return Diagnosis(rank, node, f"exit code {code}" if code else None, error, "torchrun",
+                         died_of)
     if srun:
         task = int(re.match(r"\d+", srun["tasks"]).group(0))  # type: ignore[union-attr]
         rank = task if launcher != "torchrun" else None       # torchrun: a task is a node
+        died_of = _SRUN_SIGNALS.get(srun["what"].strip().split(" (")[0])
         return Diagnosis(rank, srun["node"], srun["what"].strip().lower(),
-                         _error_of(raised, rank), "srun")
+                         _first_error(raised, rank, _abort_hint(segment, died_of)), "srun",
+                         died_of)
     if raised:
         rank, error = raised[0]
         return Diagnosis(rank, None, None, error, "log")
+    if ABORT_AT_EXIT in segment:
+        return Diagnosis(error=ABORT_AT_EXIT_FIX, source="log", signal="SIGABRT")
     return None
 
 
-def _error_of(raised: list[tuple[int | None, str]], rank: int | None) -> str | None:
-    """The exception rank ``rank`` printed, else the first one printed at all."""
-    return next((e for r, e in raised if r == rank), None) or \
+def _signal_of_code(code: str) -> str | None:
+    """torchrun's ``-6`` (a worker killed by signal 6) -> ``SIGABRT``; None for an exit code."""
+    if code.startswith("-") and code[1:].isdigit():
+        try:
+            return _signal.Signals(int(code[1:])).name
+        except ValueError:
+            return f"signal {code[1:]}"
+    return None
+
+
+def _abort_hint(segment: str, died_of: str | None) -> str | None:
+    """The likely cause and fix of an abort at exit with no exception printed."""
+    return ABORT_AT_EXIT_FIX if died_of == "SIGABRT" and ABORT_AT_EXIT in segment else None
+
+
+def _first_error(raised: list[tuple[int | None, str]], rank: int | None,
+                 hint: str | None) -> str | None:
+    """The exception rank ``rank`` printed, else the ``hint`` (what its death suggests),
+    else the first exception printed at all (another rank's, often a consequence)."""
+    return next((e for r, e in raised if r == rank and r is not None), None) or hint or \
         next((e for _, e in raised), None)

@@ -16,6 +16,7 @@ from pathlib import Path
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
 from hpctrain.slurm import control
+from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import Step
@@ -41,8 +42,8 @@ class Watch:
         self.output_at: float | None = None
         self._next = time.monotonic() + LOOK_S
 
-    def progress(self) -> dict[int, RankProgress]:
-        """This attempt's progress records by rank."""
+    def records(self) -> dict[int, dict[str, str]]:
+        """This attempt's progress records by rank, as written."""
         out = {}
         folder = self.state.file(p.PROGRESS)
         try:
@@ -53,12 +54,20 @@ class Watch:
             record = p.read_record(path)
             if record.get("run_id") != self.state.run_id or \
                     record.get("restart_count") != str(self.restart_count) or \
-                    record.get("attempt") != str(self.attempt):
+                    record.get("attempt") != str(self.attempt) or \
+                    not record.get("rank", "").isdigit():
                 continue
-            parsed = RankProgress.parse(record)
-            if parsed is not None:
-                out[parsed.rank] = parsed
+            out[int(record["rank"])] = record
         return out
+
+    def progress(self) -> dict[int, RankProgress]:
+        """This attempt's progress records by rank, parsed."""
+        parsed = (RankProgress.parse(record) for record in self.records().values())
+        return {rec.rank: rec for rec in parsed if rec is not None}
+
+    def finish(self) -> Finish:
+        """What the ranks said as they left (the decision's row 6)."""
+        return Finish.from_records(self.records(), self.world)
 
     def _log_sizes(self) -> tuple[int, ...]:
         sizes = []
@@ -107,8 +116,15 @@ class Watch:
 
     def handle(self, hang: Hang, step: Step, key: str) -> tuple[int, Hang]:
         """Dump the stacks into the log, name the stuck rank(s), kill the step; (exit
-        status, the hang as finally understood)."""
+        status, the hang as finally understood). A hung exit (every rank's work over) is
+        only ended: its ranks' reporters are gone, nobody is left to name."""
         say(f"HANG: {hang.text()}")
+        if hang.phase != "exited":
+            hang = self.name_culprits(hang, key)
+        return kill(step, key), hang
+
+    def name_culprits(self, hang: Hang, key: str) -> Hang:
+        """The hang with the rank(s) that stopped first, told apart by their stacks."""
         progress = self.progress()
         if progress:
             # only ranks that reported can answer (the progress thread does)
@@ -133,7 +149,7 @@ class Watch:
             where = f" on {','.join(hang.nodes)}" if hang.nodes else ""
             say(f"HANG: stopped first: rank(s) {','.join(map(str, hang.ranks))}{where} "
                 f"({hang.why})")
-        return kill(step, key), hang
+        return hang
 
 
 # Run on every node beside the hung step: each Python process of the step (found by its

@@ -32,6 +32,7 @@ from hpctrain.supervisor.decision import (CAUSE_OF_RUN_STATE, Caught, Decision, 
                                           InPlace, decide, notice_cause, runtime_word,
                                           slurm_event, warning_due)
 from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, log_segment, log_size
+from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.history import account_restarts
 from hpctrain.supervisor.joblog import say
@@ -137,13 +138,16 @@ class Supervisor:
                           cfg.nodes)
             status, self._hang = self.supervise(step, state, watch)
             say(f"training step exited with status {status}")
-            facts = self.gather(state, status)
+            facts = self.gather(state, status, watch, log_segment(logfile, offset)
+                                if status and logfile else "")
             if self._acted is not None:
                 return self._acted.exit_code
             decision = decide(facts)
-            diagnosis = None
-            if decision.cause in ("user_crash", "unknown") and logfile:
-                diagnosis = diagnose(log_segment(logfile, offset), cfg.launcher, facts.record)
+            # the first failure, where the verdict is about one: a crash, or a rank that
+            # died at exit after the work was done (row 6)
+            failed = decision.cause in ("user_crash", "unknown") or \
+                (decision.cause == "completed" and bool(decision.detail))
+            diagnosis = facts.failure if failed else None
             if decision.action != "restart":
                 return self.act(decision, state, facts, diagnosis)
             attempt += 1
@@ -200,7 +204,8 @@ class Supervisor:
     # ---- facts -----------------------------------------------------------------------------
     def facts(self, view: JobView | None, status: int | None,
               record: dict[str, str] | None = None, requeued_as: str | None = None,
-              state: StateDir | None = None) -> Facts:
+              state: StateDir | None = None, finish: Finish | None = None,
+              failure: Diagnosis | None = None) -> Facts:
         cfg = self.cfg
         hang = self._hang
         ledger = state.ledger() if state is not None else None
@@ -213,11 +218,13 @@ class Supervisor:
                      budget=cfg.budget, requeues=self._requeues, view=view, now=time.time(),
                      status=status, caught=tuple(self.caught), record=record or {},
                      requeued_as=requeued_as, hang=hang.text() if hang else None,
-                     restarts=restarts, inplace=inplace)
+                     hang_phase=hang.phase if hang else "", restarts=restarts,
+                     inplace=inplace, finish=finish, failure=failure)
 
-    def gather(self, state: StateDir, status: int) -> Facts:
-        """The facts once the step has ended. A failure Slurm has no word on yet (say, a
-        node it has not noticed losing) gets SETTLE_S for Slurm to speak."""
+    def gather(self, state: StateDir, status: int, watch: Watch, log: str) -> Facts:
+        """The facts once the step has ended (``log``: this run's part of the job log, for
+        the first failure). A failure Slurm has no word on yet (say, a node it has not
+        noticed losing) gets SETTLE_S for Slurm to speak."""
         cfg = self.cfg
         view = self.ask(ASK_DEADLINE_S)
         # (a hang's step was killed by the supervisor itself: nothing for Slurm to add)
@@ -239,7 +246,8 @@ class Supervisor:
                 or runtime_word(record, status) or seen
             if requeued_as == "node_fail":
                 self.bad.check(view)
-        return self.facts(view, status, record, requeued_as, state)
+        failure = diagnose(log, cfg.launcher, record) if status else None
+        return self.facts(view, status, record, requeued_as, state, watch.finish(), failure)
 
     # ---- in-place restarts and bad nodes -------------------------------------------------
     def restart_in_place(self, d: Decision, state: StateDir, facts: Facts, attempt: int,
@@ -301,7 +309,7 @@ class Supervisor:
             "cause": d.cause, "action": d.action, "restart_count": cfg.restart_count,
             "job": cfg.key, "status": "" if status is None else status,
             "step": record.get("step", ""), "limit": d.limit or "", "why": d.why,
-            "at": f"{time.time():.0f}"}
+            "detail": d.detail, "at": f"{time.time():.0f}"}
         if diagnosis is not None:
             verdict.update(rank="" if diagnosis.rank is None else diagnosis.rank,
                            node=diagnosis.node or "", error=diagnosis.error or "",
@@ -334,7 +342,7 @@ class Supervisor:
             if leave_out and view is not None:
                 self.bad.exclude(state, view, leave_out, cfg.restart_count)
         elif d.cause == "completed":
-            say(f"job {cfg.key} completed")
+            say(f"job {cfg.key} completed" + (f": {d.why}" if d.detail else ""))
         else:
             detail = f"; first failure: {diagnosis.text()}" if diagnosis is not None else ""
             say(f"job {cfg.key} ends: {d.cause} ({d.why}){detail}")

@@ -25,6 +25,7 @@ AUTO_HANG_S = 300       # the runtime is used and the spec says nothing: these d
 AUTO_STARTUP_S = 1800
 AUTO_SAVE_S = 1800
 STALE_BEATS = 5         # a heartbeat older than this many beats: the process stopped
+EXIT_GRACE_S = 60.0     # every rank's work is over (phase exited) but the step goes on
 OUTPUT = "output"       # the phase of a hang seen in the log (no progress records)
 
 
@@ -108,6 +109,9 @@ class Hang:
         who = f"; stopped first: rank(s) {_ranks(self.ranks)}" if self.ranks else ""
         where = f" on {','.join(self.nodes)}" if self.nodes else ""
         why = f" ({self.why})" if self.why and self.ranks else ""
+        if self.phase == "exited":
+            return (f"every rank's work is over, but the step has not ended for "
+                    f"{self.idle_s:.0f} s (limit {self.limit_s:.0f} s): its exit hangs")
         if self.phase == OUTPUT:
             return (f"no output from the step for {self.idle_s:.0f} s (limit "
                     f"{self.limit_s:.0f} s; it does not report progress through "
@@ -128,9 +132,18 @@ def assess(progress: Mapping[int, RankProgress], world: int, started_at: float, 
     ``output_at``: the job log's last growth (plain scripts: no records at all)."""
     if not progress:
         return _assess_output(started_at, now, limits, output_at)
+    exited = [rec for rec in progress.values() if rec.phase == "exited"]
+    if len(exited) == world:
+        # every rank's work is over, yet the step runs: its teardown hangs (a destructor,
+        # a library's exit handler); nothing is lost by ending it
+        idle = now - max(rec.changed_at for rec in exited)
+        return Hang("exited", idle, EXIT_GRACE_S, detected_at=now) \
+            if idle > EXIT_GRACE_S else None
     overdue: list[tuple[float, int]] = []
     for rank in range(world):
         rec = progress.get(rank)
+        if rec is not None and rec.phase == "exited":
+            continue   # done: it waits for nobody, and nobody waits for it
         phase = rec.phase if rec else "startup"
         last = max(rec.changed_at, started_at) if rec else started_at
         limit = limits.of(phase)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 
@@ -59,3 +60,4 @@ def worker(rank: int, world: int, root: str, port: int) -> None:
             assert sync.latest_step() == 5
     finally:
         dist.destroy_process_group()
+        gc.collect()  # else the exit can abort (hpctrain/runtime/teardown.py)

@@ -8,6 +8,7 @@ its own. The values are a function of the rank, so a swap is visible.
 
 from __future__ import annotations
 
+import gc
 import os
 
 
@@ -79,6 +80,7 @@ def save_and_load(rank: int, world: int, roots: list[str], port: int,
                     own_state(rank, world)["model"]["w"].full_tensor())
     finally:
         dist.destroy_process_group()
+        gc.collect()  # else the exit can abort (hpctrain/runtime/teardown.py)
 
 
 def grown_world(rank: int, world: int, root: str, port: int) -> None:
@@ -110,3 +112,4 @@ def grown_world(rank: int, world: int, root: str, port: int) -> None:
                 assert f"resume with {saved_by} ranks" in str(exc), exc
     finally:
         dist.destroy_process_group()
+        gc.collect()  # else the exit can abort (hpctrain/runtime/teardown.py)

@@ -9,7 +9,8 @@ a SIGTERM simply kills it, and it resumes from its last snapshot when run again.
 gradient all-reduce). A first start (no snapshot yet) "prepares data" for --startup-sleep seconds first, the
 window in which a job is most often preempted on a busy cluster. Rank 0 appends one JSON
 line per event to --events (start, epoch, done), which is what the tests read
-(not --log: torchrun would take it for an abbreviation of its own --log-dir).
+(not --log: torchrun would take it for an abbreviation of its own --log-dir). $EXIT_PATH
+chooses how it leaves after the work (tests/programs/exit_paths.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import time
 
+import exit_paths
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -33,8 +35,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--save-every", type=int, default=2)
-    ap.add_argument("--snapshot", required=True)
-    ap.add_argument("--events", required=True)
+    ap.add_argument("--snapshot", default=os.environ.get("SNAPSHOT"))
+    ap.add_argument("--events", default=os.environ.get("EVENTS"))
     ap.add_argument("--epoch-sleep", type=float, default=0.5)
     ap.add_argument("--startup-sleep", type=float, default=0.0)
     ap.add_argument("--crash-at-epoch", type=int, default=-1)
@@ -42,6 +44,7 @@ def main() -> None:
     ap.add_argument("--hang-at-epoch", type=int, default=-1)
     ap.add_argument("--hang-rank", type=int, default=1)
     args = ap.parse_args()
+    exit_paths.arm()
 
     rank = int(os.environ["RANK"])
     if not os.path.exists(args.snapshot) and args.startup_sleep:
@@ -72,6 +75,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        exit_paths.at_step(epoch)
         time.sleep(args.epoch_sleep)
         if rank == 0:
             print(f"epoch {epoch} loss {loss.item():.4f}", flush=True)
@@ -82,6 +86,7 @@ def main() -> None:
                 os.replace(tmp, args.snapshot)
     if rank == 0:
         log(args.events, event="done", epoch=args.epochs)
+    exit_paths.leave(dist.barrier)
     dist.destroy_process_group()
 
 

@@ -103,6 +103,10 @@ def test_format_cause() -> None:
     assert format_cause({"cause": "preemption", "action": "stop",
                          "limit": "max_preemptions=1"}) == "requeue limit max_preemptions=1 reached"
     assert format_cause({"cause": "cancelled", "action": "finish"}) == "cancelled"
+    # every rank finished, then one died at exit: finished, and the death named (issue 31)
+    assert format_cause({"cause": "completed", "action": "finish",
+                         "detail": "rank 1 then died at exit (SIGABRT)"}) \
+        == "finished; rank 1 then died at exit (SIGABRT)"
 
 
 def test_a_state_record_is_read_from_the_checkpoint_dir_first(tmp_path: Path) -> None:

@@ -64,6 +64,17 @@ def test_every_allocated_gpu_second_is_in_one_category() -> None:
     assert r.goodput == pytest.approx(10 / 58, abs=0.01)
 
 
+def test_a_rank_that_died_at_exit_after_the_work_is_a_note_not_a_failure() -> None:
+    from hpctrain.commands.report import format_text
+
+    r = build("42", RUNS, LEDGER, history(), final_cause="completed",
+              note="rank 1 then died at exit (SIGABRT)")
+    assert r.runs[-1].cause == "completed" and r.to_json()["note"] == r.note
+    assert "  the work was done, then: rank 1 then died at exit (SIGABRT)" in \
+        format_text(r).splitlines()
+    assert "the work was done" not in format_text(build("42", RUNS, LEDGER, history()))
+
+
 def test_a_job_without_history_has_runs_and_causes_but_no_goodput() -> None:
     r = build("42", RUNS, LEDGER, [], final_cause="completed")
     assert r.goodput is None and not r.known and [run.cause for run in r.runs] == [

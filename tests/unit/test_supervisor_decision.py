@@ -17,6 +17,8 @@ from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import (Budget, Caught, Facts, budget_text, decide,
                                           limit_text, missing_requeues, notice_cause,
                                           over_limit, slurm_event)
+from hpctrain.supervisor.diagnosis import ABORT_AT_EXIT_FIX, Diagnosis
+from hpctrain.supervisor.finish import Finish
 
 NOW = 1_800_000_000.0
 RUNNING = JobView("42", "RUNNING", "None", 0, None, NOW + 3000, True)
@@ -27,6 +29,11 @@ TIMED_OUT = replace(RUNNING, state="COMPLETING", reason="TimeLimit", end_time=NO
 REQUEUED = replace(RUNNING, state="COMPLETING", restarts=1)                 # by Slurm
 BUDGET = Budget(10, {"preemption": 10, "time_limit": 10, "node_fail": 3, "user_crash": 0,
                      "storage": 3})
+
+
+# what the runtime's teardown left in the ranks' progress records: work over, saves durable
+FINISHED = Finish(2, {0: "return", 1: "return"}, frozenset({0, 1}), {0: "5", 1: "5"})
+ABORTED = Diagnosis(1, "n1", "aborted", ABORT_AT_EXIT_FIX, "srun", "SIGABRT")
 
 
 def caught(*names: str) -> tuple[Caught, ...]:
@@ -67,7 +74,7 @@ ROWS = [
      ("finish", "cancelled", 143)),
     ("scancel after the time-limit warning was caught",
      dict(view=CANCELLED, status=76, caught=caught("USR2", "TERM")), ("finish", "cancelled", 76)),
-    # --- rows 5 and 6: the time limit --------------------------------------------------------
+    # --- rows 5 and 7: the time limit --------------------------------------------------------
     ("the time limit itself: TIMEOUT, TERM to everyone",
      dict(view=TIMED_OUT, status=143, caught=caught("TERM")), ("requeue", "time_limit", 0)),
     ("the warning, then the limit's TERM before the save ended (not cancelled)",
@@ -85,13 +92,49 @@ ROWS = [
     ("the warning during setup: the step never started", dict(caught=(Caught("USR2", NOW,
                                                                              True),)),
      ("requeue", "time_limit", 0)),
-    # --- row 7: a TERM Slurm does not explain ------------------------------------------------
+    # --- row 8: a TERM Slurm does not explain ------------------------------------------------
     ("TERM to the batch step, Slurm saw no preemption, limit or cancel",
      dict(status=75, caught=caught("TERM")), ("finish", "cancelled", 75)),
     ("TERM and the controller cannot be asked", dict(view=None, status=143,
                                                      caught=caught("TERM")),
      ("finish", "unknown", 143)),
-    # --- row 8: the runtime's word ----------------------------------------------------------
+    # --- row 6: every rank finished (its own word), then one died at exit --------------------
+    ("torch's gloo group aborts rank 1 at exit; srun reports it (134)",
+     dict(status=134, finish=FINISHED, failure=ABORTED), ("finish", "completed", 0)),
+    ("the same under torchrun: status 1, its root cause names the signal",
+     dict(status=1, finish=FINISHED, failure=replace(ABORTED, source="torchrun")),
+     ("finish", "completed", 0)),
+    ("srun's own status is the only word on the signal", dict(status=139, finish=FINISHED),
+     ("finish", "completed", 0)),
+    ("every rank finished, then the exit hung: the watchdog ended it",
+     dict(status=137, finish=FINISHED, hang="exit hangs", hang_phase="exited"),
+     ("finish", "completed", 0)),
+    ("finished, then the script chose to exit 3: not a death", dict(
+        status=3, finish=FINISHED, failure=replace(ABORTED, signal=None)),
+     ("finish", "user_crash", 3)),
+    ("rank 1 crashed: not every rank returned", dict(
+        status=134, finish=replace(FINISHED, exits={0: "return", 1: "crash"}),
+        failure=ABORTED), ("finish", "user_crash", 134)),
+    ("a save failed as the ranks left: something was lost", dict(
+        status=134, finish=replace(FINISHED, flushed=frozenset({0})), failure=ABORTED),
+     ("finish", "user_crash", 134)),
+    ("a plain script aborts at exit: no word from it, reported as it ended",
+     dict(status=134, failure=ABORTED), ("finish", "user_crash", 134)),
+    ("preempted while the finished ranks left: Slurm's fact first", dict(
+        view=PREEMPTING, status=134, finish=FINISHED, failure=ABORTED),
+     ("requeue", "preemption", 0)),
+    ("scancel while the finished ranks left: never undone", dict(
+        view=CANCELLED, status=143, caught=caught("TERM"), finish=FINISHED),
+     ("finish", "cancelled", 143)),
+    ("the time-limit warning as the finished ranks left: nothing left to save", dict(
+        status=1, caught=caught("USR2"), finish=FINISHED,
+        failure=replace(ABORTED, signal="SIGTERM", source="torchrun")),
+     ("finish", "completed", 0)),
+    ("...and torchrun's agent died of the TERM passed on: its own exit code 1", dict(
+        status=1, caught=caught("USR2"), finish=FINISHED,
+        failure=Diagnosis(0, "n1", "exited with exit code 1", None, "srun")),
+     ("finish", "completed", 0)),
+    # --- row 10: the runtime's word ---------------------------------------------------------
     ("the runtime asked for a requeue on its own (exit 76)", dict(status=76),
      ("requeue", "time_limit", 0)),
     ("the runtime's requeue record, its 75 hidden by torchrun", dict(
@@ -104,7 +147,7 @@ ROWS = [
         status=1, requeues={"storage": 3},
         record={"cause": "storage", "requeue": "1", "restart_count": "0"}),
      ("stop", "storage", 1)),
-    # --- row 9: crashes -------------------------------------------------------------------
+    # --- row 11: crashes ------------------------------------------------------------------
     ("a rank raised", dict(status=1), ("finish", "user_crash", 1)),
     ("a rank raised; its crash record", dict(status=1, record={"cause": "user_crash",
                                                                "requeue": "0"}),
@@ -128,6 +171,33 @@ def test_the_decision_table(name: str, kw: dict, expected: tuple[str, str, int])
     d = decide(facts(**kw))
     assert (d.action, d.cause, d.exit_code) == expected, d.why
     assert d.why
+
+
+def test_a_death_at_exit_after_the_work_names_the_rank_and_the_signal() -> None:
+    d = decide(facts(status=134, finish=FINISHED, failure=ABORTED))
+    assert d.detail == "rank 1 then died at exit (SIGABRT)"
+    assert d.why == ("all 2 ranks finished (step 5) with their saves durable; "
+                     "rank 1 then died at exit (SIGABRT)")
+    assert decide(facts(status=0, finish=FINISHED)).detail == ""   # a clean finish: no note
+    hung = decide(facts(status=137, finish=FINISHED, hang="x", hang_phase="exited"))
+    assert hung.detail == "their exit then hung and the watchdog ended it"
+    stopped = decide(facts(status=1, finish=FINISHED, caught=caught("USR2")))
+    assert stopped.detail == "the stop (SIGUSR2) then ended the step as they left"
+
+
+def test_finish_reads_the_ranks_last_records() -> None:
+    records = {0: {"exit": "return", "phase": "exited", "flushed": "1", "step": "59"},
+               1: {"exit": "return", "phase": "exited", "flushed": "1", "step": "59"}}
+    assert Finish.from_records(records, 2).done
+    assert Finish.from_records(records, 2).text() == \
+        "all 2 ranks finished (step 59) with their saves durable"
+    assert not Finish.from_records(records, 3).done              # rank 2 said nothing
+    assert not Finish.from_records({**records, 1: {**records[1], "phase": "exiting"}}, 2).done
+    assert not Finish.from_records({**records, 1: {**records[1], "flushed": "0"}}, 2).done
+    assert not Finish.from_records({**records, 1: {**records[1], "exit": "crash"}}, 2).done
+    assert not Finish.from_records({0: {"phase": "training"}}, 1).done   # still working
+    assert not Finish.from_records({}, 0).done
+    assert Finish.from_records({**records, 1: {**records[1], "step": "58"}}, 2).step == "58-59"
 
 
 def test_a_warning_missed_in_the_hand_over_is_seen_from_slurms_end_time() -> None:

@@ -17,7 +17,7 @@ from hpctrain.slurm.parse import parse_kv_line
 from hpctrain.slurm.view import job_view, slurm_time
 from hpctrain.supervisor.config import Config, parse_early
 from hpctrain.supervisor.decision import Budget
-from hpctrain.supervisor.diagnosis import (diagnose, exceptions, log_segment,
+from hpctrain.supervisor.diagnosis import (ABORT_AT_EXIT_FIX, diagnose, exceptions, log_segment,
                                            srun_first_failure, torchrun_root_cause)
 from hpctrain.supervisor.statedir import StateDir, foreign_reason
 
@@ -220,6 +220,60 @@ def test_the_runtimes_crash_record_comes_first_and_bare_logs_still_help() -> Non
     assert exceptions("x\n[rank0]: Traceback (most recent call last):\n[rank0]:   File\n"
                       "[rank0]: OSError: disk full\n") == [(0, "OSError: disk full")]
     assert diagnose("all good\n", "srun", {}) is None
+
+
+# torch 2.13's gloo group torn down by the interpreter's exit (issue 31), as each launcher
+# reported it on this machine
+ABORT_TORCHRUN = """terminate called without an active exception
+W1125 12:33:43.386000 3998 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 4010 closing signal SIGTERM
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+nodestroy.py FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-11-25_12:33:43
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 4010)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 4010
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-25_12:33:43
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 4011)  (SIGABRT)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 4011
+======================================================
+"""
+ABORT_SRUN = """terminate called without an active exception
+srun: error: n2: task 1: Aborted
+srun: launch/slurm: _step_signal: Terminating StepId=12.0
+srun: error: n2: task 0: Terminated
+"""
+
+
+def test_an_abort_at_exit_names_its_signal_the_likely_cause_and_the_fix() -> None:
+    d = diagnose(ABORT_TORCHRUN, "torchrun", {})
+    assert (d.rank, d.exit_code, d.signal) == (1, "exit code -6", "SIGABRT")
+    assert d.error == ABORT_AT_EXIT_FIX and "destroy_process_group()" in d.error
+    d = diagnose(ABORT_SRUN, "srun", {})
+    assert (d.rank, d.node, d.signal, d.error) == (1, "n2", "SIGABRT", ABORT_AT_EXIT_FIX)
+    # a death by signal without those words: the signal, no guess at the cause
+    d = diagnose("srun: error: n1: task 0: Segmentation fault (core dumped)\n", "srun", {})
+    assert (d.signal, d.error) == ("SIGSEGV", None)
+    # an exit code is the script's own: no signal
+    assert diagnose(SRUN, "srun", {}).signal is None
+    assert diagnose(TORCHRUN, "torchrun", {}).signal is None
+    # a launcher that says nothing: the words alone
+    d = diagnose("terminate called without an active exception\n", "deepspeed", {})
+    assert (d.signal, d.error, d.source) == ("SIGABRT", ABORT_AT_EXIT_FIX, "log")
 
 
 def test_only_this_runs_part_of_the_log_is_read(tmp_path: Path) -> None:

@@ -11,13 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hpctrain import protocol as p
 from hpctrain.protocol.ledger import parse_ledger
 from hpctrain.runtime.progress import Reporter, phase
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
-from hpctrain.supervisor.watchdog import (Limits, RankProgress, assess, culprits, in_collective,
-                                          innermost, main_stack, node_of, suspects)
+from hpctrain.supervisor.watchdog import (EXIT_GRACE_S, Limits, RankProgress, assess, culprits,
+                                          in_collective, innermost, main_stack, node_of,
+                                          suspects)
 
 NOW = 1_800_000_000.0
 LIMITS = Limits(hang_s=10, startup_s=30, save_s=60, beat_s=2.0)
@@ -50,6 +53,21 @@ def test_a_slow_save_gets_the_save_timeout_not_the_hang_timeout() -> None:
     late = assess({r: replace(ranks[r], changed_at=NOW - 61) for r in range(2)}, 2,
                   NOW - 100, NOW, LIMITS)
     assert late is not None and late.phase == "saving" and late.ranks == ()
+
+
+def test_a_rank_whose_work_is_over_is_not_hung_but_an_exit_that_never_ends_is() -> None:
+    # rank 1 left long ago (phase exited): it waits for nobody; rank 0 still trains
+    ranks = {0: rank(0, changed=NOW - 5), 1: rank(1, phase="exited", changed=NOW - 500)}
+    assert assess(ranks, 2, NOW - 600, NOW, LIMITS) is None
+    # every rank's work is over, yet the step runs on: within the grace, then a hang
+    done = {r: rank(r, phase="exited", changed=NOW - EXIT_GRACE_S + 1) for r in range(2)}
+    assert assess(done, 2, NOW - 600, NOW, LIMITS) is None
+    hang = assess(done, 2, NOW - 600, NOW + 2, LIMITS)
+    assert hang is not None and (hang.phase, hang.ranks) == ("exited", ())
+    assert hang.text().startswith("every rank's work is over, but the step has not ended")
+    # the grace counts from the last rank to leave
+    late = {**done, 1: rank(1, phase="exited", changed=NOW)}
+    assert assess(late, 2, NOW - 600, NOW + 2, LIMITS) is None
 
 
 def test_a_rank_that_never_reported_is_a_start_up_hang_counted_from_the_step_start() -> None:
@@ -158,6 +176,39 @@ def test_the_reporter_writes_progress_and_answers_a_stack_request(tmp_path: Path
         assert threading.main_thread().is_alive()
     finally:
         reporter.close()
+
+
+def test_the_reporters_last_word_says_how_the_work_ended_and_then_stays(tmp_path: Path) -> None:
+    reporter = Reporter(str(tmp_path), 0, run_id="r1", beat_s=0.1).start()
+    reporter.set_step(4)
+    path = p.rank_file(tmp_path, p.PROGRESS, 0)
+    reporter.ended("return")      # written at once: the process may die in what follows
+    record = p.read_record(path)
+    assert (record["phase"], record["exit"], record["flushed"]) == ("exiting", "return", "")
+    reporter.exited(True)
+    assert not reporter._thread.is_alive()
+    record = p.read_record(path)
+    assert (record["phase"], record["exit"], record["flushed"], record["step"]) == \
+        ("exited", "return", "1", "4")
+    time.sleep(0.3)
+    assert p.read_record(path) == record   # no heartbeat after the last word
+    phases = [e["phase"] for e in p.read_history(tmp_path) if e["event"] == "phase"]
+    assert phases == ["startup", "exiting", "exited"]
+
+
+def test_teardown_runs_once_in_order_and_keeps_the_first_word(tmp_path: Path) -> None:
+    from hpctrain.runtime.teardown import Teardown
+
+    reporter = Reporter(str(tmp_path), 1, beat_s=0.1).start()
+    teardown = Teardown(reporter, 1)
+    teardown.mark("crash")
+    teardown.mark("requeue")          # the first word that is not "return" wins
+    teardown.run()
+    teardown.run()                    # once: close(), then the interpreter's exit
+    record = p.read_record(p.rank_file(tmp_path, p.PROGRESS, 1))
+    assert (record["exit"], record["phase"], record["flushed"]) == ("crash", "exited", "1")
+    with pytest.raises(ValueError, match="'bye'"):
+        teardown.mark("bye")
 
 
 def test_rank_0_keeps_a_history_of_steps_and_phases(tmp_path: Path) -> None:
