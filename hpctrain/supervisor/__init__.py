@@ -7,11 +7,14 @@ each launcher needs, and when the step ends decides from Slurm's facts whether t
 requeued (preemption, time limit, node loss), finished, or stopped by a requeue limit. It
 keeps the job's state directory (ledger, stop notice, verdict; :mod:`hpctrain.protocol`).
 
-Modules: ``config`` (what it is told), ``decision`` (the pure decision table), ``statedir``
-(the state directory), ``diagnosis`` (which rank failed first), ``step`` (the child process
-and signal forwarding), ``watchdog`` (the pure hang judgement) and ``hang`` (watching the
-ranks' progress, their stacks, killing a hung step), ``nodes`` (bad nodes, exclusion),
-``joblog`` (its lines in the job log), ``run`` (one run, start to verdict, with its
-in-place restarts). In-job code: it imports nothing
-from the submission side but :mod:`hpctrain.slurm` (to ask Slurm), and never torch.
+Modules: ``config`` (what it is told), ``decision`` (every rule, pure: the end-of-run table,
+the start of a run, stop signals, health checks and bad nodes, the budget), ``run`` (a thin
+loop: gather raw facts, decide, act), ``scheduler`` (its one seam to Slurm, the step's
+process and the clock), ``recorder`` (the one writer of the ledger and the verdict),
+``statedir`` (the state directory), ``diagnosis`` (which rank failed first), ``finish``
+(the ranks' last words), ``step`` (the child process and its environment), ``watchdog``
+(the pure hang judgement) and ``hang`` (watching the ranks' progress, their stacks, killing
+a hung step), ``nodes`` (bad nodes, exclusion), ``container`` (the OCI bundle), ``joblog``
+(its lines in the job log). In-job code: it imports nothing from the submission side but
+:mod:`hpctrain.slurm` (to ask Slurm), and never torch.
 """

@@ -37,6 +37,8 @@ class Config:
     exclude_bad_nodes: bool = True
     world: int = 1             # ranks of the step (HPCTRAIN_WORLD_SIZE)
     nodes: int = 1             # nodes of the step (HPCTRAIN_NODES)
+    nodelist: str = ""         # the allocation's nodes (SLURM_JOB_NODELIST)
+    job_nodes: int = 0         # how many (SLURM_JOB_NUM_NODES): spares included
     health_check: tuple[str, ...] = ()   # the partition's node check (argv), run per node
     health_check_timeout_s: int = 120
     container: dict | None = None        # the step's container (HPCTRAIN_CONTAINER), if any
@@ -89,6 +91,8 @@ class Config:
             limits=limits, max_step_restarts=_int(env, p.MAX_STEP_RESTARTS, 2),
             exclude_bad_nodes=env.get(p.EXCLUDE_BAD_NODES, "1") not in ("0", "false"),
             world=_int(env, "HPCTRAIN_WORLD_SIZE", 1), nodes=_int(env, "HPCTRAIN_NODES", 1),
+            nodelist=env.get("SLURM_JOB_NODELIST", ""),
+            job_nodes=_int(env, "SLURM_JOB_NUM_NODES", 0),
             health_check=parse_argv(env, p.HEALTH_CHECK),
             health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S, 120),
             container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),

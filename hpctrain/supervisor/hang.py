@@ -9,17 +9,15 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
-from hpctrain.slurm import control
 from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
-from hpctrain.supervisor.step import Step
 from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, assess, culprits,
                                           innermost, node_of)
 
@@ -32,15 +30,17 @@ FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: one 
 class Watch:
     """One attempt of the step, watched: ``look()`` returns a :class:`Hang` or None."""
 
-    def __init__(self, state: StateDir, limits: Limits, world: int, restart_count: int,
-                 attempt: int, logs: tuple[str, ...], nodes: int = 1) -> None:
+    def __init__(self, slurm: Scheduler, state: StateDir, limits: Limits, world: int,
+                 restart_count: int, attempt: int, logs: tuple[str, ...],
+                 nodes: int = 1) -> None:
+        self.slurm = slurm
         self.state, self.limits, self.world, self.nodes = state, limits, world, nodes
         self.restart_count, self.attempt = restart_count, attempt
-        self.started_at = time.time()
+        self.started_at = slurm.time()
         self.logs = tuple(log for log in dict.fromkeys(logs) if log)
         self._sizes = self._log_sizes()
         self.output_at: float | None = None
-        self._next = time.monotonic() + LOOK_S
+        self._next = slurm.monotonic() + LOOK_S
 
     def records(self) -> dict[int, dict[str, str]]:
         """This attempt's progress records by rank, as written."""
@@ -80,10 +80,10 @@ class Watch:
 
     def look(self) -> Hang | None:
         """At most every LOOK_S: a hang, or None."""
-        if not self.limits.any or time.monotonic() < self._next:
+        if not self.limits.any or self.slurm.monotonic() < self._next:
             return None
-        self._next = time.monotonic() + LOOK_S
-        now = time.time()
+        self._next = self.slurm.monotonic() + LOOK_S
+        now = self.slurm.time()
         sizes = self._log_sizes()
         if sizes != self._sizes:
             self._sizes, self.output_at = sizes, now
@@ -94,12 +94,12 @@ class Watch:
     def collect_stacks(self, ranks: list[int], wait_s: float) -> dict[int, str]:
         """Ask ranks for their stacks (the runtime's progress thread answers) and wait up
         to ``wait_s`` for the answers: {rank: stacks}."""
-        seq = f"{time.time():.3f}"
+        seq = f"{self.slurm.time():.3f}"
         self.state.write(p.DUMP, {"restart_count": self.restart_count,
                                   "attempt": self.attempt, "seq": seq})
-        end = time.monotonic() + wait_s
+        end = self.slurm.monotonic() + wait_s
         answers: dict[int, str] = {}
-        while time.monotonic() < end and len(answers) < len(ranks):
+        while self.slurm.monotonic() < end and len(answers) < len(ranks):
             for rank in ranks:
                 if rank in answers:
                     continue
@@ -111,17 +111,17 @@ class Watch:
                 head, _, body = text.partition("\n")
                 if head == f"seq={seq}":
                     answers[rank] = body
-            time.sleep(0.2)
+            self.slurm.sleep(0.2)
         return answers
 
-    def handle(self, hang: Hang, step: Step, key: str) -> tuple[int, Hang]:
+    def handle(self, hang: Hang, step: StepProcess, key: str) -> tuple[int, Hang]:
         """Dump the stacks into the log, name the stuck rank(s), kill the step; (exit
         status, the hang as finally understood). A hung exit (every rank's work over) is
         only ended: its ranks' reporters are gone, nobody is left to name."""
         say(f"HANG: {hang.text()}")
         if hang.phase != "exited":
             hang = self.name_culprits(hang, key)
-        return kill(step, key), hang
+        return kill(self.slurm, step, key), hang
 
     def name_culprits(self, hang: Hang, key: str) -> Hang:
         """The hang with the rank(s) that stopped first, told apart by their stacks."""
@@ -139,7 +139,7 @@ class Watch:
                                                          if progress[r].node)),
                                frozen_nodes=tuple(dict.fromkeys((*hang.frozen_nodes, *frozen))))
         else:
-            stacks = spy_stacks(key, self.nodes)
+            stacks = spy_stacks(self.slurm, key, self.nodes)
             if stacks:
                 print_stacks(stacks, self.world, ())
                 ranks, why = culprits(stacks, self.world, known=set(stacks))
@@ -176,7 +176,7 @@ def find_py_spy() -> str | None:
     return shutil.which("py-spy", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
 
 
-def spy_stacks(key: str, nodes: int) -> dict[int, str]:
+def spy_stacks(slurm: Scheduler, key: str, nodes: int) -> dict[int, str]:
     """The stacks of a step that does not report progress: py-spy on every node, when
     it is installed; {rank: stacks in the runtime's format}."""
     spy = find_py_spy()
@@ -185,11 +185,11 @@ def spy_stacks(key: str, nodes: int) -> dict[int, str]:
             "not installed")
         return {}
     try:
-        steps = control.step_ids(key)
+        steps = slurm.step_ids(key)
         if not steps:
             return {}
-        out = control.run_on_nodes(["bash", "-c", SPY_SCRIPT, "hpctrain-spy", spy,
-                                    steps[0].rsplit(".", 1)[1]], nodes)
+        out = slurm.run_on_nodes(["bash", "-c", SPY_SCRIPT, "hpctrain-spy", spy,
+                                  steps[0].rsplit(".", 1)[1]], nodes, 60.0)
     except SlurmError as exc:
         say(f"no stacks: py-spy could not be run beside the step: {exc}")
         return {}
@@ -241,11 +241,11 @@ def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...]) -> 
             say(f"rank {rank}: at {innermost(stacks[rank]) or '?'}")
 
 
-def kill(step: Step, key: str) -> int:
+def kill(slurm: Scheduler, step: StepProcess, key: str) -> int:
     """SIGKILL the step's processes on every node (Slurm), else the local launcher; wait
     for it to end. Its exit status."""
     try:
-        killed = control.kill_steps(key)
+        killed = slurm.kill_steps(key)
         say(f"killing the hung step ({', '.join(killed) or 'no step found'}): SIGKILL on "
             "every node")
         if not killed:
@@ -253,10 +253,10 @@ def kill(step: Step, key: str) -> int:
     except SlurmError as exc:
         say(f"could not kill the step through Slurm ({exc}): killing the local launcher")
         step.kill_local("KILL")
-    end = time.monotonic() + KILL_WAIT_S
+    end = slurm.monotonic() + KILL_WAIT_S
     while (status := step.poll()) is None:
-        if time.monotonic() > end:
+        if slurm.monotonic() > end:
             step.kill_local("KILL")
-            end = time.monotonic() + KILL_WAIT_S
-        time.sleep(0.2)
+            end = slurm.monotonic() + KILL_WAIT_S
+        slurm.sleep(0.2)
     return status

@@ -1,10 +1,5 @@
-"""The training step: the launcher command (srun ...) as the supervisor's child process.
-
-Stop signals reach every rank through Slurm (``scancel --signal`` delivers to the
-processes of the job's steps on every node, not to the batch step), not through the local
-``srun``: srun turns a SIGTERM into a kill of the whole step after KillWait, which would
-leave no time for an emergency checkpoint. Only when Slurm cannot be asked is the local
-srun signalled, as the next best thing.
+"""The training step: the launcher command (srun ...) as the supervisor's child process,
+and the environment it gets. Started through :class:`hpctrain.supervisor.scheduler.Slurm`.
 """
 
 from __future__ import annotations
@@ -15,8 +10,6 @@ import subprocess
 from collections.abc import Mapping, Sequence
 
 from hpctrain import protocol as p
-from hpctrain.errors import SlurmError
-from hpctrain.slurm import control
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.statedir import StateDir
@@ -62,13 +55,3 @@ class Step:
             os.kill(self.proc.pid, signal.Signals["SIG" + signal_name])
         except ProcessLookupError:
             pass
-
-
-def forward(key: str, signal_name: str, step: Step) -> str:
-    """Ask every rank of the step to stop with ``signal_name``; how it was delivered."""
-    try:
-        control.signal_steps(key, signal_name)
-        return f"SIG{signal_name} to every rank (scancel --signal)"
-    except SlurmError as exc:
-        step.kill_local(signal_name)
-        return f"SIG{signal_name} to the local launcher (Slurm could not deliver it: {exc})"

@@ -49,9 +49,10 @@ def facts(**kw: Any) -> Facts:
 ROWS = [
     # --- row 1: Slurm requeued the run itself ---------------------------------------------
     ("node lost: Slurm requeued the job, the surviving ranks failed",
-     dict(view=REQUEUED, status=1, requeued_as="node_fail"), ("leave", "node_fail", 1)),
+     dict(view=REQUEUED, status=1, run_state="NODE_FAIL"), ("leave", "node_fail", 1)),
     ("submitit's own requeue after the warning (the stop notice said time_limit)",
-     dict(view=REQUEUED, status=0, caught=caught("USR2"), requeued_as="time_limit"),
+     dict(view=REQUEUED, status=0, caught=caught("USR2"), run_state="REQUEUED",
+          notice="time_limit"),
      ("leave", "time_limit", 0)),
     # --- row 2: preemption is preemption, whatever the step did ----------------------------
     ("plain torchrun DDP preempted on 2 nodes: srun 143", dict(view=PREEMPTING, status=143),
@@ -183,6 +184,25 @@ def test_a_death_at_exit_after_the_work_names_the_rank_and_the_signal() -> None:
     assert hung.detail == "their exit then hung and the watchdog ended it"
     stopped = decide(facts(status=1, finish=FINISHED, caught=caught("USR2")))
     assert stopped.detail == "the stop (SIGUSR2) then ended the step as they left"
+
+
+def test_one_order_for_why_a_run_ended() -> None:
+    """The verdict, sacct's specific state, the stop notice, the runtime's request, sacct's
+    bare REQUEUED: for row 1 and for the next run's start alike."""
+    from hpctrain.supervisor.decision import why_run_ended
+
+    requeue = {"cause": "preemption", "requeue": "1"}
+    assert why_run_ended(verdict={"action": "requeue", "cause": "hang"},
+                         run_state="NODE_FAIL", notice="time_limit") == "hang"
+    assert why_run_ended(verdict={"action": "finish", "cause": "user_crash"},
+                         run_state="NODE_FAIL", notice="time_limit") == "node_fail"
+    assert why_run_ended(run_state="REQUEUED", notice="time_limit", record=requeue) \
+        == "time_limit"
+    assert why_run_ended(run_state="REQUEUED", notice="cancelled", record=requeue) \
+        == "preemption"
+    assert why_run_ended(run_state="REQUEUED", status=76) == "time_limit"
+    assert why_run_ended(run_state="REQUEUED") == "requeued"
+    assert why_run_ended() is None
 
 
 def test_finish_reads_the_ranks_last_records() -> None:

@@ -251,7 +251,7 @@ def test_a_hang_is_restarted_in_place_then_requeued_then_stopped() -> None:
     spent = decide(facts(hang=hang, inplace=InPlace(2, 2), restarts={"hang": 2}))
     assert (spent.action, spent.cause) == ("requeue", "hang")
     assert "not in place: max_step_restarts=2 spent" in spent.detail
-    sick = decide(facts(hang=hang, inplace=InPlace(2, 0, "node(s) n2 DOWN*")))
+    sick = decide(facts(hang=hang, inplace=InPlace(2, 0, unhealthy={"n2": "DOWN*"})))
     assert sick.action == "requeue" and "n2 DOWN*" in sick.detail
     over = decide(facts(hang=hang, inplace=InPlace(2, 2), requeues={"hang": 2}))
     assert (over.action, over.limit) == ("stop", "max_hangs=2")

@@ -1,0 +1,113 @@
+"""Doing what a decision says: requeue (and keep the job off its bad nodes), stop at a
+limit, leave a requeue to Slurm, finish, restart the step in place, pass a stop on to the
+ranks. Every verdict and ledger line goes through the one
+:class:`~hpctrain.supervisor.recorder.Recorder`; Slurm through the
+:class:`~hpctrain.supervisor.scheduler.Scheduler`.
+"""
+
+from __future__ import annotations
+
+from hpctrain import protocol as p
+from hpctrain.errors import SlurmError
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.config import Config
+from hpctrain.supervisor.decision import Decision, Facts
+from hpctrain.supervisor.diagnosis import Diagnosis
+from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.nodes import BadNodes
+from hpctrain.supervisor.recorder import Recorder
+from hpctrain.supervisor.scheduler import Scheduler, StepProcess, answered
+from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.watchdog import Hang
+
+REQUEUE_DEADLINE_S = 300.0   # keep asking an unreachable controller to requeue (failover)
+
+
+class Actor:
+    """Acts on one run's decisions."""
+
+    def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, books: Recorder,
+                 bad: BadNodes) -> None:
+        self.cfg, self.slurm, self.state, self.books, self.bad = cfg, slurm, state, books, bad
+
+    def act(self, d: Decision, facts: Facts | None, diagnosis: Diagnosis | None = None,
+            leave_out: dict[str, str] | None = None, hang: Hang | None = None,
+            **extra: object) -> int:
+        """Record the verdict, do what it says, return the batch step's exit code.
+        ``facts`` is None for a stop decided at start (already said why); ``leave_out``:
+        the bad nodes to exclude, when already asked; ``hang``: what the watchdog found."""
+        cfg = self.cfg
+        view = facts.view if facts is not None else None
+        step = facts.record.get("step", "") if facts is not None else ""
+        status = facts.status if facts is not None else None
+        self.books.verdict(d, status=status, step=step, diagnosis=diagnosis, **extra)
+        if d.action == "requeue":
+            say(f"requeueing job {cfg.key} after a {d.cause} ({d.detail}): {d.why}")
+            # asked before the requeue's SIGTERM
+            leave_out = self.bad.to_exclude(view) if leave_out is None else leave_out
+            if not self.requeue():
+                self.books.verdict(d, action="requeue_failed", status=status, step=step,
+                                   diagnosis=diagnosis, **extra)
+                return 1
+            self.books.requeued(d.cause, cfg.restart_count + 1, "supervisor", hang)
+            self.exclude(view, leave_out)
+        elif d.action == "stop":
+            if facts is not None:
+                say(f"not requeueing job {cfg.key} after a {d.cause}: {d.detail}")
+            self.books.stopped(d.cause, d.limit)
+            self.forbid_requeue()
+        elif d.action == "leave":
+            say(f"job {cfg.key} was requeued by Slurm ({d.cause}); the next run goes on")
+            self.books.requeued(d.cause, cfg.restart_count + 1, "slurm")
+            if d.cause == "node_fail":
+                self.bad.check(view)   # the lost node, noted before anyone returns it
+            self.exclude(view, self.bad.to_exclude(view))
+        elif d.cause == "completed":
+            say(f"job {cfg.key} completed" + (f": {d.why}" if d.detail else ""))
+        else:
+            detail = f"; first failure: {diagnosis.text()}" if diagnosis is not None else ""
+            say(f"job {cfg.key} ends: {d.cause} ({d.why}){detail}")
+        return d.exit_code
+
+    def restart_in_place(self, d: Decision, facts: Facts, attempt: int,
+                         diagnosis: Diagnosis | None, hang: Hang | None) -> None:
+        """Record an in-place restart and clear the attempt's records for the next one."""
+        failure = f"; first failure: {diagnosis.text()}" if diagnosis is not None else ""
+        say(f"restarting the training step in this allocation after a {d.cause} "
+            f"({d.detail}): {d.why}{failure}")
+        self.books.restarted(d.cause, attempt, hang)
+        self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
+                           attempt=attempt)
+        self.state.clear(p.EXIT, p.STOP, p.DUMP)
+
+    def exclude(self, view: JobView | None, nodes: dict[str, str]) -> None:
+        if nodes and view is not None:
+            self.bad.exclude(self.books, view, nodes)
+
+    def forward(self, signal_name: str, step: StepProcess) -> str:
+        """Ask every rank of the step to stop with ``signal_name``; how it was delivered.
+        Through Slurm (``scancel --signal``: every node, not the batch step), not the local
+        srun, which would turn a TERM into a kill of the whole step after KillWait; the
+        local launcher only when Slurm cannot be asked."""
+        try:
+            self.slurm.signal_steps(self.cfg.key, signal_name)
+            return f"SIG{signal_name} to every rank (scancel --signal)"
+        except SlurmError as exc:
+            step.kill_local(signal_name)
+            return f"SIG{signal_name} to the local launcher (Slurm could not deliver it: {exc})"
+
+    def requeue(self) -> bool:
+        """``scontrol requeue``, retried while the controller is unreachable."""
+        key = self.cfg.key
+        done, how = answered(self.slurm, lambda: self.slurm.requeue(key),
+                             f"scontrol requeue {key}", REQUEUE_DEADLINE_S)
+        if how == "already":
+            say(f"job {key} was already requeued")
+        return done
+
+    def forbid_requeue(self) -> None:
+        """A limit ended the job: PreemptMode=REQUEUE must not requeue it anyway."""
+        try:
+            self.slurm.forbid_requeue(self.cfg.key)
+        except SlurmError as exc:
+            say(f"could not clear job {self.cfg.key}'s Requeue flag: {exc}")

@@ -1,0 +1,164 @@
+"""What the decisions look at and what they return: the facts of a run (gathered by the
+supervisor, raw: as Slurm, the ranks and the clock gave them), the decision itself, and
+the small readings of raw facts every rule shares. Pure."""
+
+from __future__ import annotations
+
+import signal as _signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hpctrain.runtime.causes import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.decision.budget import REQUEUE_CAUSES, Budget
+from hpctrain.supervisor.diagnosis import Diagnosis
+from hpctrain.supervisor.finish import Finish
+
+# how sacct names the end of a run that Slurm requeued, as a requeue cause
+CAUSE_OF_RUN_STATE = {"PREEMPTED": "preemption", "TIMEOUT": "time_limit",
+                      "NODE_FAIL": "node_fail", "REQUEUED": "requeued"}
+RUNTIME_CODES = {EXIT_REQUEUE_PREEMPTION: "preemption", EXIT_REQUEUE_TIME_LIMIT: "time_limit"}
+MIN_LEFT_S = 30.0     # an in-place restart needs this much beyond the warning's lead
+
+
+@dataclass(frozen=True)
+class Caught:
+    """A stop signal the batch step caught, and when (epoch seconds)."""
+
+    name: str          # without SIG: USR2, TERM
+    at: float
+    early: bool = False  # caught by the batch shell before the supervisor took over
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """What stands for and against restarting the step inside this allocation: its budget
+    (``max_step_restarts``, for the whole job) and the allocation's health and time."""
+
+    max: int = 0
+    used: int = 0
+    frozen: tuple[str, ...] = ()                     # nodes whose ranks stopped answering
+    unhealthy: Mapping[str, str] = field(default_factory=dict)  # node -> Slurm's state
+    left_s: float | None = None                      # seconds left of the allocation
+    lead_s: int = 0                                  # the time-limit warning's lead
+
+    @property
+    def obstacle(self) -> str:
+        """What forbids a restart here ('' when nothing does): ranks that stopped
+        answering, then a node Slurm calls unhealthy, then too little time left."""
+        if self.frozen:
+            return f"rank(s) on {','.join(self.frozen)} stopped answering"
+        if self.unhealthy:
+            return "node(s) " + ", ".join(f"{n} {s}" for n, s in self.unhealthy.items())
+        if self.left_s is not None and self.left_s < self.lead_s + MIN_LEFT_S:
+            return f"only {max(self.left_s, 0):.0f} s of the allocation left"
+        return ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.used < self.max and not self.obstacle
+
+    def why_not(self) -> str:
+        if self.used >= self.max:
+            return f"max_step_restarts={self.max} spent"
+        return self.obstacle
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Everything :func:`~hpctrain.supervisor.decision.table.decide` looks at, gathered
+    once the step has ended (or before it started, when a stop came first)."""
+
+    restart_count: int
+    requeue_signal: str
+    budget: Budget
+    requeues: Mapping[str, int]                 # the ledger's requeues by cause
+    view: JobView | None                        # Slurm now; None: it could not be asked
+    now: float
+    status: int | None = None                   # the step's exit status (128+N: signal N)
+    caught: Sequence[Caught] = ()
+    record: Mapping[str, str] = field(default_factory=dict)  # the runtime's, this run's
+    run_state: str | None = None                # sacct's end state of this run (requeued)
+    notice: str | None = None                   # the stop notice's cause, this run's
+    hang: str | None = None                     # the watchdog stopped the step: what it saw
+    hang_phase: str = ""                        # ...and in which phase ("exited": teardown)
+    restarts: Mapping[str, int] = field(default_factory=dict)  # in-place restarts by cause
+    inplace: InPlace = InPlace()
+    finish: Finish | None = None                # the ranks' own last word (runtime scripts)
+    failure: Diagnosis | None = None            # the first failure, as the launcher told it
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with the job, why, and what the batch step exits with."""
+
+    action: str        # requeue | restart (in place) | finish | stop (a limit ended it)
+    #                    | leave (Slurm requeued)
+    cause: str         # completed, preemption, time_limit, node_fail, user_crash, cancelled,
+    #                    hang, requeued, health_check, unknown
+    exit_code: int
+    why: str
+    limit: str | None = None
+    # requeue: "restart 1 of max_requeues=10, ..."; stop: "max_preemptions=1 reached (...)";
+    # completed: "rank 1 then died at exit (SIGABRT)" (row 6)
+    detail: str = ""
+
+    @property
+    def about_a_failure(self) -> bool:
+        """Does the verdict name the run's first failure: a crash, a run that ended for no
+        known reason, or a rank that died at exit after the work was done (row 6)?"""
+        return self.cause in ("user_crash", "unknown") or \
+            (self.cause == "completed" and bool(self.detail))
+
+
+def slurm_event(view: JobView | None, restart_count: int) -> str:
+    """Slurm's word on this run: requeued, preemption, time_limit, ended, running, unknown."""
+    if view is None:
+        return "unknown"
+    if view.restarts > restart_count:
+        return "requeued"
+    if view.preempt_time is not None:
+        return "preemption"
+    if view.time_limit_reached:
+        return "time_limit"
+    return "ended" if view.ending else "running"
+
+
+def runtime_word(record: Mapping[str, str], status: int | None) -> str | None:
+    """The requeue the training process asked for: exit code 75/76, or its exit record
+    (which may also say ``storage``: the checkpoint storage was unavailable)."""
+    if status in RUNTIME_CODES:
+        return RUNTIME_CODES[status]
+    if record.get("requeue") == "1" and record.get("cause") in ("preemption", "time_limit",
+                                                                 "storage"):
+        return record["cause"]
+    return None
+
+
+def why_run_ended(*, verdict: Mapping[str, str] | None = None, run_state: str | None = None,
+                  notice: str | None = None, record: Mapping[str, str] | None = None,
+                  status: int | None = None) -> str | None:
+    """Why a requeued run ended, as a requeue cause; None when nobody says. One order for
+    every question of it: the run's supervisor's verdict (when it requeued or saw Slurm
+    do it), then sacct's specific end state (PREEMPTED, TIMEOUT, NODE_FAIL), then the stop
+    notice the ranks were given, then the runtime's own request, then sacct's bare
+    REQUEUED (somebody's ``scontrol requeue``)."""
+    verdict = verdict or {}
+    if verdict.get("action") in ("requeue", "leave") and verdict.get("cause") in REQUEUE_CAUSES:
+        return verdict["cause"]
+    seen = CAUSE_OF_RUN_STATE.get(run_state or "")
+    if seen not in (None, "requeued"):
+        return seen
+    if notice in ("preemption", "time_limit"):
+        return notice
+    return runtime_word(record or {}, status) or seen
+
+
+def signal_name(status: int | None) -> str:
+    """``SIGTERM`` for 143, ``status 3`` otherwise."""
+    if status is not None and status > 128:
+        try:
+            return _signal.Signals(status - 128).name
+        except ValueError:
+            pass
+    return f"status {status}"

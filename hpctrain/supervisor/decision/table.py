@@ -1,0 +1,156 @@
+"""How a run ended and what to do about it: the decision table (:func:`decide`). Pure.
+
+The scheduler is the source of truth; the training process's word only adds detail. Its
+rows, in order (the first that matches decides):
+
+==  ================================================  ==============  =====================
+#   facts                                             cause           action
+==  ================================================  ==============  =====================
+1   Slurm already requeued this run (Restarts > ours)  as Slurm saw it  leave it to Slurm
+2   Slurm is preempting it (PreemptTime set)           preemption      requeue, any exit code
+3   the step exited 0                                  completed       finish (exit 0)
+4   Slurm ended the run (scancel, an admin)            cancelled       finish, never undone
+5   Slurm's time limit was reached (Reason=TimeLimit)  time_limit      requeue
+6   every rank's script returned and its saves are     completed       finish (exit 0), the
+    durable (its own word), then a rank died of a                      death named
+    signal at exit, a stop passed on ended them, or
+    the exit hung
+7   the batch step caught the requeue signal           time_limit      requeue
+8   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
+    (Slurm unreachable: cause ``unknown``, finish)
+9   the watchdog stopped a hung step                   hang            restart in place, else
+                                                                       requeue (max_hangs)
+10  the runtime asked for a requeue (75/76, record;    its cause       requeue
+    storage trouble)
+11  the step failed                                    user_crash      finish, or (within
+                                                                       max_crash_restarts)
+                                                                       restart in place, else
+                                                                       requeue
+==  ================================================  ==============  =====================
+
+Row 6 needs the runtime's word (:mod:`hpctrain.supervisor.finish`) *and* a death that is
+not the script's choice: a signal (torch's gloo group aborting in the C++ destructors), a
+stop the batch step passed on while they left (torchrun's agent dies of the TERM with exit
+code 1 and takes the ranks along), or a teardown the watchdog found hung. It comes after
+Slurm's own facts (a preemption is still requeued, a cancellation still final) and before the signals the batch step caught: a time-limit
+warning that arrives once every save is durable has nothing left to save, and a requeue
+would only repeat the start-up. A script that exits 3 after its work is not completed, and
+a script without the runtime that aborts at exit is reported as it ended, with the likely
+cause and its fix in the diagnosis.
+
+"requeue" is within the budget (``max_requeues`` and the cause's own limit), else "stop":
+the job ends and says which limit. "restart in place" runs the step again in the same
+allocation (no queue wait) while ``max_step_restarts`` lasts, the allocation's nodes are
+healthy and enough time is left (:class:`InPlace`); a crash's limit counts its in-place
+restarts and its requeues together. Not a row: before the step starts, a node failing the
+partition's health check gets the job requeued without it
+(:func:`~hpctrain.supervisor.decision.running.health_check`), and such a requeue
+(``FREE_CAUSES``) does not count against ``max_requeues``. The same rows decide a run that
+never started its step (a stop signal or a preemption during start-up): then the step's
+exit status is unknown.
+"""
+
+from __future__ import annotations
+
+from hpctrain.supervisor.decision.budget import budget_text, counted, limit_text, over_limit
+from hpctrain.supervisor.decision.facts import (Decision, Facts, runtime_word, signal_name,
+                                                slurm_event, why_run_ended)
+
+
+def requeued_cause(f: Facts) -> str | None:
+    """Row 1: why Slurm requeued this run (:func:`why_run_ended`: no verdict yet, sacct's
+    end state of this run, its stop notice, the runtime's request); None when nobody says."""
+    return why_run_ended(run_state=f.run_state, notice=f.notice, record=f.record,
+                         status=f.status)
+
+
+def death_at_exit(f: Facts) -> str | None:
+    """Row 6: ``rank 1 then died at exit (SIGABRT)`` when the step failed only after every
+    rank's work ended with its saves durable; None when that is not what happened."""
+    if f.finish is None or not f.finish.done or not f.status:
+        return None
+    if f.hang_phase == "exited":
+        return "their exit then hung and the watchdog ended it"
+    died_of = f.failure.signal if f.failure is not None else None
+    if died_of is None and f.status > 128:     # srun: 128 + the task's signal
+        died_of = signal_name(f.status)
+    if died_of is not None and not died_of.startswith("status"):
+        rank = f.failure.rank if f.failure is not None else None
+        who = "a rank" if rank is None else f"rank {rank}"
+        return f"{who} then died at exit ({died_of})"
+    if f.caught:
+        # the stop was passed on while they left: torchrun's agent dies of a TERM with its
+        # own exit code 1, and takes the finished ranks with it
+        return f"the stop (SIG{f.caught[-1].name}) then ended the step as they left"
+    return None                                # an exit code: the script's own choice
+
+
+def cause_of_run(f: Facts) -> tuple[str, str]:
+    """Rows 2-11 of the table: (cause, why)."""
+    event = slurm_event(f.view, f.restart_count)
+    names = [c.name for c in f.caught]
+    if event == "preemption":
+        return "preemption", "Slurm is preempting the job (PreemptTime is set)"
+    if f.status == 0:
+        return "completed", "the training step exited 0"
+    if event == "ended":
+        return "cancelled", f"Slurm ended the job ({f.view.state if f.view else ''}, " \
+                            "no preemption or time limit: scancel or an admin)"
+    if event == "time_limit":
+        return "time_limit", "the job reached its time limit"
+    death = death_at_exit(f)
+    if death is not None:
+        return "completed", f"{f.finish.text()}; {death}"  # type: ignore[union-attr]
+    if f.requeue_signal in names:
+        return "time_limit", f"caught SIG{f.requeue_signal}, the time-limit warning (--signal)"
+    stops = [n for n in names if n in ("TERM", "INT")]
+    if stops and event == "unknown":
+        return "unknown", f"caught SIG{stops[0]} and Slurm could not be asked why"
+    if stops:
+        return "cancelled", f"caught SIG{stops[0]} without a preemption, time limit or " \
+                            "cancellation in Slurm: a stop request"
+    if f.hang:
+        return "hang", f"the watchdog stopped the hung step: {f.hang}"
+    word = runtime_word(f.record, f.status)
+    if word is not None:
+        return word, f"the training process asked for a requeue ({word})"
+    if f.status is None:
+        return "unknown", "the training step did not run"
+    return "user_crash", f"the training step failed ({signal_name(f.status)})"
+
+
+def decide(f: Facts) -> Decision:
+    """The table in this module's docstring."""
+    step_code = f.status if f.status is not None else 0
+    if slurm_event(f.view, f.restart_count) == "requeued":
+        cause = requeued_cause(f) or "requeued"
+        return Decision("leave", cause, step_code, f"Slurm already requeued the job ({cause})")
+    cause, why = cause_of_run(f)
+    if cause == "completed":
+        return Decision("finish", cause, 0, why, detail=death_at_exit(f) or "")
+    if cause in ("cancelled", "unknown") or (cause == "user_crash" and
+                                             f.budget.limit_of(cause) == ("max_crash_restarts", 0)):
+        return Decision("finish", cause, step_code or 1, why)
+    if cause == "user_crash":
+        # a crash's limit counts every recovery from a crash, in place or by requeue
+        count = f.requeues.get(cause, 0) + f.restarts.get(cause, 0) + 1
+        limit = over_limit(f.budget, cause, count, 0)
+        if limit is not None:
+            return Decision("stop", cause, step_code or 1, why, limit=limit,
+                            detail=limit_text(limit, cause, count, f.restart_count))
+    if cause in ("hang", "user_crash") and f.inplace.allowed:
+        return Decision("restart", cause, 0, why,
+                        detail=f"in-place restart {f.inplace.used + 1} of "
+                               f"max_step_restarts={f.inplace.max}")
+    count = f.requeues.get(cause, 0) + 1
+    if cause == "user_crash":
+        count += f.restarts.get(cause, 0)
+    restart = counted(f.restart_count + 1, f.requeues)
+    limit = over_limit(f.budget, cause, count, restart)
+    if limit is not None:
+        return Decision("stop", cause, step_code or 1, why, limit=limit,
+                        detail=limit_text(limit, cause, count, restart))
+    detail = budget_text(f.budget, cause, count, restart)
+    if cause in ("hang", "user_crash") and f.inplace.max:
+        detail += f"; not in place: {f.inplace.why_not()}"
+    return Decision("requeue", cause, 0, why, detail=detail)

@@ -1,0 +1,104 @@
+"""The raw facts of one run, as the supervisor gathers them for the decisions: Slurm's view
+of the job (retried while the controller does not answer), the stop signals the batch step
+caught, the ranks' records in the state directory, the first failure in the job log, the
+allocation's nodes and the clock. Nothing here decides (:mod:`hpctrain.supervisor.decision`).
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+from typing import Any
+
+from hpctrain import protocol as p
+from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.config import Config
+from hpctrain.supervisor.decision import Caught, Facts, InPlace, slurm_event
+from hpctrain.supervisor.diagnosis import diagnose
+from hpctrain.supervisor.hang import Watch
+from hpctrain.supervisor.nodes import BadNodes
+from hpctrain.supervisor.scheduler import Scheduler, answered
+from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.watchdog import Hang
+
+POLL_S = 0.1                 # how often the step and the signal log are looked at
+SETTLE_S = 3.0               # a failed step Slurm has no word on yet: wait this long for one
+ASK_DEADLINE_S = 60.0        # keep asking an unreachable controller this long for the verdict
+
+
+class Gather:
+    """What one run of a job has seen so far, and the facts for each decision."""
+
+    def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, bad: BadNodes) -> None:
+        self.cfg, self.slurm, self.state, self.bad = cfg, slurm, state, bad
+        self.caught: list[Caught] = list(cfg.early)
+        self.pending: list[Caught] = []        # appended to by the signal handler only
+        self.hang: Hang | None = None          # what the watchdog found in this attempt
+        self.requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
+
+    # ---- stop signals ----------------------------------------------------------------------
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        # record only: no I/O and no locks inside a handler
+        self.pending.append(Caught(signal.Signals(signum).name[3:], self.slurm.time()))
+
+    def take_signals(self) -> list[Caught]:
+        new = self.pending[:]
+        del self.pending[:len(new)]
+        self.caught += new
+        return new
+
+    # ---- Slurm and the facts -----------------------------------------------------------------
+    def ask(self, deadline_s: float = 0.0) -> JobView | None:
+        """Slurm's view of this job; None when it cannot be asked (after ``deadline_s`` of
+        retries) or no longer knows the job."""
+        key = self.cfg.key
+        done, view = answered(self.slurm, lambda: self.slurm.show_job(key),
+                              f"scontrol show job {key}", deadline_s)
+        return view if done else None
+
+    def facts(self, view: JobView | None, status: int | None = None, **more: Any) -> Facts:
+        """The facts for a decision now: Slurm's ``view``, the step's ``status`` (None: it
+        has not ended, or never started), the signals and the hang so far, and ``more``."""
+        cfg, hang = self.cfg, self.hang
+        return Facts(restart_count=cfg.restart_count, requeue_signal=cfg.requeue_signal,
+                     budget=cfg.budget, requeues=self.requeues, view=view,
+                     now=self.slurm.time(), status=status, caught=tuple(self.caught),
+                     hang=hang.text() if hang else None,
+                     hang_phase=hang.phase if hang else "", **more)
+
+    def at_end(self, status: int, watch: Watch, log: str) -> Facts:
+        """The facts once the step has ended (``log``: this run's part of the job log, for
+        the first failure). A failure Slurm has no word on yet (say, a node it has not
+        noticed losing) gets SETTLE_S for Slurm to speak."""
+        cfg, state = self.cfg, self.state
+        view = self.ask(ASK_DEADLINE_S)
+        # (a hang's step was killed by the supervisor itself: nothing for Slurm to add)
+        if status != 0 and not self.caught and self.hang is None and \
+                slurm_event(view, cfg.restart_count) == "running":
+            end = self.slurm.monotonic() + SETTLE_S
+            while self.slurm.monotonic() < end and not self.take_signals():
+                self.slurm.sleep(POLL_S)
+            view = self.ask(ASK_DEADLINE_S)
+        record = state.read(p.EXIT, cfg.restart_count)
+        run_state = notice = None
+        if slurm_event(view, cfg.restart_count) == "requeued":
+            states = self.slurm.run_states(cfg.key)
+            run_state = states[cfg.restart_count] if len(states) > cfg.restart_count else None
+            notice = state.read(p.STOP, cfg.restart_count).get("cause")
+        ledger = state.ledger()
+        return self.facts(view, status, record=record, run_state=run_state, notice=notice,
+                          restarts=ledger.restarts,
+                          inplace=self.allocation(view, ledger.step_restarts) if status
+                          else InPlace(),
+                          finish=watch.finish(),
+                          failure=diagnose(log, cfg.launcher, record) if status else None)
+
+    def allocation(self, view: JobView | None, used: int) -> InPlace:
+        """The facts an in-place restart is judged by: ranks that froze in the hang (their
+        nodes are bad), else the nodes Slurm calls unhealthy, and the time left."""
+        cfg, hang = self.cfg, self.hang
+        frozen = hang.frozen_nodes if hang is not None else ()
+        self.bad.note({node: "hang" for node in frozen})
+        left = view.end_time - self.slurm.time() if view and view.end_time else None
+        return InPlace(cfg.max_step_restarts, used, frozen,
+                       {} if frozen else self.bad.check(view), left, cfg.signal_lead_s)

@@ -1,0 +1,78 @@
+"""The one writer of what the supervisor decided: the job's ledger (every requeue, in-place
+restart, excluded node and stop at a limit) and the outcome record (the verdict on the
+last run, which ``hpctrain status`` and ``report`` read). Layout and readers:
+:mod:`hpctrain.protocol` and :mod:`hpctrain.protocol.ledger`.
+
+Every verdict has the same fields: cause, action, restart_count, job, status, step,
+limit, why, detail, at; a failure adds rank, node, error and failure (the diagnosis), an
+in-place restart its attempt, a failed health check its nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hpctrain import protocol as p
+from hpctrain.protocol.ledger import line
+from hpctrain.supervisor.decision import Decision
+from hpctrain.supervisor.diagnosis import Diagnosis
+from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.watchdog import Hang
+
+
+def hang_fields(hang: Hang | None) -> dict[str, str]:
+    """What the watchdog found, for the ledger line of a restart or requeue after a hang."""
+    if hang is None:
+        return {}
+    return {"detected_at": f"{hang.detected_at:.1f}", "idle_s": f"{hang.idle_s:.1f}",
+            "phase": hang.phase, "ranks": ",".join(map(str, hang.ranks)) or "-"}
+
+
+class Recorder:
+    """Writes one job's ledger lines and verdicts, in its state directory."""
+
+    def __init__(self, state: StateDir, key: str, restart_count: int,
+                 clock: Callable[[], float]) -> None:
+        self.state, self.key, self.restart_count, self.clock = state, key, restart_count, clock
+
+    # ---- the ledger ------------------------------------------------------------------------
+    def requeued(self, cause: str, restart: int, by: str, hang: Hang | None = None) -> None:
+        """Requeue number ``restart`` (the run it starts), for ``cause``, made ``by``
+        the supervisor or by Slurm (someone else); after a hang, what the watchdog saw."""
+        self.state.append_ledger(line("requeue", cause=cause, restart_count=restart, by=by,
+                                      **hang_fields(hang)))
+
+    def restarted(self, cause: str, attempt: int, hang: Hang | None = None) -> None:
+        """The step starts again in this allocation (attempt ``attempt``)."""
+        self.state.append_ledger(line("restart", cause=cause, restart_count=self.restart_count,
+                                      attempt=attempt, at=f"{self.clock():.1f}",
+                                      **hang_fields(hang)))
+
+    def stopped(self, cause: str, limit: str | None) -> None:
+        """A limit of the budget ended the job."""
+        self.state.append_ledger(line("stop", cause=cause, restart_count=self.restart_count,
+                                      limit=limit))
+
+    def excluded(self, node: str, why: str) -> None:
+        """The job will not run on ``node`` again."""
+        self.state.append_ledger(line("exclude", node=node, cause=why,
+                                      restart_count=self.restart_count))
+
+    # ---- the verdict ---------------------------------------------------------------------
+    def verdict(self, d: Decision, *, action: str | None = None, status: int | None = None,
+                step: str = "", diagnosis: Diagnosis | None = None,
+                **extra: object) -> None:
+        """The outcome record of this run: decision ``d`` (``action`` when what was done
+        differs from what was decided: ``requeue_failed``), the step's exit status, the
+        step the runtime said it reached, the first failure, and ``extra`` fields."""
+        fields: dict[str, object] = {
+            "cause": d.cause, "action": action or d.action,
+            "restart_count": self.restart_count, "job": self.key,
+            "status": "" if status is None else status, "step": step,
+            "limit": d.limit or "", "why": d.why, "detail": d.detail, **extra,
+            "at": f"{self.clock():.0f}"}
+        if diagnosis is not None:
+            fields.update(rank="" if diagnosis.rank is None else diagnosis.rank,
+                          node=diagnosis.node or "", error=diagnosis.error or "",
+                          failure=diagnosis.text())
+        self.state.write(p.OUTCOME, fields)

@@ -1,0 +1,308 @@
+"""A recorded-behaviour stand-in of Slurm, of a training step and of the clock, for driving
+:class:`hpctrain.supervisor.run.Supervisor` through a whole job in a unit test.
+
+What it plays back is what the devcluster showed (Slurm 22.05; docs/fault-recovery.md, "What
+Slurm does, as seen on the devcluster", and tests/cluster/test_supervisor_cluster.py,
+test_requeue_limits_cluster.py, test_watchdog_cluster.py, test_recovery_cluster.py, which
+keep proving it):
+
+- preemption: ``PreemptTime`` set and SIGTERM to the steps at once; ``GRACE_S`` later Slurm
+  requeues the job itself (``Restarts`` + 1) unless the batch step did first;
+- the time-limit warning: the requeue signal to the batch step only;
+- the time limit: SIGTERM to steps and batch step, ``COMPLETING``, ``Reason=TimeLimit``;
+- scancel: SIGTERM to steps and batch step, ``COMPLETING``;
+- node loss: the ranks there die at once, the others fail in their collective, and srun
+  waits for the tasks it cannot hear from; ``DETECT_S`` later Slurm marks the node
+  ``DOWN*``, the step ends, and Slurm requeues the job;
+- a controller that does not answer (``outage``): every call fails "Unable to contact slurm
+  controller" for a while.
+
+And how each kind of script answers a stop signal (:class:`Kind`): the runtime's loop saves
+at its next step boundary and exits with its cause's code (75/76; under torchrun 1 and an
+exit record); a plain torchrun script's agent dies of TERM with status 1 (one node); a
+plain bash step under srun dies of the signal (128+N). The clock is the stand-in's own:
+a sleep advances it at once, so a 60 s job takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hpctrain import protocol as p
+from hpctrain.errors import SlurmError
+from hpctrain.slurm.view import JobView
+
+T0 = 1_800_000_000.0   # the stand-in's wall clock at its start
+GRACE_S = 10.0         # the devcluster's GraceTime
+DETECT_S = 26.0        # SlurmdTimeout: a lost node is noticed this much later
+SAVE_S = 1.0           # the runtime's emergency save
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of training script: how it reports, saves, and dies."""
+
+    name: str                  # runtime | torchrun | srun
+    launcher: str              # what the spec's launcher is
+    progress: bool             # writes the runtime's progress records
+    stop_code: Callable[[str, str], int]  # (signal, cause) -> the step's status on a stop
+    crash_code: int            # the step's status when a rank raises
+    crash_line: str            # what the launcher printed of it (srun's view)
+
+
+def _runtime_code(sig: str, cause: str) -> int:
+    return 75 if cause == "preemption" else 76
+
+
+KINDS = {
+    "runtime": Kind("runtime", "srun", True, _runtime_code, 1,
+                    "srun: error: n1: task 1: Exited with exit code 1"),
+    "torchrun": Kind("torchrun", "torchrun", False, lambda sig, cause: 1, 1,
+                     "srun: error: n1: task 0: Exited with exit code 1"),
+    "srun": Kind("srun", "srun", False,
+                 lambda sig, cause: 128 + signal.Signals["SIG" + sig], 3,
+                 "srun: error: n1: task 1: Exited with exit code 3"),
+}
+
+
+@dataclass
+class FakeStep:
+    """One start of the training step: ``steps`` steps of ``step_s`` seconds; ``crash_at``
+    and ``hang_at`` (a step number) make it fail or stop progressing there."""
+
+    fake: FakeSlurm
+    kind: Kind
+    env: Mapping[str, str]
+    steps: int = 10
+    step_s: float = 1.0
+    crash_at: int = -1
+    hang_at: int = -1
+    started: float = 0.0
+    status: int | None = None
+    stop: tuple[str, float] | None = None      # the first stop signal and when it came
+    done_steps: int = 0
+    lost: bool = False                         # its node died: srun waits, nothing moves
+
+    def signal(self, sig: str) -> None:
+        """A signal to every rank (Slurm's, or the supervisor's scancel --signal)."""
+        if self.status is None and self.stop is None and sig != "KILL":
+            self.stop = (sig, self.fake.now)
+        if sig == "KILL" and self.status is None:
+            self.status = 137
+
+    def advance(self) -> None:
+        """Play the step forward to the stand-in's clock."""
+        if self.status is not None or self.lost:
+            return
+        elapsed = self.fake.now - self.started
+        self.done_steps = min(self.steps, int(elapsed / self.step_s))
+        if 0 <= self.hang_at <= self.done_steps:
+            self.done_steps = self.hang_at   # alive (heartbeats), no step boundary any more
+            self.write_progress()
+            return
+        if 0 <= self.crash_at <= self.done_steps:
+            return self.crash()
+        if self.stop is not None:
+            return self.on_stop(*self.stop)
+        self.write_progress()
+        if self.done_steps >= self.steps:
+            self.status = 0
+
+    def crash(self) -> None:
+        self.fake.log(self.kind.crash_line)
+        if self.kind.progress:
+            p.write_record(self.env[p.EXIT_FILE], {
+                "cause": "user_crash", "exit_code": 1, "requeue": 0, "step": self.crash_at,
+                "restart_count": self.env[p.RESTART_COUNT], "rank": 1, "node": "n1",
+                "run_id": self.env[p.RUN_ID], "error": "RuntimeError: simulated crash"})
+        self.status = self.kind.crash_code
+
+    def on_stop(self, sig: str, at: float) -> None:
+        if not self.kind.progress:       # a plain script dies of the signal
+            self.status = self.kind.stop_code(sig, "")
+            return
+        if self.fake.now < at + self.step_s + SAVE_S:   # the next boundary, then the save
+            return
+        notice = p.read_record(self.env[p.STOP_FILE])
+        cause = notice.get("cause") or ("time_limit" if sig != "TERM" else "preemption")
+        p.write_record(self.env[p.EXIT_FILE], {
+            "cause": cause, "exit_code": _runtime_code(sig, cause), "requeue": 1,
+            "step": self.done_steps, "restart_count": self.env[p.RESTART_COUNT],
+            "run_id": self.env[p.RUN_ID]})
+        self.status = self.kind.stop_code(sig, cause)
+
+    def write_progress(self) -> None:
+        if not self.kind.progress:
+            return
+        changed = self.started + self.done_steps * self.step_s
+        for rank in range(self.fake.world):
+            p.write_record(p.rank_file(self.env[p.STATE_DIR], p.PROGRESS, rank), {
+                "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],
+                "attempt": self.env[p.STEP_ATTEMPT], "rank": rank, "node": "n1",
+                "step": self.done_steps, "boundaries": self.done_steps,
+                "phase": "training" if self.done_steps else "startup",
+                "changed_at": f"{self.fake.wall(changed):.3f}",
+                "beat_at": f"{self.fake.wall(self.fake.now):.3f}"})
+
+    # ---- what the supervisor calls ------------------------------------------------------
+    def poll(self) -> int | None:
+        self.advance()
+        return self.status
+
+    def kill_local(self, signal_name: str) -> None:
+        self.signal(signal_name)
+
+
+@dataclass
+class FakeSlurm:
+    """Slurm, the step and the clock, as one :class:`hpctrain.supervisor.scheduler.Scheduler`.
+
+    ``events``: (seconds after the start, what) with what one of ``preempt``, ``warn``,
+    ``scancel``, ``time_limit``, ``node_loss``; ``steps``: how each start of the step goes
+    (keyword arguments of :class:`FakeStep`, one dict per start; the last one repeats)."""
+
+    kind: Kind
+    log_path: Path
+    events: Sequence[tuple[float, str]] = ()
+    steps: Sequence[dict] = ({},)
+    world: int = 2
+    restart_count: int = 0
+    outage: tuple[str, float] | None = None   # the first call of this kind starts an
+    #                                           outage of the controller this long
+    now: float = 0.0
+    view: JobView = field(init=False)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+    started: list[FakeStep] = field(default_factory=list)
+    batch: Callable[[int, object], None] | None = None   # the supervisor's signal handler
+    node_state: dict[str, str] = field(default_factory=lambda: {"n1": "ALLOCATED"})
+    _due: list[tuple[float, str]] = field(default_factory=list)
+    _down_until: float | None = None
+
+    def __post_init__(self) -> None:
+        self.view = JobView("42", "RUNNING", "None", self.restart_count, None,
+                            T0 + 3600, True, std_err=str(self.log_path), node_list="n1",
+                            partition="debug", num_nodes=1)
+        self._due = sorted(self.events)
+        self.sleep(0.0)    # what happened before the supervisor started (its set-up)
+
+    def wall(self, t: float) -> float:
+        return T0 + t
+
+    def log(self, line: str) -> None:
+        with open(self.log_path, "a") as fh:
+            fh.write(line + "\n")
+
+    # ---- Slurm's side of each event, as the devcluster showed it ------------------------
+    def _play(self, what: str) -> None:
+        step = self.started[-1] if self.started else None
+        if what == "preempt":
+            self.view = replace(self.view, preempt_time=self.wall(self.now),
+                                end_time=self.wall(self.now + GRACE_S))
+            self._due.append((self.now + GRACE_S, "grace_over"))
+            self._to_steps(step, "TERM")
+        elif what == "grace_over" and self.view.restarts == self.restart_count:
+            self._slurm_requeues()
+        elif what == "warn":
+            self._to_batch("USR2")
+        elif what in ("scancel", "time_limit"):
+            reason = "TimeLimit" if what == "time_limit" else "None"
+            self.view = replace(self.view, state="COMPLETING", reason=reason)
+            self._to_steps(step, "TERM")
+            self._to_batch("TERM")
+        elif what == "node_loss":
+            if step is not None:
+                step.lost = True
+            self._due.append((self.now + DETECT_S, "node_down"))
+        elif what == "node_down":
+            self.node_state["n1"] = "DOWN*"
+            if step is not None and step.status is None:
+                step.status = 1          # srun gives up on the lost tasks
+            self._slurm_requeues()
+        self._due.sort()
+
+    def _slurm_requeues(self) -> None:
+        self.view = replace(self.view, restarts=self.view.restarts + 1, state="COMPLETING")
+        self._to_batch("TERM")
+
+    def _to_steps(self, step: FakeStep | None, sig: str) -> None:
+        if step is not None:
+            step.signal(sig)
+
+    def _to_batch(self, sig: str) -> None:
+        if self.batch is not None:
+            self.batch(signal.Signals["SIG" + sig], None)
+
+    def _check_reachable(self, what: str) -> None:
+        self.calls.append((what,))
+        if self.outage is not None and what == self.outage[0] and self._down_until is None:
+            self._down_until = self.now + self.outage[1]
+        if self._down_until is not None and self.now < self._down_until:
+            raise SlurmError(f"{what}: Unable to contact slurm controller (connect failure)")
+
+    # ---- the clock ------------------------------------------------------------------------
+    def time(self) -> float:
+        return self.wall(self.now)
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        while self._due and self._due[0][0] <= self.now:
+            self._play(self._due.pop(0)[1])
+
+    # ---- Slurm ------------------------------------------------------------------------------
+    def show_job(self, key: str) -> JobView | None:
+        self._check_reachable("show_job")
+        return self.view
+
+    def run_states(self, key: str) -> list[str]:
+        self.calls.append(("run_states",))
+        return ["NODE_FAIL" if self.node_state["n1"].startswith("DOWN") else "PREEMPTED"
+                if self.view.preempt_time else "REQUEUED"] * self.view.restarts
+
+    def requeue(self, key: str) -> str:
+        self._check_reachable("requeue")
+        if self.view.restarts > self.restart_count:
+            return "already"
+        self.view = replace(self.view, restarts=self.view.restarts + 1, state="COMPLETING")
+        return "requeued"
+
+    def forbid_requeue(self, key: str) -> None:
+        self.calls.append(("forbid_requeue",))
+
+    def signal_steps(self, key: str, signal_name: str) -> None:
+        self.calls.append(("signal_steps", signal_name))
+        self._to_steps(self.started[-1] if self.started else None, signal_name)
+
+    def step_ids(self, key: str) -> list[str]:
+        return ["77.0"] if self.started and self.started[-1].status is None else []
+
+    def kill_steps(self, key: str) -> list[str]:
+        self.calls.append(("kill_steps",))
+        ids = self.step_ids(key)
+        self._to_steps(self.started[-1] if self.started else None, "KILL")
+        return ids
+
+    def set_excluded(self, key: str, nodes: list[str]) -> None:
+        self.calls.append(("set_excluded", ",".join(nodes)))
+
+    def node_states(self, nodes: list[str]) -> dict[str, str]:
+        return {n: self.node_state.get(n, "IDLE") for n in nodes}
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        return ["n1", "n2", "n3"]
+
+    def run_on_nodes(self, argv: list[str], nodes: int, timeout: float) -> str:
+        self.calls.append(("run_on_nodes", argv[0]))
+        return ""
+
+    def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> FakeStep:
+        plan = self.steps[min(len(self.started), len(self.steps) - 1)]
+        step = FakeStep(self, self.kind, dict(env), started=self.now, **plan)
+        self.started.append(step)
+        self.calls.append(("start_step",))
+        return step

@@ -1,0 +1,191 @@
+"""The supervisor itself, driven through a whole run against a recorded stand-in of Slurm,
+the step and the clock (tests/helpers/fake_scheduler.py): script kind x event, in
+milliseconds per cell. Each cell asserts what the devcluster tests assert of the same run
+(tests/cluster/test_supervisor_cluster.py and its neighbours, which prove the stand-in
+right): the batch step's exit code, the verdict, the ledger, and what was asked of Slurm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from hpctrain import protocol as p
+from hpctrain.supervisor.config import Config
+from hpctrain.supervisor.decision import Budget, Caught
+from hpctrain.supervisor.run import Supervisor
+from hpctrain.supervisor.watchdog import Limits
+from helpers.fake_scheduler import GRACE_S, KINDS, T0, FakeSlurm
+
+BUDGET = Budget(5, {"preemption": 5, "time_limit": 5, "node_fail": 3, "user_crash": 0,
+                    "storage": 3, "hang": 3})
+
+
+def supervise(tmp_path: Path, kind: str, *, events=(), steps=({},), restart_count: int = 0,
+              outage: tuple[str, float] | None = None, **cfg: object
+              ) -> tuple[int, FakeSlurm, dict[str, str], list[str]]:
+    """One run of the supervisor: (its exit code, the stand-in, the verdict, the ledger)."""
+    fake = FakeSlurm(KINDS[kind], tmp_path / "job.log", events, steps,
+                     restart_count=restart_count, outage=outage)
+    config = Config(**{**dict(
+        argv=("launcher",), key="42", restart_count=restart_count, cluster="dev",
+        launcher=KINDS[kind].launcher, requeue_signal="USR2", budget=BUDGET,
+        base=str(tmp_path), signal_lead_s=30, world=2, nodes=1, nodelist="n1", job_nodes=1,
+        limits=Limits(beat_s=2.0)), **cfg})  # type: ignore[arg-type]
+    supervisor = Supervisor(config, fake)
+    fake.batch = supervisor.seen.handler
+    code = supervisor.run()
+    state = p.state_dir(tmp_path, "42")
+    ledger = (state / p.LEDGER).read_text().splitlines() if (state / p.LEDGER).exists() else []
+    return code, fake, p.read_record(state / p.OUTCOME), ledger
+
+
+def asked(fake: FakeSlurm, what: str) -> list[tuple[str, ...]]:
+    return [c for c in fake.calls if c[0] == what]
+
+
+ALL = list(KINDS)
+STOP_CODE = {"runtime": 75, "torchrun": 1, "srun": 143}   # the step's status on a TERM
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_a_run_that_finishes(tmp_path: Path, kind: str) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, kind)
+    assert (code, verdict["cause"], verdict["action"]) == (0, "completed", "finish")
+    assert ledger == [] and not asked(fake, "requeue") and fake.now < 15
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_preemption_mid_run_is_requeued_before_slurm_would(tmp_path: Path, kind: str) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(4.0, "preempt")])
+    assert (code, verdict["cause"], verdict["action"]) == (0, "preemption", "requeue"), verdict
+    assert ledger == ["requeue cause=preemption restart_count=1 by=supervisor"]
+    assert len(asked(fake, "requeue")) == 1 and fake.now < 4.0 + GRACE_S
+    assert verdict["status"] == str(STOP_CODE[kind])
+    if kind == "runtime":   # it saved on the signal and left with preemption's code
+        assert p.read_record(p.state_dir(tmp_path, "42") / p.EXIT)["cause"] == "preemption"
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_the_time_limit_warning_stops_the_step_and_requeues(tmp_path: Path, kind: str) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(4.0, "warn")])
+    assert (code, verdict["cause"], verdict["action"]) == (0, "time_limit", "requeue"), verdict
+    assert ledger == ["requeue cause=time_limit restart_count=1 by=supervisor"]
+    # the stop passed on: TERM under torchrun (its agent passes nothing else on), else
+    # the job's own signal; the ranks were told why
+    want = "TERM" if kind == "torchrun" else "USR2"
+    assert asked(fake, "signal_steps") == [("signal_steps", want)]
+    notice = p.read_record(p.state_dir(tmp_path, "42") / p.STOP)
+    assert (notice["cause"], notice["signal"]) == ("time_limit", "USR2")
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_scancel_is_final(tmp_path: Path, kind: str) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(4.0, "scancel")])
+    assert (verdict["cause"], verdict["action"]) == ("cancelled", "finish"), verdict
+    assert code == STOP_CODE[kind] and not asked(fake, "requeue") and ledger == []
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_the_time_limit_itself_is_requeued_at_once(tmp_path: Path, kind: str) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(4.0, "time_limit")])
+    assert (code, verdict["cause"], verdict["action"]) == (0, "time_limit", "requeue"), verdict
+    # requeued as soon as the TERM came, not after the step ended: KillWait may be short
+    assert ledger == ["requeue cause=time_limit restart_count=1 by=supervisor"]
+    assert fake.calls.index(("requeue",)) < len(fake.calls) - 1
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_a_crash_ends_the_job_and_names_the_rank(tmp_path: Path, kind: str) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, kind, steps=[{"crash_at": 3}])
+    assert (verdict["cause"], verdict["action"]) == ("user_crash", "finish"), verdict
+    assert code == KINDS[kind].crash_code and ledger == [] and not asked(fake, "requeue")
+    assert verdict["rank"] == ("1" if kind != "torchrun" else "") and verdict["node"] == "n1"
+    if kind == "runtime":
+        assert verdict["error"] == "RuntimeError: simulated crash"
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_a_lost_node_is_left_to_slurm_and_kept_out(tmp_path: Path, kind: str) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(4.0, "node_loss")])
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "leave"), verdict
+    assert ledger == ["requeue cause=node_fail restart_count=1 by=slurm",
+                      "exclude node=n1 cause=node_fail restart_count=0"]
+    assert asked(fake, "set_excluded") == [("set_excluded", "n1")]
+    assert not asked(fake, "requeue") and code == 1
+
+
+@pytest.mark.parametrize("kind", ALL)
+def test_a_preemption_during_start_up_is_requeued_without_a_step(tmp_path: Path,
+                                                                  kind: str) -> None:
+    """The batch shell caught Slurm's TERM before the supervisor took over (its trap
+    noted it in HPCTRAIN_EARLY_SIGNALS); Slurm shows the preemption."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(0.0, "preempt")],
+                                            early=(Caught("TERM", T0, early=True),))
+    assert (code, verdict["cause"], verdict["action"]) == (0, "preemption", "requeue")
+    assert ledger == ["requeue cause=preemption restart_count=1 by=supervisor"]
+    assert not asked(fake, "start_step")
+
+
+def test_a_hang_is_restarted_in_place_then_the_job_completes(tmp_path: Path) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", steps=[{"hang_at": 3}, {}],
+                                            limits=Limits(hang_s=10, beat_s=2.0))
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(fake.started) == 2 and asked(fake, "kill_steps")
+    assert len(ledger) == 1 and ledger[0].startswith(
+        "restart cause=hang restart_count=0 attempt=1 ")
+    assert "phase=training ranks=-" in ledger[0]
+
+
+def test_a_requeue_past_its_limit_stops_the_job_before_it_starts(tmp_path: Path) -> None:
+    state = p.state_dir(tmp_path, "42")
+    state.mkdir(parents=True)
+    p.write_record(state / p.IDENTITY, {"run_id": "r1", "cluster": "dev", "job": "42"})
+    (state / p.LEDGER).write_text("".join(
+        f"requeue cause=preemption restart_count={n} by=supervisor\n" for n in range(1, 7)))
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", restart_count=6)
+    assert (code, verdict["action"], verdict["limit"]) == (1, "stop", "max_requeues=5")
+    assert ledger[-1] == "stop cause=preemption restart_count=6 limit=max_requeues=5"
+    assert asked(fake, "forbid_requeue") and not asked(fake, "start_step")
+
+
+def test_a_requeue_nobody_counted_is_entered_from_sacct(tmp_path: Path) -> None:
+    """Run 1 starts after Slurm requeued run 0 itself (its node was lost): no ledger line,
+    no verdict of run 0; sacct's NODE_FAIL names it."""
+    fake_state = p.state_dir(tmp_path, "42")
+    fake_state.mkdir(parents=True)
+    p.write_record(fake_state / p.IDENTITY, {"run_id": "r1", "cluster": "dev", "job": "42"})
+    code, fake, verdict, ledger = supervise(tmp_path, "srun", restart_count=1)
+    assert code == 0 and ledger[0] == "requeue cause=requeued restart_count=1 by=slurm"
+    assert asked(fake, "run_states")
+
+
+def test_the_controller_down_during_a_requeue_is_waited_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "srun", events=[(4.0, "warn")],
+                                            outage=("requeue", 15.0))
+    assert (code, verdict["action"]) == (0, "requeue")
+    assert ledger == ["requeue cause=time_limit restart_count=1 by=supervisor"]
+    assert len(asked(fake, "requeue")) > 1 and fake.now > 4.0 + 15.0
+    assert "scontrol requeue 42: the controller does not answer" in capsys.readouterr().err
+
+
+def test_a_failed_health_check_requeues_without_the_node_for_free(tmp_path: Path) -> None:
+    fake = FakeSlurm(KINDS["srun"], tmp_path / "job.log")
+    fake.run_on_nodes = lambda argv, nodes, timeout: (  # type: ignore[method-assign]
+        "gpu-check: GPU 1 fell off the bus\nsrun: error: n1: task 0: Exited with exit code 1\n")
+    config = Config(argv=("launcher",), key="42", restart_count=0, cluster="dev",
+                    launcher="srun", requeue_signal="USR2", budget=BUDGET, base=str(tmp_path),
+                    nodelist="n1", job_nodes=1, health_check=("gpu-check",))
+    supervisor = Supervisor(config, fake)
+    assert supervisor.run() == 0
+    state = p.state_dir(tmp_path, "42")
+    verdict = p.read_record(state / p.OUTCOME)
+    assert (verdict["cause"], verdict["action"], verdict["node"]) == \
+        ("health_check", "requeue", "n1")
+    assert (state / p.LEDGER).read_text().splitlines() == [
+        "requeue cause=health_check restart_count=1 by=supervisor",
+        "exclude node=n1 cause=health_check restart_count=0"]
+    assert not asked(fake, "start_step")
