@@ -33,7 +33,6 @@ from typing import Any
 import pytest
 
 import hpctrain
-from hpctrain.slurm import client
 from hpctrain.supervisor.diagnosis import ABORT_AT_EXIT_FIX
 from helpers.cluster import events, status
 from helpers.jobs import isolate
@@ -144,10 +143,11 @@ def matrix(cluster, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str,
         for exit_path in FUNCTION_EXITS:
             ckpt = base / "function" / exit_path
             ckpt.mkdir(parents=True)
+            env = {**TESTS_ON_PATH, "EXIT_PATH": exit_path, "CKPT_DIR": str(ckpt),
+                   "OMP_NUM_THREADS": "1"}
             job = hpctrain.submit_function(
-                function_steps.train, STEPS, partition="debug", nodes=1, gpus_per_node=2, time="00:10:00",
-                name=f"exit-fn-{exit_path}", env={**TESTS_ON_PATH, "EXIT_PATH": exit_path,
-                                                  "CKPT_DIR": str(ckpt), "OMP_NUM_THREADS": "1"})
+                function_steps.train, STEPS, partition="debug", nodes=1, gpus_per_node=2,
+                time="00:10:00", name=f"exit-fn-{exit_path}", env=env)
             functions[exit_path] = (job, ckpt)
 
         def rows(sweep_id: str) -> list[dict[str, Any]]:

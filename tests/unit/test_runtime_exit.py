@@ -12,7 +12,6 @@ tests/cluster/test_exit_cluster.py.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -7,7 +7,6 @@ right): the batch step's exit code, the verdict, the ledger, and what was asked 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest

@@ -32,11 +32,12 @@ Row 6 needs the runtime's word (:mod:`hpctrain.supervisor.finish`) *and* a death
 not the script's choice: a signal (torch's gloo group aborting in the C++ destructors), a
 stop the batch step passed on while they left (torchrun's agent dies of the TERM with exit
 code 1 and takes the ranks along), or a teardown the watchdog found hung. It comes after
-Slurm's own facts (a preemption is still requeued, a cancellation still final) and before the signals the batch step caught: a time-limit
-warning that arrives once every save is durable has nothing left to save, and a requeue
-would only repeat the start-up. A script that exits 3 after its work is not completed, and
-a script without the runtime that aborts at exit is reported as it ended, with the likely
-cause and its fix in the diagnosis.
+Slurm's own facts (a preemption is still requeued, a cancellation still final) and before
+the signals the batch step caught: a time-limit warning that arrives once every save is
+durable has nothing left to save, and a requeue would only repeat the start-up. A script
+that exits 3 after its work is not completed, and a script without the runtime that
+aborts at exit is reported as it ended, with the likely cause and its fix in the
+diagnosis.
 
 "requeue" is within the budget (``max_requeues`` and the cause's own limit), else "stop":
 the job ends and says which limit. "restart in place" runs the step again in the same
