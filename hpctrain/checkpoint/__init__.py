@@ -12,8 +12,8 @@ from typing import Any
 _LAZY = {
     "CheckpointManager": "hpctrain.checkpoint.manager",
     "list_steps": "hpctrain.checkpoint.catalog",
-    "verify_step": "hpctrain.checkpoint.hashing",
-    "read_manifest": "hpctrain.checkpoint.hashing",
+    "verify_step": "hpctrain.checkpoint.reader",
+    "read_manifest": "hpctrain.checkpoint.reader",
     "save_deepspeed": "hpctrain.checkpoint.deepspeed_io",
     "load_deepspeed": "hpctrain.checkpoint.deepspeed_io",
     "read_tensors": "hpctrain.checkpoint.export",

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint import storage
-from hpctrain.checkpoint.hashing import check_sizes, read_manifest, verify_step
 from hpctrain.checkpoint.manifest import LATEST, step_dirname
+from hpctrain.checkpoint.reader import StepReader
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointError
 
@@ -40,12 +40,13 @@ def describe(root: Path, step: int, verify: bool = False) -> StepInfo:
     """Describe one step; ``verify`` reads every byte, otherwise sizes are stat-checked."""
     path = root / step_dirname(step)
     try:
-        man = read_manifest(path)
+        reader = StepReader(path)
     except CheckpointError as exc:
         return StepInfo(step, str(path), 0, 0.0, 0, "?", False, str(exc))
-    problems = verify_step(path) if verify else [p for p in [check_sizes(path, man)] if p]
-    return StepInfo(step, str(path), man.total_bytes, man.created, man.world_size,
-                    man.layout.get("kind", "?"), not problems, problems[0] if problems else None)
+    problems = reader.verify_files() if verify else [p for p in [reader.check_sizes()] if p]
+    man = reader.manifest
+    return StepInfo(step, str(path), man.total_bytes, man.created, man.world_size, man.kind,
+                    not problems, problems[0] if problems else None)
 
 
 def list_steps(root: str | os.PathLike[str], verify: bool = False) -> list[StepInfo]:

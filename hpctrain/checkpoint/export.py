@@ -18,9 +18,8 @@ from pathlib import Path
 
 import torch
 
-from hpctrain.checkpoint.fileio import read_into
-from hpctrain.checkpoint import checksum
-from hpctrain.checkpoint.hashing import read_manifest
+from hpctrain.checkpoint.manifest import TensorEntry
+from hpctrain.checkpoint.reader import StepReader
 from hpctrain.checkpoint.tree import dtype_from_name
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 
@@ -34,58 +33,43 @@ def read_tensors(step_dir: str | os.PathLike[str], *, only: str | None = None,
     ``only="model"`` keeps the tensors under that top-level key and drops it from the
     names (so they match ``model.state_dict()``). CheckpointCorrupt when a byte does not
     match its checksum or the shards do not cover a tensor."""
-    step_dir = Path(step_dir)
-    manifest = read_manifest(step_dir)
-    if manifest.layout.get("kind") != "torch":
-        raise CheckpointError(f"{step_dir} is a {manifest.layout.get('kind')} checkpoint: "
+    reader = StepReader(step_dir, verify=verify, overlap=False)
+    manifest = reader.manifest
+    if manifest.kind != "torch":
+        raise CheckpointError(f"{step_dir} is a {manifest.kind} checkpoint: "
                               "export it with DeepSpeed's own zero_to_fp32.py")
-    groups: dict[tuple, list[dict]] = {}
+    groups: dict[tuple, list[TensorEntry]] = {}
     for e in manifest.tensors:
-        path = tuple(e["path"])
+        path = tuple(e.path)
         if only is not None and (not path or str(path[0]) != only):
             continue
-        groups.setdefault((path, e.get("rank")), []).append(e)
+        groups.setdefault((path, e.rank), []).append(e)
     if only is not None and not groups:
         raise CheckpointError(f"step {manifest.step} has no tensors under {only!r}: choose "
-                              f"one of {sorted({str(t['path'][0]) for t in manifest.tensors})}")
-    fds: dict[str, int] = {}
-    try:
+                              f"one of {sorted({str(t.path[0]) for t in manifest.tensors})}")
+    with reader:
         for (path, rank), entries in groups.items():
             parts = [str(k) for k in (path[1:] if only is not None else path)]
             name = ".".join(parts) + ("" if rank is None else f".rank{rank}")
-            yield name, _assemble(step_dir, entries, fds,
-                                  checksum.get(manifest.checksum) if verify else None)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+            yield name, _assemble(reader, entries)
 
 
-def _assemble(step_dir: Path, entries: list[dict], fds: dict[str, int],
-              verify: checksum.Checksum | None) -> torch.Tensor:
-    """One whole tensor from its saved boxes (a shard per rank, or one replica);
-    ``verify`` is the manifest's checksum function, or None not to check."""
+def _assemble(reader: StepReader, entries: list[TensorEntry]) -> torch.Tensor:
+    """One whole tensor from its saved boxes (a shard per rank, or one replica), every
+    byte checked (when the reader verifies) as it is read."""
     first = entries[0]
-    whole = torch.empty(first["global_shape"], dtype=dtype_from_name(first["dtype"]))
+    whole = torch.empty(first.global_shape, dtype=dtype_from_name(first.dtype))
     covered = 0
     for e in entries:
-        if e["file"] not in fds:
-            fds[e["file"]] = os.open(step_dir / e["file"], os.O_RDONLY)
-        buf = torch.empty(e["nbytes"], dtype=torch.uint8)
-        try:
-            read_into(fds[e["file"]], e["offset"], buf.numpy())
-        except (OSError, EOFError) as exc:
-            raise CheckpointCorrupt(f"{step_dir / e['file']}: cannot read tensor {e['path']} "
-                                    f"({exc})") from None
-        if verify is not None and verify(buf.numpy()) != e["crc32"]:
-            raise CheckpointCorrupt(f"{step_dir / e['file']}: checksum mismatch in tensor "
-                                    f"{e['path']} at bytes [{e['offset']}, "
-                                    f"{e['offset'] + e['nbytes']})")
-        box = tuple(slice(o, o + n) for o, n in zip(e["offsets"], e["shape"]))
-        whole[box] = buf.view(whole.dtype).view(e["shape"])
-        covered += math.prod(e["shape"])
+        buf = torch.empty(e.nbytes, dtype=torch.uint8)
+        reader.read(e, buf.numpy())
+        box = tuple(slice(o, o + n) for o, n in zip(e.offsets, e.shape))
+        whole[box] = buf.view(whole.dtype).view(e.shape)
+        covered += math.prod(e.shape)
     if covered != whole.numel():  # replicated shards of a DTensor overlap: never saved twice
-        raise CheckpointCorrupt(f"{step_dir}: the saved shards of tensor {first['path']} "
-                                f"cover {covered} of its {whole.numel()} elements")
+        raise CheckpointCorrupt(f"{reader.step_dir}: the saved shards of tensor "
+                                f"{first.path} cover {covered} of its {whole.numel()} "
+                                "elements")
     return whole
 
 

@@ -1,4 +1,4 @@
-"""Fast, durable, checksummed file writes and reads (no torch).
+"""Fast, durable, checksummed file writes (no torch; reads: hpctrain.checkpoint.reader).
 
 Writes go through O_DIRECT with two page-aligned bounce buffers when the file system
 allows it (ext4, xfs, Lustre): the page cache is bypassed, so writing costs what
@@ -218,12 +218,3 @@ class SegmentFile:
             os.close(self._fd)
             self._fd = -1
 
-
-def read_into(fd: int, offset: int, dest: np.ndarray) -> None:
-    """Fill ``dest`` (uint8 view) from ``fd`` at ``offset``; EOF early is an error."""
-    view = memoryview(dest)
-    while len(view):
-        n = os.preadv(fd, [view], offset)
-        if n == 0:
-            raise EOFError(f"file ends at byte {offset}, {len(view)} bytes short")
-        view, offset = view[n:], offset + n

@@ -4,9 +4,10 @@ Commit protocol for step S (see docs/checkpoint.md for what is durable when):
 
 1. rank 0 creates ``root/.tmp-step_S``; every rank writes its shard files there and
    fsyncs each one;
-2. rank 0 gathers every rank's file records (this is the barrier), writes
-   ``manifest.json`` (fsynced), fsyncs the directory, renames it to ``step_S``
-   (the commit), fsyncs the root, then atomically replaces ``latest``;
+2. rank 0 gathers every rank's records (:class:`~hpctrain.checkpoint.manifest.RankRecords`;
+   this is the barrier), writes ``manifest.json`` (fsynced), fsyncs the directory,
+   renames it to ``step_S`` (the commit), fsyncs the root, then atomically replaces
+   ``latest`` (:mod:`hpctrain.checkpoint.commit`);
 3. rank 0 prunes old steps (rename to trash, then delete).
 
 Re-saving a step that exists moves the old directory aside (``.old-step_S.*``) before the
@@ -20,9 +21,7 @@ from __future__ import annotations
 
 import atexit
 import os
-import platform
 import sys
-import time
 import warnings
 import weakref
 from pathlib import Path
@@ -30,15 +29,15 @@ from typing import Any, Callable
 
 from hpctrain import access as access_levels
 from hpctrain import protocol
-from hpctrain.checkpoint import catalog, storage
-from hpctrain.checkpoint.checksum import LEGACY
-from hpctrain.checkpoint.hashing import read_manifest
-from hpctrain.checkpoint.manifest import MANIFEST, FileRecord, Manifest, step_dirname
+from hpctrain.checkpoint import catalog, commit, storage
+from hpctrain.checkpoint.hashing import hash_files
+from hpctrain.checkpoint.manifest import RankRecords, step_dirname
+from hpctrain.checkpoint.reader import read_manifest
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 from hpctrain.runtime import progress
 
-WriteFn = Callable[[Path], tuple[list[dict], list[dict], list[dict]]]
+WriteFn = Callable[[Path], RankRecords]   # one rank's part of a save, into the temp dir
 
 
 class CheckpointManager:
@@ -162,7 +161,27 @@ class CheckpointManager:
             with progress.phase("saving"):
                 self._bg.collect()
 
-    def _persist(self, step: int, write: WriteFn, layout: dict, hash_tree: bool = False) -> None:
+    def save_files(self, step: int, write: Callable[[Path], Any], layout: dict) -> None:
+        """Commit as ``step`` the files ``write(dir)`` puts into the step's temporary
+        directory, for code that writes its own checkpoint files (DeepSpeed's engine).
+
+        Collective and synchronous, like a sync :meth:`save`: every rank calls it, and its
+        ``write`` once the directory exists; every rank then fsyncs the files there, rank 0
+        checksums them into the manifest (``layout``: ``{"kind": ...}``, what wrote them)
+        and commits the step. ``write``'s exception fails the save on every rank.
+        """
+        def rank_write(tmp: Path) -> RankRecords:
+            write(tmp)
+            storage.fsync_tree(tmp)  # each rank flushes its writes (Lustre: per-client pages)
+            return RankRecords()
+
+        self.wait()
+        with progress.phase("saving"):
+            self._persist(step, rank_write, layout, foreign=True)
+
+    def _persist(self, step: int, write: WriteFn, layout: dict, foreign: bool = False) -> None:
+        """The commit protocol (the module's docstring) around every rank's ``write``;
+        ``foreign``: rank 0 checksums the files no rank recorded (:meth:`save_files`)."""
         tmp = self.root / f"{storage.TMP_PREFIX}{step_dirname(step)}"
         error = None
         if self.comm.rank == 0:
@@ -185,59 +204,30 @@ class CheckpointManager:
         gathered = self.comm.gather(result)
         if gathered is not None:
             try:
-                self._commit(step, tmp, gathered, layout, hash_tree)
-            except CheckpointError as exc:
+                self._commit(step, tmp, gathered, layout, foreign)
+            except (CheckpointError, OSError) as exc:
+                # an OSError too (rank 0 reading foreign files back): every rank must hear
+                # of it in the broadcast below, or the others wait there forever
                 storage.remove_tree(tmp)
-                error = str(exc)
+                error = str(exc if isinstance(exc, CheckpointError)
+                            else storage.io_error(f"commit step {step} in {tmp}", exc))
         error = self.comm.broadcast(error)
         if error:
             raise CheckpointError(error)
 
     def _commit(self, step: int, tmp: Path, gathered: list, layout: dict,
-                hash_tree: bool) -> None:
+                foreign: bool) -> None:
         failed = [msg for status, msg in gathered if status != "ok"]
         if failed:
             prev = self.latest_step()
             kept = (f"the previous checkpoint (step {prev}) is intact" if prev is not None
                     else "no earlier checkpoint exists")
             raise CheckpointError(f"step {step} was not saved: {failed[0]}; {kept}")
-        files = [f for _, (fs, _t, _e) in gathered for f in fs]
-        if hash_tree:
-            from hpctrain.checkpoint.deepspeed_io import hash_files
-            files += hash_files(tmp, {f["name"] for f in files})
-        algorithms = sorted({f.get("checksum", LEGACY) for f in files}) or [LEGACY]
-        if len(algorithms) > 1:  # a node without the crc32c package's hardware path
-            raise CheckpointError(f"step {step} was not saved: its ranks wrote checksums "
-                                  f"with {' and '.join(algorithms)}: install the same "
-                                  "hpctrain (and crc32c) on every node")
-        manifest = Manifest(
-            step=step, world_size=self.comm.world, layout=layout, created=time.time(),
-            files=[FileRecord(f["name"], f["size"], [tuple(b) for b in f["blocks"]]) for f in files],
-            tensors=[t for _, (_f, ts, _e) in gathered for t in ts],
-            extras=[e for _, (_f, _t, es) in gathered for e in es],
-            versions=_versions(), checksum=algorithms[0])
-        final = self.root / step_dirname(step)
-        try:
-            storage.atomic_write(tmp / MANIFEST, manifest.dumps())
-            storage.apply_modes(tmp, self.modes.dir, self.modes.file)
-            storage.fault("before-dir-fsync")
-            storage.fsync_path(tmp)
-            storage.fault("before-rename")
-            # re-saving a step (e.g. right after a resume): the old one is moved aside, not
-            # deleted, until the new one is in place; a crash in between leaves it to be
-            # put back at the next start (storage.clean_leftovers)
-            old = storage.set_aside(self.root, final.name) if final.exists() else None
-            storage.fault("resave-after-aside")
-            os.rename(tmp, final)  # the commit
-            storage.fault("after-rename")
-            storage.fsync_path(self.root)
-            if old is not None:
-                storage.remove_tree(old)
-            storage.fault("before-latest")
-            catalog.write_latest(self.root, step, self.modes.file)
-            storage.fault("after-latest")
-        except OSError as exc:
-            raise storage.io_error(f"commit step {step} in {self.root}", exc) from None
+        records: list[RankRecords] = [r for _, r in gathered]
+        if foreign:
+            records.append(hash_files(tmp, {f.name for r in records for f in r.files}))
+        manifest = commit.manifest_of(step, self.comm.world, layout, records)
+        commit.publish(self.root, tmp, manifest, self.modes.dir, self.modes.file)
         catalog.prune(self.root, self.keep_last, self.keep_every, remove=self._remove_later)
 
     def _remove_later(self, trash: Path) -> None:
@@ -262,27 +252,35 @@ class CheckpointManager:
         is tried. Collective under torch.distributed (all ranks agree on the step).
         """
         with progress.phase("loading"):
-            return self._load_latest(state, verify)
+            self.wait()
+            return self.first_loadable(lambda step: self._load(step, state, verify, listed=True))
 
-    def _load_latest(self, state: dict, verify: bool | None) -> int | None:
+    def first_loadable(self, attempt: Callable[[int], Any],
+                       step: int | None = None) -> int | None:
+        """The newest committed step (or ``step``) on which ``attempt(step)`` succeeds on
+        every rank, or None; collective: every rank calls it and gets the same step.
 
-        self.wait()
-        for step in reversed(self.agreed_steps()):
+        ``attempt`` raises CheckpointCorrupt for a damaged step: it is skipped with a
+        RuntimeWarning and the next older step tried (``step``, asked for by name, is
+        not skipped: CheckpointError on every rank); CheckpointError for the caller's
+        mistake, raised on every rank. Shared by :meth:`load_latest` and DeepSpeed's loader.
+        """
+        for s in [step] if step is not None else reversed(self.agreed_steps()):
             outcome: tuple[str, str] | None = None
             try:
-                self._load(step, state, verify, listed=True)
+                attempt(s)
             except CheckpointCorrupt as exc:
                 outcome = ("corrupt", str(exc))
             except CheckpointError as exc:  # the caller's mistake: raise it on every rank
                 outcome = ("error", str(exc))
             outcomes = [o for o in self.comm.all_gather(outcome) if o]
             if not outcomes:
-                return step
-            errors = [msg for kind, msg in outcomes if kind == "error"]
+                return s
+            errors = [msg for kind, msg in outcomes if kind == "error" or step is not None]
             if errors:
                 raise CheckpointError(errors[0])
-            warnings.warn(f"hpctrain: skipping checkpoint step {step}: {outcomes[0][1]}",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(f"hpctrain: skipping checkpoint step {s}: {outcomes[0][1]}",
+                          RuntimeWarning, stacklevel=3)
         return None
 
     def agreed_steps(self) -> list[int]:
@@ -323,8 +321,8 @@ class CheckpointManager:
         except CheckpointError as exc:
             raise CheckpointCorrupt(str(exc)) from None
         self.check_trusted()
-        if manifest.layout.get("kind") != "torch":
-            raise CheckpointError(f"step {step} is a {manifest.layout.get('kind')} checkpoint: "
+        if manifest.kind != "torch":
+            raise CheckpointError(f"step {step} is a {manifest.kind} checkpoint: "
                                   "load it with hpctrain.checkpoint.load_deepspeed")
         load_step(path, manifest, state, self.comm.rank,
                   self.verify if verify is None else verify, self.unpickle)
@@ -383,21 +381,6 @@ def close_all() -> list[str]:
 
 
 _FAILED_AT_EXIT: list[str] = []   # saves that failed as the process left (close_all's report)
-
-
-def _versions() -> dict[str, str]:
-    import torch
-
-    import hpctrain
-
-    versions = {"hpctrain": hpctrain.__version__, "torch": torch.__version__,
-                "python": platform.python_version()}
-    # the code that wrote it (the job's snapshot) and the run it belongs to, when known:
-    # a resumed run can tell whether it runs the code that saved (docs/checkpoint.md)
-    for key, name in (("snapshot", protocol.SNAPSHOT_ID), ("run_id", protocol.RUN_ID)):
-        if os.environ.get(name):
-            versions[key] = os.environ[name]
-    return versions
 
 
 def _flush_at_exit(ref: weakref.ref) -> None:

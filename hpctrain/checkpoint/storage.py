@@ -201,6 +201,25 @@ def set_aside(root: Path, name: str) -> Path:
     return target
 
 
+def files_under(root: Path) -> list[Path]:
+    """Every file below ``root`` (any depth), sorted."""
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root``: for files written by code that
+    does not (DeepSpeed)."""
+    found = files_under(root)
+    for p in found:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for d in sorted({p.parent for p in found} | {root}, key=lambda p: -len(p.parts)):
+        fsync_path(d)
+
+
 def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 

@@ -25,7 +25,7 @@ import torch
 
 from hpctrain.checkpoint import checksum, replicas
 from hpctrain.checkpoint.fileio import SegmentFile, write_segments
-from hpctrain.checkpoint.manifest import FileRecord
+from hpctrain.checkpoint.manifest import ExtrasEntry, FileRecord, RankRecords, TensorEntry
 from hpctrain.checkpoint.replicas import Held
 from hpctrain.checkpoint.storage import Task
 from hpctrain.checkpoint.tree import Chunk, as_bytes, dtype_name
@@ -99,7 +99,7 @@ class Staging:
 
 def rank_writer(comm: Any, chunks: list[Chunk], extras: dict,
                 staged: RankPayload | None = None, extras_fps: dict | None = None,
-                failure: Exception | None = None) -> Callable[[Path], tuple]:
+                failure: Exception | None = None) -> Callable[[Path], RankRecords]:
     """The function that writes this rank's files: the shared chunks it owns and its own
     per-rank values (:mod:`hpctrain.checkpoint.replicas`), with the extras that differ by
     rank marked; from ``staged`` (an async save's copy) when given, else from the live
@@ -158,8 +158,8 @@ class RankSave:
     # per rank), or after them, while the disk flushes them (see _write_first)
     alongside: bool = False
 
-    def write(self, tmp_dir: Path) -> tuple[list[dict], list[dict], list[dict]]:
-        """Write this rank's files; return (file records, tensors, extras). Every rank
+    def write(self, tmp_dir: Path) -> RankRecords:
+        """Write this rank's files; return what they add to the manifest. Every rank
         passes its one collective (the fingerprints) whatever fails, then raises."""
         rank, plan = self.comm.rank, self.plan
         data_name = f"rank{rank:05d}.bin"
@@ -224,24 +224,21 @@ class RankSave:
         return out, blocks, (held + others, extras_fps), None
 
     def _records(self, tmp_dir: Path, data_name: str, size: int, written: list[Chunk],
-                 blocks: list, own_extras: list) -> tuple[list[dict], list[dict], list[dict]]:
-        """Write the extras file; return (file records, tensor entries, extras entry)."""
+                 blocks: list, own_extras: list) -> RankRecords:
+        """Write the extras file; return the records of both files and their entries."""
         rank, algorithm = self.comm.rank, checksum.DEFAULT
         extra_name = f"rank{rank:05d}.extra.pkl"
-        tensors = [{"path": list(c.path), "dtype": dtype_name(c.dtype),
-                    "global_shape": list(c.global_shape), "offsets": list(c.offsets),
-                    "shape": list(c.shape), "sharded": c.sharded, "file": data_name,
-                    "offset": off, "nbytes": n, "crc32": crc,
-                    **({} if c.rank is None else {"rank": c.rank})}
-                   for c, (off, n, crc) in zip(written, blocks)]
+        tensors = [TensorEntry(path=list(c.path), dtype=dtype_name(c.dtype),
+                               global_shape=list(c.global_shape), offsets=list(c.offsets),
+                               shape=list(c.shape), sharded=c.sharded, file=data_name,
+                               offset=off, nbytes=n, sum=total, rank=c.rank)
+                   for c, (off, n, total) in zip(written, blocks)]
         esize, eblocks = write_segments(tmp_dir / extra_name, [self.payload.extras],
                                         direct=False, algorithm=algorithm)
-        files = [{**FileRecord(data_name, size, blocks).to_json(), "checksum": algorithm},
-                 {**FileRecord(extra_name, esize, eblocks).to_json(), "checksum": algorithm}]
-        entry: dict = {"rank": rank, "file": extra_name}
-        if own_extras:
-            entry["own"] = [list(path) for path in own_extras]
-        return files, tensors, [entry]
+        own = [list(path) for path in own_extras]
+        return RankRecords(
+            files=[FileRecord(data_name, size, blocks), FileRecord(extra_name, esize, eblocks)],
+            tensors=tensors, extras=[ExtrasEntry(rank, extra_name, own)], checksum=algorithm)
 
     def _prints(self, rest: list[Chunk]) -> tuple[list[Held], dict]:
         """The fingerprints of the plain chunks this rank holds but does not write first,

@@ -51,7 +51,7 @@ def list_cmd(root: Path, as_json: bool, verify: bool) -> None:
 def verify(root: Path, step: int | None) -> None:
     """Check every byte of every (or one) step against its manifest; exit 1 on damage."""
     from hpctrain.checkpoint.catalog import list_steps
-    from hpctrain.checkpoint.hashing import verify_step
+    from hpctrain.checkpoint.reader import verify_step
     from hpctrain.checkpoint.manifest import step_dirname
 
     steps = [i.step for i in list_steps(root)]

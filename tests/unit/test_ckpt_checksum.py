@@ -61,7 +61,8 @@ def test_a_checkpoint_written_by_0_2_loads_and_verifies(old_root: Path) -> None:
         # the next save is written with today's checksum beside the old step
         mgr.save(8, make_state(8, rows=8))
     new = json.loads((old_root / "step_000000008" / MANIFEST).read_text())
-    assert new["format_version"] == 3 and new["checksum"] == "crc32c"
+    assert new["format_version"] == 4 and new["checksum"] == "crc32c"
+    assert all("sum" in t and "crc32" not in t for t in new["tensors"])
     assert verify_step(old_root / "step_000000008") == []
     assert dict(read_tensors(step_dir))["model.w"].sum() == 7 * 8 * 256
 
@@ -78,3 +79,28 @@ def test_a_flipped_byte_is_found_by_either_algorithm(old_root: Path) -> None:
         assert "checksum mismatch in bytes [0, 8192)" in problem and f"({name} " in problem
         with CheckpointManager(old_root) as mgr, pytest.raises(CheckpointError, match="checksum"):
             mgr.load(step, make_state(0, rows=8))
+
+
+def test_a_version_3_checkpoint_loads_verifies_and_exports(tmp_path: Path) -> None:
+    """What 0.3 to 0.5 wrote: format 3, CRC-32C sums under the key ``crc32``."""
+    with CheckpointManager(tmp_path) as mgr:
+        mgr.save(5, make_state(5, rows=8))
+    path = tmp_path / "step_000000005" / MANIFEST
+    raw = json.loads(path.read_text())
+    raw["format_version"] = 3
+    for t in raw["tensors"]:
+        t["crc32"] = t.pop("sum")
+    path.write_text(json.dumps(raw))
+    assert verify_step(path.parent) == []
+    with CheckpointManager(tmp_path) as mgr:
+        state = make_state(0, rows=8)
+        assert mgr.load_latest(state) == 5
+        assert_state_is(state, 5)
+    assert dict(read_tensors(path.parent))["model.w"].sum() == 5 * 8 * 256
+    data = path.parent / "rank00000.bin"
+    damaged = bytearray(data.read_bytes())
+    damaged[10] ^= 0x01
+    data.write_bytes(damaged)
+    with pytest.raises(CheckpointError, match=r"checksum mismatch in bytes \[0, 8192\) "
+                                              r"\(tensor \['model', 'w'\]\)"):
+        dict(read_tensors(path.parent))

@@ -412,3 +412,67 @@ def test_extras_load_through_the_safe_unpickler(tmp_path: Path) -> None:
         got["loader"] = None
         mgr.load(2, got)
         assert got["loader"].n == 7
+
+
+def test_files_another_writer_puts_in_a_step_are_committed_and_checked(tmp_path: Path) -> None:
+    """save_files: a callback's files (DeepSpeed's) go through the same commit, and
+    first_loadable skips a damaged step as load_latest does."""
+    from hpctrain.errors import CheckpointCorrupt, CheckpointError
+
+    def write(step: int):
+        def to(tmp: Path) -> None:
+            (tmp / "engine").mkdir()
+            (tmp / "engine" / "weights.pt").write_bytes(bytes([step]) * 5000)
+        return to
+
+    with _manager(tmp_path) as mgr:
+        for step in (1, 2):
+            mgr.save_files(step, write(step), {"kind": "engine"})
+        with pytest.raises(CheckpointError, match=r"step 3 was not saved: RuntimeError: "
+                                                  r"engine broke; the previous checkpoint"):
+            mgr.save_files(3, _broken_engine, {"kind": "engine"})
+        assert [(i.step, i.kind, i.bytes, i.valid) for i in mgr.list(verify=True)] == [
+            (1, "engine", 5000, True), (2, "engine", 5000, True)]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-step")]
+    (tmp_path / "step_000000002" / "engine" / "weights.pt").write_bytes(b"\0" * 5000)
+    (problem,) = run_cli("ckpt", "verify", str(tmp_path)).stdout.splitlines()[1:2]
+    assert "step 2:" in problem and "engine/weights.pt: checksum mismatch" in problem
+
+    def check(step: int) -> None:
+        from hpctrain.checkpoint.reader import verify_step
+
+        problems = verify_step(tmp_path / f"step_{step:09d}")
+        if problems:
+            raise CheckpointCorrupt(problems[0])
+
+    with _manager(tmp_path) as mgr:
+        with pytest.warns(RuntimeWarning, match="skipping checkpoint step 2: .*weights.pt"):
+            assert mgr.first_loadable(check) == 1
+        with pytest.raises(CheckpointError, match="weights.pt: checksum mismatch"):
+            mgr.first_loadable(check, step=2)  # asked for by name: not skipped
+
+
+def test_foreign_files_rank_0_cannot_read_back_fail_the_save_for_every_rank(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OSError while rank 0 checksums another writer's files is a CheckpointError that
+    every rank hears in the commit's broadcast (it escaped rank 0 alone: the others waited
+    forever), and the previous step stays."""
+    from hpctrain.checkpoint import manager as manager_module
+    from hpctrain.errors import CheckpointError
+
+    def unreadable(root: Path, exclude: set[str]):
+        raise OSError(5, "Input/output error")
+
+    with _manager(tmp_path) as mgr:
+        mgr.save_files(1, lambda tmp: (tmp / "w.pt").write_bytes(b"1" * 100), {"kind": "x"})
+        monkeypatch.setattr(manager_module, "hash_files", unreadable)
+        with pytest.raises(CheckpointError, match=r"commit step 2 .*Input/output error"):
+            mgr.save_files(2, lambda tmp: (tmp / "w.pt").write_bytes(b"2" * 100),
+                           {"kind": "x"})
+        assert mgr.latest_step() == 1
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp-step")]
+
+
+def _broken_engine(tmp: Path) -> None:
+    (tmp / "half.pt").write_bytes(b"x")
+    raise RuntimeError("engine broke")

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpctrain.checkpoint.hashing import verify_file, verify_step
-from hpctrain.checkpoint.manifest import (FileRecord, Manifest, parse, parse_step_dirname,
-                                          step_dirname)
+from hpctrain.checkpoint.reader import verify_file, verify_step
+from hpctrain.checkpoint.manifest import (ExtrasEntry, FileRecord, Manifest, TensorEntry, parse,
+                                          parse_step_dirname, step_dirname)
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointError
 import zlib
@@ -45,6 +45,48 @@ def test_manifest_round_trips() -> None:
     assert back.total_bytes == 10
 
 
+def _with_entries() -> Manifest:
+    m = _manifest([FileRecord("rank00000.bin", 16, [(0, 8, 11), (8, 8, 12)]),
+                   FileRecord("rank00000.extra.pkl", 3, [(0, 3, 13)])])
+    m.tensors = [TensorEntry(["model", "w", 0], "float32", [4], [0], [2], True,
+                             "rank00000.bin", 0, 8, 11),
+                 TensorEntry(["rng"], "uint8", [8], [0], [8], False, "rank00000.bin", 8, 8, 12,
+                             rank=0)]
+    m.extras = [ExtrasEntry(0, "rank00000.extra.pkl", [["extra", "seed"]])]
+    return m
+
+
+def test_entries_round_trip_through_version_4_and_its_sum_key() -> None:
+    m = _with_entries()
+    raw = json.loads(m.dumps())
+    assert raw["format_version"] == 4 and raw["checksum"] == "crc32"
+    assert [t["sum"] for t in raw["tensors"]] == [11, 12]
+    assert not any("crc32" in t for t in raw["tensors"])
+    assert "rank" not in raw["tensors"][0] and raw["tensors"][1]["rank"] == 0
+    assert raw["extras"] == [{"rank": 0, "file": "rank00000.extra.pkl",
+                              "own": [["extra", "seed"]]}]
+    back = parse(m.dumps())
+    assert back == m and back.to_json() == m.to_json() and back.kind == "torch"
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_older_versions_hold_the_sum_under_crc32(version: int) -> None:
+    raw = json.loads(_with_entries().dumps())
+    raw["format_version"] = version
+    for t in raw["tensors"]:
+        t["crc32"] = t.pop("sum")
+    assert parse(json.dumps(raw)) == _with_entries()
+    with pytest.raises(CheckpointError, match=r"tensor \['model', 'w', 0\]: crc32"):
+        parse(json.dumps({**raw, "tensors": json.loads(_with_entries().dumps())["tensors"]}))
+
+
+def test_version_4_without_its_sum_key_is_refused() -> None:
+    raw = json.loads(_with_entries().dumps())
+    raw["tensors"][1]["crc32"] = raw["tensors"][1].pop("sum")
+    with pytest.raises(CheckpointError, match=r"tensor \['rng'\]: sum"):
+        parse(json.dumps(raw))
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda j: j.update(format="other"), "format"),
     (lambda j: j.update(format_version=99), "upgrade hpctrain"),
@@ -53,6 +95,11 @@ def test_manifest_round_trips() -> None:
     (lambda j: j["files"][0].update(blocks=[[0, 4, 1], [5, 5, 2]]), "gap"),
     (lambda j: j["files"][0].update(size=11), "cover 10 bytes of 11"),
     (lambda j: j.update(tensors=[{"path": ["w"]}]), "tensor"),
+    (lambda j: j.update(tensors=[{"path": ["w"], "dtype": "float32", "global_shape": [1],
+                                  "offsets": [0], "shape": [1], "file": "x.bin", "offset": 0,
+                                  "nbytes": 4, "sum": 1}]), "unknown file 'x.bin'"),
+    (lambda j: j.update(extras=[{"rank": 0, "file": "rank00000.bin", "own": "seed"}]),
+     "extras entry"),
 ])
 def test_invalid_manifests_are_named(mutate, message: str) -> None:
     raw = _manifest([FileRecord("rank00000.bin", 10, [(0, 4, 1), (4, 6, 2)])]).to_json()

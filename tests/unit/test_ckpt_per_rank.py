@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.checkpoint.checksum import DEFAULT
 from helpers.ckpt import free_port, run_cli
 from programs.ckpt_rank_worker import check_own, grown_world, own_state, save_and_load
 
@@ -48,8 +47,8 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int,
              nprocs=world, join=True)
     for root in roots:
         man = _manifest(root)
-        # per-rank values need version 2; a checksum other than crc32 needs version 3
-        assert man["format_version"] == (2 if DEFAULT == "crc32" else 3)
+        # every save writes version 4 (per-rank values needed 2, crc32c 3)
+        assert man["format_version"] == 4
         # own values: one entry per rank; the replica and the DTensor shards: no rank
         assert _ranks_at(man, ["optim", "state", 0, "exp_avg"]) == list(range(world))
         assert _ranks_at(man, ["rng"]) == list(range(world))
@@ -111,12 +110,12 @@ def _export_round_trips(root: Path, world: int, out: Path) -> None:
 
 def test_replicated_state_still_writes_one_copy(tmp_path: Path) -> None:
     """A model every rank holds the same (DDP) costs no extra bytes: one copy, and no
-    per-rank entries (format 1 where the checksum is crc32)."""
+    per-rank entries."""
     import torch.multiprocessing as mp
 
     mp.spawn(_save_replicas, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
     man = _manifest(tmp_path)
-    assert man["format_version"] == (1 if DEFAULT == "crc32" else 3)
+    assert man["format_version"] == 4
     assert len(man["tensors"]) == 1 and "rank" not in man["tensors"][0]
     assert all("own" not in e for e in man["extras"])
 
