@@ -68,7 +68,7 @@ def main() -> int:
                               f"SLURM_CONF={os.environ.get('SLURM_CONF', '')}",
                               PY, *sys.argv])
 
-    from hpctrain.commands.status import status_json
+    from hpctrain.jobs.listing import status_json
     from hpctrain.remote.client import Cluster
     from hpctrain.remote.ssh import Connection
 

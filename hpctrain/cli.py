@@ -1,7 +1,8 @@
 """The ``hpctrain`` command: one click group, lazily loaded subcommands, one error exit.
 
-Subcommands live in ``hpctrain.commands.<name>`` and are imported only when invoked,
-so ``hpctrain --help`` and every login-node command stay fast (no torch import).
+Subcommands live in ``hpctrain.commands.<name>`` (listed in ``hpctrain.commands.registry``)
+and are imported only when invoked, so ``hpctrain --help`` and every login-node command
+stay fast (no torch import).
 :func:`main` is the only place an :class:`~hpctrain.errors.HpctrainError` becomes a
 message on stderr and an exit code.
 """
@@ -14,26 +15,8 @@ from typing import Any, Sequence
 import click
 
 from hpctrain import __version__
+from hpctrain.commands.registry import COMMANDS, HIDDEN, HOST_ENV, REMOTE_COMMANDS
 from hpctrain.errors import HpctrainError
-
-# name -> ("module:attribute", one-line help shown by `hpctrain --help`)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "devcluster": ("hpctrain.commands.devcluster:devcluster", "Run a real SLURM cluster on this machine."),
-    "render": ("hpctrain.commands.render:render", "Render a job spec to an sbatch script."),
-    "templates": ("hpctrain.commands.templates:templates", "List, show and check partition templates."),
-    "ckpt": ("hpctrain.commands.ckpt:ckpt", "List, verify and prune checkpoints."),
-    "plan": ("hpctrain.commands.plan:plan", "Will it fit? Memory and layout planner."),
-    "submit": ("hpctrain.commands.submit:submit", "Render a job spec and submit it (or --dry-run)."),
-    "status": ("hpctrain.commands.status:status", "States of your jobs and sweeps (one Slurm call)."),
-    "logs": ("hpctrain.commands.logs:logs", "Print or follow a job's output."),
-    "report": ("hpctrain.commands.report:report", "Where a job's GPU-time went: runs, lost work, goodput."),
-    "cancel": ("hpctrain.commands.cancel:cancel", "Cancel jobs, array tasks or sweeps."),
-    "sweep": ("hpctrain.commands.sweep:sweep", "Submit a grid of overrides as one job array."),
-}
-# run on a cluster over SSH with --host (hpctrain.commands.remote); the others refuse it
-REMOTE_COMMANDS = ("submit", "sweep", "status", "logs", "cancel", "report")
-# not listed in --help: the cluster side of --host
-HIDDEN = {"_serve": "hpctrain.commands.serve:serve"}
 
 
 class LazyGroup(click.Group):
@@ -73,9 +56,9 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hpctrain")
-@click.option("--host", envvar="HPCTRAIN_HOST", metavar="[USER@]HOST[:PORT]",
+@click.option("--host", envvar=HOST_ENV, metavar="[USER@]HOST[:PORT]",
               help="Run submit, sweep, status, logs, cancel and report on this cluster over "
-                   "SSH (your ~/.ssh/config, keys and agent) [env: HPCTRAIN_HOST].")
+                   f"SSH (your ~/.ssh/config, keys and agent) [env: {HOST_ENV}].")
 @click.option("--remote-command", envvar="HPCTRAIN_REMOTE_COMMAND", metavar="COMMAND",
               help="How to start hpctrain on the --host cluster, e.g. ~/venv/bin/hpctrain "
                    "[default: hpctrain; env: HPCTRAIN_REMOTE_COMMAND].")

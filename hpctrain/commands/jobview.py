@@ -58,11 +58,9 @@ def job_json(job: Any, **extra: Any) -> dict[str, Any]:
 
 def progress_line(job: Any, info: Any) -> str:
     """One line of ``submit --wait`` progress."""
-    from hpctrain.jobs.poll import last_checkpoint_step
-    from hpctrain.jobs.view import live_progress, state_dirs
+    from hpctrain.jobs.view import wait_progress
 
-    step = last_checkpoint_step(job.entry.checkpoint_dir)
-    live = live_progress(job.job_id, *state_dirs(job.entry))
+    live, step = wait_progress(job.job_id, job.entry)
     return (f"job {job.job_id}: {info.state}  elapsed {format_elapsed(info.elapsed_s)}  "
             f"{live + '  ' if live else ''}requeues {format_requeues(info.requeues)}  "
             f"last checkpoint step {'-' if step is None else step}")

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from hpctrain.commands.options import load_spec, sets_option
+from hpctrain.commands.registry import REMOTE_COMMANDS
 from hpctrain.errors import RemoteError
 
 FORWARDED = ("status", "logs", "cancel", "report")
@@ -30,7 +31,6 @@ NO_HELP: dict[str, Any] = {"ignore_unknown_options": True, "allow_extra_args": T
 
 def remote_command(name: str, host: str, remote: str | None) -> click.Command:
     """The click command that runs ``name`` on ``host``."""
-    from hpctrain.cli import REMOTE_COMMANDS
     from hpctrain.remote.ssh import Connection
 
     if name not in REMOTE_COMMANDS:

@@ -1,7 +1,8 @@
 """``hpctrain report JOB [--json] [--html FILE]``: where a job's GPU-time went, run by run.
 
-Gathers sacct's runs (one call), the job's ledger and outcome, and rank 0's progress
-history from the job's state directory, then :func:`hpctrain.report.build.build` (pure) does the
+Gathers sacct's runs (one call, :mod:`hpctrain.jobs.accounting`), the job's ledger and
+outcome, and rank 0's progress history from the job's state directory
+(:mod:`hpctrain.jobs.statedir`), then :func:`hpctrain.report.build.build` (pure) does the
 accounting and :mod:`hpctrain.report.html` draws the timeline. No torch.
 """
 
@@ -13,15 +14,10 @@ from pathlib import Path
 import click
 
 from hpctrain import protocol
-from hpctrain.errors import ReportError, SlurmError
-from hpctrain.jobs import index
-from hpctrain.protocol.ledger import entries
+from hpctrain.errors import ReportError
+from hpctrain.jobs import index, statedir
+from hpctrain.jobs.accounting import job_runs
 from hpctrain.report.build import CATEGORIES, Report, RunFacts, build
-from hpctrain.slurm import client
-from hpctrain.slurm.parse import parse_sacct_parsable2
-from hpctrain.slurm.view import slurm_time
-
-SACCT = "JobID,State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES"
 
 
 @click.command()
@@ -67,25 +63,22 @@ def job_report(key: str, state: Path, runs: list[RunFacts] | None = None) -> Rep
     """One job's (or sweep point's) report from Slurm (``runs``: already asked) and its
     state directory."""
     if runs is None:
-        runs = sacct_runs(key).get(key, [])
+        runs = job_runs(key).get(key, [])
     verdict = protocol.read_record(state / protocol.OUTCOME)
     cause = verdict.get("cause", "")
-    return build(key, runs, ledger_entries(state), protocol.read_history(state), cause,
+    return build(key, runs, statedir.ledger_lines(state), protocol.read_history(state), cause,
                  verdict.get("detail", "") if cause == "completed" else "")
 
 
 def sweep_report(sweep_id: str, as_json: bool) -> int:
     """A sweep: one line per point, then the totals."""
-    from hpctrain.jobs.sweep import point_checkpoint_dir
-
     members = index.sweep_members(sweep_id)
-    runs = sacct_runs(*(m.job_id for m in members))   # every task of every array at once
+    runs = job_runs(*(m.job_id for m in members))   # every task of every array at once
     points = []
     for member in members:
         for task in range(member.num_tasks):
             key = f"{member.job_id}_{task}"
-            state = protocol.find_state_dir(key, point_checkpoint_dir(member, task),
-                                            member.extra.get("submit_dir", ""))
+            state = statedir.entry_state_dir(key, statedir.task_entry(member, task))
             point = member.points[task] if task < len(member.points) else {}
             points.append((key, point, job_report(key, state, runs.get(key, []))
                            if state else None))
@@ -112,50 +105,15 @@ def sweep_report(sweep_id: str, as_json: bool) -> int:
 
 
 def state_dir(job_id: str, base: str | None) -> Path:
-    rec = index.find(job_id)
-    bases = [base or ""]
-    if rec is not None:
-        bases += [rec.checkpoint_dir, rec.extra.get("submit_dir", "")]
-    found = protocol.find_state_dir(job_id, *bases)
+    """The state directory of ``job_id`` (under ``--dir``, else where hpctrain put it);
+    ReportError naming where it was looked for when there is none."""
+    found = statedir.lookup(job_id, base or "")
     if found is None:
+        bases = [b for b in statedir.search_bases(job_id, base or "") if b]
         raise ReportError(f"no state directory of job {job_id} found under "
-                          f"{', '.join(b for b in bases if b) or 'any known directory'}: give "
+                          f"{', '.join(bases) or 'any known directory'}: give "
                           "the job's checkpoint dir (or submit dir) with --dir")
     return found
-
-
-def sacct_runs(*ids: str) -> dict[str, list[RunFacts]]:
-    """Every run of each job (an array id brings all its tasks), oldest first, by job key
-    (123, 120_4): ONE sacct call (-D: one line per run)."""
-    try:
-        res = client.run(["sacct", "-X", "-D", "-P", "-j", ",".join(ids), "-o", SACCT])
-    except SlurmError as exc:
-        raise ReportError(f"sacct could not report job(s) {','.join(ids)}: {exc}") from None
-    runs: dict[str, list[RunFacts]] = {}
-    for r in parse_sacct_parsable2(res.stdout):
-        mine = runs.setdefault(r["JobID"], [])
-        mine.append(RunFacts(restart=len(mine), state=r["State"].split()[0] if r["State"] else "",
-                             submit=slurm_time(r["Submit"]), start=slurm_time(r["Start"]),
-                             end=slurm_time(r["End"]), elapsed_s=float(r["ElapsedRaw"] or 0),
-                             nodes=r["NodeList"], gpus=gpus_of(r["AllocTRES"])))
-    return runs
-
-
-def gpus_of(tres: str) -> int:
-    """``cpu=4,gres/gpu=4,node=2`` -> 4 (1 when the job holds no GPU: count its time once)."""
-    for item in tres.split(","):
-        key, _, value = item.partition("=")
-        if key == "gres/gpu" and value.isdigit():
-            return int(value)
-    return 1
-
-
-def ledger_entries(state: Path) -> list[tuple[str, dict[str, str]]]:
-    """The ledger of the job whose state directory is ``state``, line by line."""
-    try:
-        return entries((state / protocol.LEDGER).read_text(errors="replace"))
-    except OSError:
-        return []
 
 
 def format_text(r: Report) -> str:

@@ -6,22 +6,15 @@ aggregates."""
 from __future__ import annotations
 
 import json
-import os
-import pwd
 import re
-from pathlib import Path
 
 import click
 
 from hpctrain import protocol
-from hpctrain.commands.report import gpus_of, ledger_entries, sacct_runs
-from hpctrain.errors import ReportError, SlurmError
-from hpctrain.jobs import index
+from hpctrain.errors import ReportError
+from hpctrain.jobs import accounting, statedir
 from hpctrain.report.build import build
-from hpctrain.report.partition import PartitionReport, RunRow, aggregate, scope_of
-from hpctrain.slurm import client
-from hpctrain.slurm.parse import (parse_elapsed, parse_kv_records, parse_sacct_parsable2,
-                                  parse_scontrol_config)
+from hpctrain.report.partition import PartitionReport, aggregate
 
 
 def since_arg(since: str) -> str:
@@ -36,64 +29,19 @@ def since_arg(since: str) -> str:
 
 
 def partition_report(partition: str, since: str, as_json: bool) -> int:
-    start = since_arg(since)
-    try:
-        res = client.run(["sacct", "-X", "-D", "-P", "-a", "-r", partition, "-S", start,
-                          "-E", "now", "-o", "JobID,Account,State,ElapsedRaw,AllocTRES"])
-    except SlurmError as exc:
-        raise ReportError(f"sacct could not list partition {partition}: {exc}") from None
-    rows = [RunRow(r["JobID"], r["Account"] or "-", (r["State"] or "").split(" ")[0],
-                   float(r["ElapsedRaw"] or 0), gpus_of(r["AllocTRES"]))
-            for r in parse_sacct_parsable2(res.stdout) if r["JobID"]]
+    rows = accounting.partition_runs(partition, since_arg(since))
     ledgers, reports, histories = {}, {}, {}
+    # the state directories of this user's own hpctrain jobs (None for anyone else's)
     readable = {job: state for job in dict.fromkeys(r.job for r in rows)
-                if (state := _readable_state_dir(job)) is not None}
-    runs = sacct_runs(*readable) if readable else {}
+                if (state := statedir.lookup(job)) is not None}
+    runs = accounting.job_runs(*readable) if readable else {}
     for job, state in readable.items():
-        ledgers[job], histories[job] = ledger_entries(state), protocol.read_history(state)
+        ledgers[job], histories[job] = statedir.ledger_lines(state), protocol.read_history(state)
         reports[job] = build(job, runs.get(job, []), ledgers[job], histories[job])
-    result = aggregate(partition, since, rows, ledgers, reports, histories, _grace(partition),
-                       _scope())
+    result = aggregate(partition, since, rows, ledgers, reports, histories,
+                       accounting.grace_s(partition), accounting.visible_scope())
     click.echo(json.dumps(result.to_json()) if as_json else format_partition(result))
     return 0
-
-
-def _readable_state_dir(job: str) -> Path | None:
-    """The state directory of one of this user's hpctrain jobs (None for anyone else's)."""
-    rec = index.find(job)
-    if rec is None:
-        return None
-    return protocol.find_state_dir(job, rec.checkpoint_dir, rec.extra.get("submit_dir", ""))
-
-
-def _grace(partition: str) -> int | None:
-    try:
-        res = client.run(["scontrol", "show", "partition", "-o", partition])
-    except SlurmError:
-        return None
-    found = parse_kv_records(res.stdout)
-    return parse_elapsed(found[0].get("GraceTime", "")) if found else None
-
-
-def _scope() -> str:
-    """Whose jobs this user's sacct sees (report.partition.scope_of): slurmdbd's PrivateData
-    decides (``sacctmgr show config``, its "SlurmDBD configuration" part); "all" when Slurm
-    does not say."""
-    try:
-        shown = client.run(["sacctmgr", "show", "config"]).stdout
-    except SlurmError:
-        return "all"
-    _, found, dbd = shown.partition("SlurmDBD configuration:")
-    private = parse_scontrol_config(dbd).get("PrivateData", "") if found else ""
-    if scope_of(private, os.getuid(), None) == "all":   # nothing hidden, or root
-        return "all"
-    user = pwd.getpwuid(os.getuid()).pw_name
-    try:
-        level = client.run(["sacctmgr", "-n", "-P", "show", "user", user,
-                            "format=AdminLevel"]).stdout.strip() or None
-    except SlurmError:
-        level = None
-    return scope_of(private, os.getuid(), level)
 
 
 def format_partition(r: PartitionReport) -> str:

@@ -145,14 +145,11 @@ def _job(job_id: str) -> Any:
     return Job.attach(job_id)
 
 
-def _info_line(job: Any) -> dict[str, Any]:
-    from hpctrain.jobs.handle import is_over
-    from hpctrain.jobs.poll import queued_ids
+def _info_line(job: Any, info: Any, over: bool) -> dict[str, Any]:
+    """What the client's :class:`~hpctrain.remote.client.RemoteJob` reads: the job, its
+    state, and whether it has ended for good."""
     from hpctrain.jobs.view import info_json
 
-    info = job.info()
-    over = is_over(info, lambda: job.job_id in queued_ids([job.job_id])) \
-        or str(info.state) == "ENDED"
     return {"job_id": job.job_id, "name": job.name, "kind": job.entry.kind,
             "folder": job.folder, "log": str(job.log_path()), "over": over,
             **info_json(info)}
@@ -162,7 +159,9 @@ def _info_line(job: Any) -> dict[str, Any]:
 @click.argument("job_id")
 def info(job_id: str) -> int:
     """One JSON line: the job's state, and whether it has ended for good."""
-    click.echo(json.dumps(_info_line(_job(job_id))))
+    job = _job(job_id)
+    now = job.info()
+    click.echo(json.dumps(_info_line(job, now, job.over(now))))
     return 0
 
 
@@ -176,15 +175,12 @@ def wait(job_id: str, poll_s: float) -> int:
 
     job, last = _job(job_id), ""
     try:
-        while True:
-            line = _info_line(job)
-            text = json.dumps(line)
+        for now, over in job.updates(max(poll_s, 0.5), idle=wait_while_read):
+            text = json.dumps(_info_line(job, now, over))
             if text != last:
                 click.echo(text)
                 last = text
-            if line["over"]:
-                return 0
-            wait_while_read(max(poll_s, 0.5))
+        return 0
     except BrokenPipeError:
         return reader_gone()
 
@@ -193,18 +189,15 @@ def wait(job_id: str, poll_s: float) -> int:
 @click.argument("job_id")
 def result(job_id: str) -> int:
     """A function job's result files (submitit's pickles), base64, one per rank."""
+    from hpctrain.jobs.results import read_result_files
+
     job = _job(job_id)
     if job.entry.kind != "function":
         raise JobError(f"job {job_id} runs a script, not a Python callable: it has no result")
-    files = []
-    for task in range(max(1, job.entry.num_tasks)):
-        path = Path(job.folder) / f"{job.entry.job_id}_{task}_result.pkl"
-        try:
-            files.append(base64.b64encode(path.read_bytes()).decode())
-        except FileNotFoundError:
-            files.append(None)
+    files = [None if blob is None else base64.b64encode(blob).decode()
+             for blob in read_result_files(job.folder, job.entry.job_id, job.entry.num_tasks)]
     click.echo(json.dumps({"job_id": job_id, "results": files,
-                           "state": _info_line(job)["state"]}))
+                           "state": str(job.state)}))
     return 0
 
 

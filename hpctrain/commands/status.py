@@ -12,11 +12,9 @@ import click
 
 from hpctrain.commands.jobview import format_cause, format_elapsed, format_requeues
 from hpctrain.commands.table import table
-from hpctrain.jobs import index, poll
-from hpctrain.jobs.index import JobEntry
-from hpctrain.jobs.poll import Snapshot
-from hpctrain.jobs.sweep import point_checkpoint_dir
-from hpctrain.jobs.view import job_status, slurm_info
+from hpctrain.jobs import index
+from hpctrain.jobs.listing import Item, SweepSummary, collect
+from hpctrain.jobs.view import JobStatus
 from hpctrain.slurm.states import ORDER
 
 
@@ -70,12 +68,14 @@ def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
 def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
           watching: bool = False) -> int:
     """One table (or JSON object). Watching: 1 once every job has ended, else 0."""
-    targets, snap, rows = _collect(job_ids, expand, limit)
+    listing = collect(job_ids, expand, limit)
     if as_json:
-        click.echo(json.dumps(_json(snap, rows)))
+        click.echo(json.dumps(listing.to_json()))
     else:
+        snap = listing.snapshot
         if snap.note:
             click.echo(f"note: {snap.note}", err=True)
+        rows = [_row(item) for item in listing.items]
         click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
                    f"({index.index_path()}); submit one with `hpctrain submit SPEC`")
         if job_ids:   # the jobs asked for by id: what identifies their runs and code
@@ -84,55 +84,15 @@ def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
                 if ident:
                     click.echo(f"  {r.job_id}: {' '.join(ident)}")
     if watching:
-        return int(all(slurm_info(g, t, snap).state.final for t, g in targets))
+        return int(listing.ended())
     return 0
 
 
-def _collect(job_ids: tuple[str, ...], expand: bool, limit: int
-             ) -> tuple[list[tuple[JobEntry, str]], Snapshot, list[Row]]:
-    targets = _targets(job_ids, limit)
-    expand_ids = set(job_ids) if job_ids else set()
-    snap = poll.snapshot([t.job_id for t, _ in targets])
-    rows = []
-    for rec, given in targets:
-        if rec.kind == "sweep":
-            rows += _sweep_rows(rec, targets, snap, expand or rec.sweep_id in expand_ids
-                                or given in expand_ids)
-        else:
-            rows.append(_job_row(given, rec, snap))
-    return targets, snap, [r for r in rows if r is not None]
+def _row(item: Item) -> Row:
+    return _sweep_row(item) if isinstance(item, SweepSummary) else _job_row(item)
 
 
-def _json(snap: Snapshot, rows: list[Row]) -> dict[str, Any]:
-    return {"source": snap.source, "note": snap.note, "slurm_calls": snap.calls,
-            "jobs": [r.detail for r in rows]}
-
-
-def status_json(job_ids: tuple[str, ...] = (), expand: bool = False,
-                limit: int = 20) -> dict[str, Any]:
-    """What ``hpctrain status --json`` prints (the Python API's ``Cluster().status()``)."""
-    _, snap, rows = _collect(job_ids, expand, limit)
-    return _json(snap, rows)
-
-
-def _targets(job_ids: tuple[str, ...], limit: int) -> list[tuple[JobEntry, str]]:
-    """(record, id as given) for the requested jobs, or the recent submissions."""
-    if not job_ids:
-        return [(r, r.job_id) for r in index.load(limit)]
-    out = []
-    for jid in job_ids:
-        rec = index.find(jid)
-        if rec is not None and rec.kind == "sweep" and rec.sweep_id == jid:
-            out += [(r, jid) for r in index.sweep_members(jid)]
-        else:
-            # a job hpctrain did not submit still gets its Slurm state
-            out.append((rec or JobEntry(job_id=jid.split("_")[0], name="", kind="other",
-                                         folder=""), jid))
-    return out
-
-
-def _job_row(job_id: str, rec: JobEntry, snap: Snapshot) -> Row:
-    view = job_status(job_id, rec, snap)
+def _job_row(view: JobStatus) -> Row:
     info = view.info
     limit = view.requeue_limit
     cause = f"requeue limit {limit} reached" if limit else format_cause(view.verdict)
@@ -144,39 +104,18 @@ def _job_row(job_id: str, rec: JobEntry, snap: Snapshot) -> Row:
     if view.excluded_nodes:
         nodes += f" (excluded {','.join(view.excluded_nodes)})"
     state = f"{info.state} {view.live}" if view.live else str(info.state)
-    return Row(job_id, info.name or rec.name, state, format_elapsed(info.elapsed_s), nodes,
+    name = info.name or view.entry.name
+    if view.point is not None:   # a sweep task: its overrides say which it is
+        name = ",".join(f"{k}={v}" for k, v in view.point.items()) or name
+    return Row(view.job_id, name, state, format_elapsed(info.elapsed_s), nodes,
                cell, "-" if view.last_step is None else str(view.last_step), cause,
                view.to_json())
 
 
-def _sweep_rows(rec: JobEntry, targets: list[tuple[JobEntry, str]], snap: Snapshot,
-                expand: bool) -> list[Row]:
-    """A sweep as one row (first array only; its siblings fold in), or one row per task."""
-    members = [r for r, _ in targets if r.sweep_id == rec.sweep_id]
-    tasks: list[tuple[str, JobEntry, int]] = []
-    for m in members:
-        tasks += [(f"{m.job_id}_{t}", m, t) for t in range(m.num_tasks)]
-    if expand:
-        rows = []
-        for tid, m, t in tasks:
-            ckpt = point_checkpoint_dir(m, t)
-            row = _job_row(tid, JobEntry(**{**m.__dict__, "checkpoint_dir": ckpt}), snap)
-            point = m.points[t] if t < len(m.points) else {}
-            row.name = ",".join(f"{k}={v}" for k, v in point.items()) or row.name
-            row.detail["point"] = point
-            rows.append(row)
-        return rows if rec is members[0] else []
-    if rec is not members[0]:
-        return []
-    counts: dict[str, int] = {}
-    for tid, m, _ in tasks:
-        state = str(slurm_info(tid, m, snap).state)
-        counts[state] = counts.get(state, 0) + 1
-    summary = " ".join(f"{s}:{counts[s]}" for s in ORDER if s in counts)
-    return [Row(rec.sweep_id, f"{rec.name} (sweep, {len(tasks)} points)", summary,
-                detail={"job_id": rec.sweep_id, "name": rec.name, "kind": "sweep",
-                        "arrays": [m.job_id for m in members], "points": len(tasks),
-                        "state_counts": counts})]
+def _sweep_row(sweep: SweepSummary) -> Row:
+    summary = " ".join(f"{s}:{sweep.counts[s]}" for s in ORDER if s in sweep.counts)
+    return Row(sweep.sweep_id, f"{sweep.name} (sweep, {sweep.points} points)", summary,
+               detail=sweep.to_json())
 
 
 def _table(rows: list[Row]) -> str:

@@ -5,9 +5,9 @@ submitit's ``SlurmExecutor`` with its submission-file hook
 (``_make_submission_file_text``) returning the rendered script verbatim, so the file
 Slurm runs is byte for byte what ``hpctrain render`` prints. submitit keeps doing what
 it is good at: the job folder, pickling callables, the checkpoint/requeue protocol,
-result files. The ``sbatch`` call itself goes through :func:`hpctrain.slurm.client.run`
-(bounded retries on controller trouble, Slurm's own message on refusal, "no SLURM
-client on this machine" when sbatch is missing).
+result files (read back by :mod:`hpctrain.jobs.results`). The ``sbatch`` call itself
+goes through :func:`hpctrain.slurm.client.run` (bounded retries on controller trouble,
+Slurm's own message on refusal, "no SLURM client on this machine" when sbatch is missing).
 
 This module imports submitit, so the CLI imports it only at the moment it submits
 (never for ``--dry-run``, ``status``, ``logs`` or ``cancel``).
@@ -141,23 +141,3 @@ def refusal_message(text: str) -> str:
     text = text.removeprefix("sbatch failed:").strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     return " / ".join(lines) or "no message"
-
-
-def function_results(job: Any, info: Any) -> Any:
-    """Read a finished function job's result files (submitit's), one per rank.
-
-    Returns the value for a one-task job, a list by rank otherwise. A rank that raised
-    re-raises here as JobError with its traceback; a job that ended without results
-    (cancelled, preempted and not requeued, node failure) says its state.
-    """
-    from submitit.core.utils import UncompletedJobError
-
-    from hpctrain.errors import JobError
-
-    ntasks = max(1, job.entry.num_tasks)
-    sjob = submitit.SlurmJob(folder=job.folder, job_id=job.job_id, tasks=list(range(ntasks)))
-    try:
-        values = sjob.results()
-    except UncompletedJobError as exc:
-        raise JobError(f"job {job.job_id} ended {info.state} without a result:\n{exc}") from None
-    return values if ntasks > 1 else values[0]

@@ -3,7 +3,8 @@
 A :class:`Job` is built from its entry in the local index (``hpctrain.jobs.index``), so it works
 the same from the submitting notebook, from another shell (``Job.attach("123")``) and
 from the CLI. States come from one batched poll (``hpctrain.jobs.poll``); results of
-function jobs from submitit's result files, imported only when asked for.
+function jobs from submitit's result files (:mod:`hpctrain.jobs.results`). It keeps the
+contract every job handle keeps (:class:`~hpctrain.jobs.contract.JobHandle`).
 """
 
 from __future__ import annotations
@@ -15,31 +16,20 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hpctrain.errors import JobError, SlurmError
-from hpctrain.jobs import index, poll
+from hpctrain.jobs import index, poll, statedir
+from hpctrain.jobs.contract import POLL_S, JobHandle, Update, is_over
 from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.poll import JobInfo
+from hpctrain.jobs.results import RESULT_WAIT_S, decode_results, read_result_files
 from hpctrain.jobs.view import job_status
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import parse_sbatch_directives
-from hpctrain.slurm.states import ENDED, State
 
 
-def is_over(info: JobInfo, queued: Callable[[], bool]) -> bool:
-    """Has the job ended for good? Interruptions count only once Slurm did not requeue.
-
-    ``queued`` is asked only for PREEMPTED/TIMEOUT/NODE_FAIL (one squeue call), because
-    a requeued job's sacct record can show the interruption for a moment before the
-    job is PENDING again.
-    """
-    if not info.state.final:
-        return False
-    if info.state.may_resume:
-        return not queued()
-    return True
-
-
-class Job:
+class Job(JobHandle):
     """A submitted hpctrain job (or one task of a sweep array: ``123_4``)."""
+
+    cancel_hint = "`hpctrain cancel` it"
 
     def __init__(self, entry: JobEntry, task: str | None = None,
                  submitit_job: Any = None) -> None:
@@ -50,7 +40,7 @@ class Job:
     @classmethod
     def attach(cls, job_id: str) -> "Job":
         """The handle of a job submitted earlier through hpctrain (from the local index)."""
-        rec = index.find(job_id)
+        rec = statedir.entry_of(job_id)
         if rec is None:
             raise JobError(f"job {job_id} is not in hpctrain's job index ({index.index_path()}): "
                            "pass a job id that `hpctrain status` lists")
@@ -76,34 +66,26 @@ class Job:
         return job_status(self.job_id, self.entry, poll.snapshot([self.job_id]),
                           details=False).info
 
-    @property
-    def state(self) -> State:
-        """The hpctrain state (see hpctrain.slurm.states)."""
-        return self.info().state
+    def over(self, info: JobInfo) -> bool:
+        """Has the job ended for good, ``info`` being what Slurm says now? (One squeue
+        call for an interruption: was the job requeued?)"""
+        return is_over(info, lambda: self.job_id in poll.queued_ids([self.job_id]))
 
     def done(self) -> bool:
-        return is_over(self.info(), lambda: self.job_id in poll.queued_ids([self.job_id]))
+        return self.over(self.info())
 
-    def wait(self, timeout_s: float | None = None, poll_s: float = 2.0,
-             on_update: Callable[[JobInfo], None] | None = None) -> JobInfo:
-        """Block until the job has ended for good; return its last info.
-
-        Requeues (preemption, time limit, node loss) do not end the wait. ``on_update``
-        is called with every new poll (``submit --wait`` prints progress with it).
-        """
-        start = time.monotonic()
+    def updates(self, poll_s: float = POLL_S, timeout_s: float | None = None,
+                idle: Callable[[float], None] | None = None) -> Iterator[Update]:
+        """(info, over) now and every ``poll_s`` seconds (``idle`` waits: time.sleep by
+        default), until the job has ended for good. Endless until then: the waiter keeps
+        the time (``timeout_s``)."""
         while True:
             info = self.info()
-            if on_update is not None:
-                on_update(info)
-            if is_over(info, lambda: self.job_id in poll.queued_ids([self.job_id])):
-                return info
-            if info.state is ENDED:
-                return info
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise JobError(f"job {self.job_id} still {info.state} after {timeout_s:g}s "
-                               "(it keeps running; wait again or `hpctrain cancel` it)")
-            time.sleep(poll_s)
+            over = self.over(info)
+            yield info, over
+            if over:
+                return
+            (idle or time.sleep)(poll_s)
 
     # ---- files ------------------------------------------------------------------------
     @property
@@ -181,8 +163,9 @@ class Job:
             raise JobError(f"job {self.job_id} runs a script, not a Python callable: it has no "
                            "result; read its output with job.logs() / `hpctrain logs`")
         info = self.wait(timeout_s=timeout_s)
-        from hpctrain.jobs.executor import function_results
-        return function_results(self, info)
+        blobs = read_result_files(self.folder, self.entry.job_id, self.entry.num_tasks,
+                                  wait_s=RESULT_WAIT_S)
+        return decode_results(self.job_id, info.state, blobs, f"`hpctrain logs {self.job_id}`")
 
 
 def cancel(job_ids: list[str]) -> list[str]:

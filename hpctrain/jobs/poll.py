@@ -46,10 +46,6 @@ class JobInfo:
     requeues: dict[str, int] = field(default_factory=dict)   # cause -> count
     raw_id: str = ""            # Slurm's own id of this job/task (an array task's %j)
 
-    @property
-    def requeue_total(self) -> int:
-        return sum(self.requeues.values())
-
 
 @dataclass
 class Snapshot:

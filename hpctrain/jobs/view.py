@@ -14,14 +14,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hpctrain import protocol
+from hpctrain.jobs import statedir
 from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.poll import JobInfo, Snapshot, ended_without_accounting, last_checkpoint_step
-from hpctrain.protocol.ledger import Ledger, read_ledger, requeues_by_cause
-
-
-def state_dirs(entry: JobEntry) -> tuple[str, str]:
-    """Where a job's state directory may be: under its checkpoint dir, else its submit dir."""
-    return entry.checkpoint_dir, entry.extra.get("submit_dir", "")
+from hpctrain.jobs.statedir import state_dirs
+from hpctrain.protocol.ledger import Ledger, requeues_by_cause
+from hpctrain.slurm.states import by_name
 
 
 def slurm_info(job_id: str, entry: JobEntry, snap: Snapshot) -> JobInfo:
@@ -47,6 +45,7 @@ class JobStatus:
     last_step: int | None = None
     live: str = ""                                           # progress line while RUNNING
     run_id: str = ""                                         # HPCTRAIN_RUN_ID, once it ran
+    point: dict[str, str] | None = None                      # a sweep task's overrides
 
     @property
     def requeue_limit(self) -> str | None:
@@ -65,15 +64,19 @@ class JobStatus:
         return self.ledger.recoveries("hang") if self.ledger is not None else 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "name": self.info.name or self.entry.name,
-                "kind": self.entry.kind, **info_json(self.info),
-                "requeue_limit": self.requeue_limit,
-                "restarts_in_place": self.restarts_in_place,
-                "excluded_nodes": self.excluded_nodes, "progress": self.live,
-                "hangs": self.hangs, "last_checkpoint_step": self.last_step,
-                "folder": self.entry.folder, "cause": self.verdict.get("cause"),
-                "verdict": self.verdict, "run_id": self.run_id,
-                "snapshot": self.entry.extra.get("snapshot", "")}
+        """One job of ``hpctrain status --json``."""
+        out = {"job_id": self.job_id, "name": self.info.name or self.entry.name,
+               "kind": self.entry.kind, **info_json(self.info),
+               "requeue_limit": self.requeue_limit,
+               "restarts_in_place": self.restarts_in_place,
+               "excluded_nodes": self.excluded_nodes, "progress": self.live,
+               "hangs": self.hangs, "last_checkpoint_step": self.last_step,
+               "folder": self.entry.folder, "cause": self.verdict.get("cause"),
+               "verdict": self.verdict, "run_id": self.run_id,
+               "snapshot": self.entry.extra.get("snapshot", "")}
+        if self.point is not None:
+            out["point"] = self.point
+        return out
 
 
 def info_json(info: JobInfo) -> dict[str, Any]:
@@ -86,8 +89,6 @@ def info_json(info: JobInfo) -> dict[str, Any]:
 
 def info_from_json(job_id: str, data: dict[str, Any]) -> JobInfo:
     """A :class:`JobInfo` back from :func:`info_json`'s object (a ``--host`` job's view)."""
-    from hpctrain.slurm.states import by_name
-
     return JobInfo(job_id=job_id, state=by_name(str(data.get("state", ""))),
                    slurm_state=data.get("slurm_state") or "", name=data.get("name") or "",
                    elapsed_s=data.get("elapsed_s"), nodes=data.get("nodes") or "",
@@ -101,7 +102,7 @@ def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = 
     (what :meth:`Job.info` needs), skipping the verdict, checkpoint and progress reads."""
     dirs = state_dirs(entry)
     info = slurm_info(job_id, entry, snap)
-    ledger = read_ledger(job_id, *dirs)
+    ledger = statedir.ledger(job_id, entry)
     info = replace(info, requeues=requeues_by_cause(info.requeues, ledger))
     if not details:
         return JobStatus(job_id, entry, info, ledger)
@@ -110,6 +111,12 @@ def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = 
                      run_id=protocol.find_record(job_id, protocol.IDENTITY, *dirs).get("run_id", ""),
                      last_step=last_checkpoint_step(entry.checkpoint_dir),
                      live=live_progress(job_id, *dirs) if str(info.state) == "RUNNING" else "")
+
+
+def wait_progress(job_id: str, entry: JobEntry) -> tuple[str, int | None]:
+    """What ``submit --wait`` adds to Slurm's word: the live progress line ('' when there
+    is none) and the last checkpoint step."""
+    return live_progress(job_id, *state_dirs(entry)), last_checkpoint_step(entry.checkpoint_dir)
 
 
 def live_progress(key: str, *bases: str) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from hpctrain.errors import PlanError
 from hpctrain.planner.candidates import Candidate, Hardware, enumerate_candidates, node_counts
-from hpctrain.planner.core import Request, node_range, search, with_changes
+from hpctrain.planner.search import Request, node_range, search, with_changes
 from hpctrain.planner.sizes import gb
 
 ADVICE_MAX_NODES = 4096

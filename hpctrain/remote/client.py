@@ -13,11 +13,14 @@ import base64
 import getpass
 import json
 import os
-import pickle
 import socket
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from hpctrain.errors import JobError, RemoteError, SpecError
+from hpctrain.jobs.contract import POLL_S, JobHandle, Update
+from hpctrain.jobs.poll import JobInfo
+from hpctrain.jobs.results import decode_results
+from hpctrain.jobs.view import info_from_json
 from hpctrain.remote.ssh import Connection, Target
 
 STAGING = ".cache/hpctrain/staging"   # hpctrain.commands.serve.STAGING, on the cluster
@@ -73,7 +76,7 @@ def _json_line(proc_out: bytes, what: str) -> dict[str, Any]:
                           f"{' / '.join(text[-3:]) or 'empty'}") from None
 
 
-class RemoteJob:
+class RemoteJob(JobHandle):
     """A job on a remote cluster: the same handle as :class:`hpctrain.Job` (``job_id``,
     ``state``, ``info()``, ``wait()``, ``logs()``, ``follow()``, ``cancel()``, ``result()``),
     each call one round trip."""
@@ -94,36 +97,22 @@ class RemoteJob:
     def _serve(self, *args: str) -> dict[str, Any]:
         return self.cluster._call(["_serve", *args], f"job {self.job_id}")
 
-    def info(self) -> Any:
+    def info(self) -> JobInfo:
         """What Slurm says now (a :class:`~hpctrain.jobs.poll.JobInfo`)."""
-        from hpctrain.jobs.view import info_from_json
         return info_from_json(self.job_id, self._serve("info", self.job_id))
-
-    @property
-    def state(self) -> Any:
-        return self.info().state
 
     def done(self) -> bool:
         return bool(self._serve("info", self.job_id)["over"])
 
-    def wait(self, timeout_s: float | None = None,
-             on_update: Callable[[Any], None] | None = None) -> Any:
-        """Block until the job has ended for good (requeues do not end the wait); its last
-        info. One ssh call streams the changes."""
-        from hpctrain.jobs.view import info_from_json
-
-        words = self.cluster.conn.hpctrain_words(["_serve", "wait", self.job_id])
-        last = None
+    def updates(self, poll_s: float = POLL_S, timeout_s: float | None = None
+                ) -> Iterator[Update]:
+        """(info, over) at every change the cluster sees (it polls every ``poll_s``), over
+        one ssh call that ends after ``timeout_s``."""
+        poll = ["--poll", f"{poll_s:g}"] if poll_s != POLL_S else []
+        words = self.cluster.conn.hpctrain_words(["_serve", "wait", self.job_id, *poll])
         for line in self.cluster.lines(words, timeout_s):
             data = json.loads(line)
-            last = info_from_json(self.job_id, data)
-            if on_update is not None:
-                on_update(last)
-            if data.get("over"):
-                return last
-        raise JobError(f"job {self.job_id} still {last.state if last else 'UNKNOWN'} after "
-                       f"{timeout_s:g}s (it keeps running; wait again or cancel it)"
-                       if timeout_s else f"lost the wait on job {self.job_id}")
+            yield info_from_json(self.job_id, data), bool(data.get("over"))
 
     # ---- output ------------------------------------------------------------------------------
     def logs(self, rank: int | None = None) -> str:
@@ -146,18 +135,10 @@ class RemoteJob:
     def result(self, timeout_s: float | None = None) -> Any:
         """The callable's return value (a list by rank for several ranks), unpickled here."""
         info = self.wait(timeout_s=timeout_s)
-        data = self._serve("result", self.job_id)
-        values = []
-        for i, blob in enumerate(data["results"]):
-            if blob is None:
-                raise JobError(f"job {self.job_id} ended {info.state} without a result for "
-                               f"rank {i}: `hpctrain --host {self.cluster.target} logs "
-                               f"{self.job_id}` shows why")
-            outcome, value = pickle.loads(base64.b64decode(blob))
-            if outcome == "error":
-                raise JobError(f"job {self.job_id}, rank {i} raised:\n{value}")
-            values.append(value)
-        return values if len(values) > 1 else values[0]
+        blobs = [None if b is None else base64.b64decode(b)
+                 for b in self._serve("result", self.job_id)["results"]]
+        return decode_results(self.job_id, info.state, blobs,
+                              f"`hpctrain --host {self.cluster.target} logs {self.job_id}`")
 
 
 class Cluster:
@@ -295,7 +276,7 @@ class Cluster:
     def status(self, *job_ids: str) -> list[dict[str, Any]]:
         """``hpctrain status --json``'s jobs: the given ones, or the recent submissions."""
         if self._conn is None:
-            from hpctrain.commands.status import status_json
+            from hpctrain.jobs.listing import status_json
             return status_json(tuple(job_ids))["jobs"]
         return self._call(["status", "--json", *job_ids], "status")["jobs"]
 

@@ -66,8 +66,11 @@ def socket_dir() -> Path:
 def code_signature(root: Path | None = None) -> str:
     """What code a server runs: the interpreter, hpctrain's version and every module file's
     size and mtime (about 1 ms: checked before each request). A server whose signature no
-    longer matches the disk stops serving."""
-    digest = hashlib.sha1(f"{sys.executable}\0{__version__}".encode())
+    longer matches the disk stops serving. The interpreter is its resolved path: ``python
+    -m hpctrain`` and the ``hpctrain`` script (``python3``, another link to the same one)
+    run the same code."""
+    python = os.path.realpath(sys.executable)
+    digest = hashlib.sha1(f"{python}\0{__version__}".encode())
     stack = [str(root or Path(__file__).resolve().parents[1])]
     while stack:
         with os.scandir(stack.pop()) as entries:

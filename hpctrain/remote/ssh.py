@@ -28,22 +28,19 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Iterator, Sequence
+from typing import IO, Iterator, Sequence
 
-from hpctrain import __version__, access
+from hpctrain import __version__
 from hpctrain.errors import RemoteError
+from hpctrain.remote.controldir import control_dir
+from hpctrain.remote.warm import WarmPath, relay
 
-if TYPE_CHECKING:
-    from hpctrain.remote.warm import WarmPath
-
-HOST_ENV = "HPCTRAIN_HOST"
 REMOTE_COMMAND_ENV = "HPCTRAIN_REMOTE_COMMAND"
 SSH_EXIT = 255              # ssh's own failure (the remote command's codes pass through)
 CONNECT_TIMEOUT_S = 15
 RUN_TIMEOUT_S = 300.0
 _HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-SOCKET_PATH_MAX = 100        # sun_path is 108 bytes; ssh appends a temporary suffix
 
 
 @dataclass(frozen=True)
@@ -141,22 +138,6 @@ def classify(target: Target, returncode: int, stderr: str, remote_command: Seque
     return RemoteError(f"ssh to {target} failed (exit {returncode}): {last}")
 
 
-def control_dir() -> Path:
-    """A 0700 directory of this user's for the control sockets: under the cache dir, or
-    /tmp/hpctrain-ssh-UID when that path would be too long for a socket."""
-    from hpctrain.jobs.paths import cache_dir
-
-    for path in (cache_dir() / "ssh", Path(f"/tmp/hpctrain-ssh-{os.getuid()}")):
-        if len(str(path)) + 42 > SOCKET_PATH_MAX:
-            continue
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if access.own_dir(path, 0o700) is None:
-            return path
-    raise RemoteError("no private directory for ssh's control socket (~/.cache/hpctrain/"
-                      f"ssh or /tmp/hpctrain-ssh-{os.getuid()}): set HPCTRAIN_CACHE_DIR to "
-                      "a short directory of your own")
-
-
 class Connection:
     """ssh and rsync to one host over one multiplexed connection.
 
@@ -236,8 +217,6 @@ class Connection:
         if input is None:
             import sys
 
-            from hpctrain.remote.warm import relay
-
             # no timeout, as over ssh (a long report); a dead link ends the ssh master,
             # which closes the forwarded socket
             code = self.warm.run(args, relay(sys.stdout), relay(sys.stderr), timeout_s=None)
@@ -246,10 +225,9 @@ class Connection:
         return self.stream(self.hpctrain_words(args), input=input)
 
     @property
-    def warm(self) -> "WarmPath":
+    def warm(self) -> WarmPath:
         """This connection's warm server (:mod:`hpctrain.remote.warm`)."""
         if self._warm is None:
-            from hpctrain.remote.warm import WarmPath
             self._warm = WarmPath(self)
         return self._warm
 

@@ -22,17 +22,32 @@ import json
 import os
 import socket
 import time
-from typing import IO, TYPE_CHECKING, Callable, Sequence
+from pathlib import Path
+from typing import IO, Any, Callable, Protocol, Sequence
 
 from hpctrain import __version__
 from hpctrain.errors import RemoteError
 from hpctrain.remote import frames
-
-if TYPE_CHECKING:
-    from hpctrain.remote.ssh import Connection
+from hpctrain.remote.controldir import control_dir
 
 ENV = "HPCTRAIN_REMOTE_SERVER"        # "0": every command over plain ssh
 Write = Callable[[bytes], None]
+
+
+class Link(Protocol):
+    """What the warm path needs of the ssh connection it rides (an
+    :class:`hpctrain.remote.ssh.Connection`, which makes its own :class:`WarmPath`)."""
+
+    target: Any
+    ssh_config: str | None
+    remote_command: list[str]
+    persist_s: int
+
+    def hpctrain(self, args: Sequence[str]) -> Any:
+        """Run hpctrain there over plain ssh (a CompletedProcess)."""
+
+    def forward_socket(self, local: Path, remote: str) -> bool:
+        """Forward unix socket ``local`` here to ``remote`` there."""
 
 
 def eligible(args: Sequence[str]) -> bool:
@@ -51,7 +66,7 @@ def eligible(args: Sequence[str]) -> bool:
     return name == "_serve" and bool(rest) and rest[0] in ("info", "result")
 
 
-def server_name(conn: "Connection") -> str:
+def server_name(conn: Link) -> str:
     """One server per user, destination, ssh config and remote command. Pure but for the
     uid."""
     key = json.dumps([str(conn.target), conn.ssh_config, conn.remote_command, os.getuid()])
@@ -61,9 +76,7 @@ def server_name(conn: "Connection") -> str:
 class WarmPath:
     """The warm server of one connection, as seen from here."""
 
-    def __init__(self, conn: "Connection") -> None:
-        from hpctrain.remote.ssh import control_dir
-
+    def __init__(self, conn: Link) -> None:
         self.conn = conn
         self.name = server_name(conn)
         here = control_dir()

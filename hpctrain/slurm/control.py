@@ -20,7 +20,6 @@ from hpctrain.slurm.view import JobView, job_view  # noqa: F401 - JobView: calle
 # Slurm's words for outcomes that are answers, not failures of the call
 UNKNOWN_JOB = "Invalid job id"
 ALREADY_PENDING = "Job is pending execution"
-REQUEUE_DISABLED = "presently disabled"
 
 
 def show_job(key: str, *, timeout: float = 5.0, retries: int = 0) -> JobView | None:

@@ -5,6 +5,9 @@ it may import; a part not in the table fails the test until somebody places it (
 is not allowed by default). It is checked twice: on the source (every import statement,
 also those inside functions) and on what a fresh interpreter really loads.
 
+No module takes part in an import cycle, counting imports inside functions
+(:func:`test_no_import_cycles`): what two modules share lives in a module below both.
+
 The two sides (docs/architecture.md):
 
 - login node: spec -> render -> jobs (submit, handle, poll, view) -> report, and the
@@ -51,17 +54,18 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.access"},
     "hpctrain.planner": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.spec"},
     "hpctrain.render": SHARED | {"hpctrain.spec", "hpctrain.slurm", "jinja2"},
+    # jobs.accounting gathers the report's inputs (report.build's and report.partition's)
     "hpctrain.jobs": SHARED | {"hpctrain.spec", "hpctrain.render", "hpctrain.slurm",
-                               "hpctrain.runtime.function", "submitit"},
+                               "hpctrain.runtime.function", "hpctrain.report", "submitit"},
     "hpctrain.report": {"hpctrain.errors"},
     "hpctrain.devcluster": {"hpctrain.errors", "hpctrain.files", "hpctrain.slurm"},
     "hpctrain.api": {"hpctrain.jobs", "hpctrain.spec", "hpctrain.runtime.function"},
-    # --host: the client of the cluster's hpctrain (its status's JSON for Cluster.status)
-    "hpctrain.remote": SHARED | {"hpctrain.jobs", "hpctrain.spec", "hpctrain.slurm.states",
-                                 "hpctrain.commands.status"},
+    # --host: the client of the cluster's hpctrain (the job handle's contract, the views)
+    "hpctrain.remote": SHARED | {"hpctrain.jobs", "hpctrain.spec", "hpctrain.slurm.states"},
     # --host's warm server, on the cluster: runs each request through the ordinary CLI
     "hpctrain.remote.server": SHARED | {"hpctrain.remote.frames", "hpctrain.cli"},
-    "hpctrain.cli": {"hpctrain.errors", "hpctrain.commands.remote", "click"},
+    "hpctrain.cli": {"hpctrain.errors", "hpctrain.commands.registry", "hpctrain.commands.remote",
+                     "click"},
     "hpctrain.commands": SHARED | {"hpctrain.spec", "hpctrain.planner", "hpctrain.render",
                                    "hpctrain.jobs", "hpctrain.report", "hpctrain.slurm",
                                    "hpctrain.devcluster", "hpctrain.checkpoint",
@@ -132,6 +136,111 @@ def allowed(part: str, target: str) -> bool:
 
 def relevant(name: str) -> bool:
     return within(name, "hpctrain") or any(within(name, t) for t in THIRD_PARTY)
+
+
+def import_graph(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports: every import statement, also inside
+    functions and ``if TYPE_CHECKING:``; ``from pkg import name`` is the submodule
+    ``pkg.name`` when there is one, else ``pkg``. (A package's ``__init__`` that Python runs
+    on the way to a submodule is not an edge: it is not what the statement names.)"""
+    graph: dict[str, set[str]] = {}
+    for mod, tree in trees.items():
+        package = mod if _is_package(mod, trees) else mod.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets |= {_known(a.name, trees) for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(node, package)
+                for a in node.names:
+                    sub = f"{base}.{a.name}"
+                    targets.add(sub if sub in trees else _known(base, trees))
+        graph[mod] = {t for t in targets if t and t != mod}
+    return graph
+
+
+def _is_package(mod: str, trees: dict[str, ast.Module]) -> bool:
+    return any(other.startswith(mod + ".") for other in trees)
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` names, relative imports resolved."""
+    if node.level == 0:
+        return node.module or ""
+    parts = package.split(".")
+    base = ".".join(parts[:len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _known(name: str, trees: dict[str, ast.Module]) -> str:
+    """The longest prefix of ``name`` that is one of the package's modules ('' for none)."""
+    while name and name not in trees:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) through each strongly connected set of modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:   # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(_loop(min(group), group, graph))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def _loop(start: str, group: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest path from ``start`` back to itself inside ``group`` (breadth first)."""
+    paths = {w: [start, w] for w in sorted(graph[start] & group)}
+    queue = list(paths)
+    while start not in paths:
+        v = queue.pop(0)
+        for w in sorted(graph[v] & group):
+            if w not in paths:
+                paths[w] = paths[v] + [w]
+                queue.append(w)
+    return paths[start]
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph(modules()))
+    assert found == [], "import cycles (move what both sides need into a module below " \
+        "both): " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    trees = {name: ast.parse(text) for name, text in {
+        "p": "", "p.a": "def f():\n    from p import b\n",   # inside a function
+        "p.b": "from . import c\n", "p.c": "import p.a.x\n",   # relative; a name of p.a
+        "p.d": "from p.a import f\n", "p.e": "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from p import f\n", "p.f": "import p.e\n"}.items()}
+    graph = import_graph(trees)
+    assert graph["p.a"] == {"p.b"} and graph["p.b"] == {"p.c"} and graph["p.c"] == {"p.a"}
+    assert graph["p.d"] == {"p.a"}
+    assert cycles(graph) == [["p.a", "p.b", "p.c", "p.a"], ["p.e", "p.f", "p.e"]]
+    assert cycles({"x": {"y"}, "y": set()}) == []
 
 
 def test_every_part_is_placed() -> None:

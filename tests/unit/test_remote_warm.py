@@ -79,6 +79,26 @@ def test_code_signature_follows_the_module_files(tmp_path: Path) -> None:
     assert code_signature(tmp_path) != before
 
 
+def test_code_signature_is_the_same_through_any_link_to_the_interpreter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `python -m hpctrain` and the `hpctrain` script (whose shebang says python3) start the
+    # same interpreter by two names: a server started by one serves the other
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    real = os.path.realpath(sys.executable)
+    link = tmp_path / "bin" / "python3"
+    link.parent.mkdir()
+    link.symlink_to(real)
+    monkeypatch.setattr(sys, "executable", real)
+    by_path = code_signature(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(link))
+    assert code_signature(tmp_path) == by_path
+    other = tmp_path / "bin" / "other-python"   # another interpreter: other code
+    other.write_bytes(b"")
+    monkeypatch.setattr(sys, "executable", str(other))
+    assert code_signature(tmp_path) != by_path
+
+
 @pytest.mark.parametrize("garbage", [b"?\x00\x00\x00\x01x", frames.pack(frames.EXIT, b"zero")],
                          ids=["unknown kind", "bad exit code"])
 def test_a_server_answer_that_is_not_the_protocol_is_a_remote_error(garbage: bytes) -> None:

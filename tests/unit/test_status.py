@@ -8,7 +8,7 @@ import pytest
 
 from hpctrain import cli
 from hpctrain.commands.jobview import exit_code_for, format_elapsed, format_requeues
-from hpctrain.jobs.handle import is_over
+from hpctrain.jobs.contract import is_over
 from hpctrain.slurm.states import from_slurm
 from hpctrain.jobs.poll import JobInfo
 from helpers.jobs import isolate
