@@ -20,7 +20,9 @@ install() {
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-pip
     fi
     local stamp="$VENV/.hpctrain-installed" want base
-    want=$( (cat setup.cfg pyproject.toml; echo "$BASE_PYTHON") | sha256sum | cut -c1-16)
+    # the version too: an editable install's metadata (hpctrain --version) is written then
+    want=$( (cat setup.cfg pyproject.toml; grep __version__ hpctrain/__init__.py
+             echo "$BASE_PYTHON") | sha256sum | cut -c1-16)
     if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return; fi
     base=$(readlink -f "$BASE_PYTHON")
     if [ "$(readlink -f "$VENV/bin/python" 2>/dev/null)" != "$base" ]; then

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import __version__
 from hpctrain.remote import frames
 from hpctrain.remote.frames import ask
 from hpctrain.remote.server import code_signature
@@ -142,7 +143,7 @@ def call(path: Path, argv: list[str]) -> tuple[int, bytes, bytes]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(60)
         sock.connect(str(path))
-        sock.sendall(frames.request_line({"argv": argv, "client_version": "0.5.0"}))
+        sock.sendall(frames.request_line({"argv": argv, "client_version": __version__}))
         reader = frames.Reader()
         while chunk := sock.recv(65536):
             for kind, payload in reader.feed(chunk):
