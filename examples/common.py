@@ -30,6 +30,16 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
                    help="write each rank's final local parameters to FILE.rank<R>.pt")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="sleep this long per step (to make a job last long enough to preempt)")
+    p.add_argument("--inprocess", action="store_true",
+                   help="run under hpctrain.runtime.run: a failed attempt (a crash, a hang "
+                        "the supervisor interrupts) starts again in these processes")
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="also keep the state in memory every N steps (no disk): a restart "
+                        "in these processes resumes from it")
+    p.add_argument("--fault", action="append", default=[],
+                   help="KIND@STEP:RANK[:ATTEMPT], for the in-process tests: crash, hang "
+                        "(Python), stop (SIGSTOP), collective-hang, save-crash, load-crash "
+                        "(STEP ignored), on that attempt (default 0) of the first run")
     args = p.parse_args(argv)
     if not args.ckpt_dir:
         p.error("no checkpoint directory: pass --ckpt-dir or set [checkpoint] dir in the job spec")
@@ -68,3 +78,39 @@ def dump_final_state(path: str | None, rank: int, model: torch.nn.Module) -> Non
         t = p.detach()
         local[name] = (t.to_local() if hasattr(t, "to_local") else t).clone().cpu()
     torch.save(local, f"{path}.rank{rank}.pt")
+
+
+class Faults:
+    """Failures injected for the in-process restart tests (``--fault``), each on one rank,
+    one attempt of the job's first run: ``crash`` raises before the step, ``hang`` sleeps
+    in Python before it (the others wait in the step's collectives), ``stop`` freezes the
+    process (SIGSTOP: no Python runs), ``collective-hang`` waits in a receive nobody sends
+    (stuck in C++, as the others then are), ``save-crash`` saves an extra that cannot be
+    pickled (the save fails on every rank), ``load-crash`` raises while the others load."""
+
+    def __init__(self, specs: list[str], rank: int, attempt: int, restart: int) -> None:
+        self.mine: dict[str, int] = {}
+        for spec in specs if restart == 0 else []:
+            kind, _, where = spec.partition("@")
+            step, rank_s, *att = where.split(":")
+            if int(rank_s) == rank and int(att[0] if att else 0) == attempt:
+                self.mine[kind] = int(step)
+
+    def hit(self, kind: str, step: int | None = None) -> bool:
+        return kind in self.mine and (step is None or self.mine[kind] == step)
+
+    def before_step(self, step: int) -> None:
+        import signal
+
+        if self.hit("crash", step):
+            raise RuntimeError(f"--fault crash@{step}: simulated crash")
+        if self.hit("hang", step):
+            while True:
+                time.sleep(3600)
+        if self.hit("stop", step):
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if self.hit("collective-hang", step):
+            import torch.distributed as dist
+
+            peer = (dist.get_rank() + 1) % dist.get_world_size()
+            dist.recv(torch.zeros(1), src=peer, tag=4242)   # nobody sends it

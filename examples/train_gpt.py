@@ -11,11 +11,14 @@ flat all_reduce per step, which works the same on DTensor shards and plain tenso
 
 On a stop signal every rank agrees at the next step boundary, saves, and leaves
 with the requeue exit code; a requeued run resumes from the checkpoint's step, so
-a resumed run computes exactly what an uninterrupted one does.
+a resumed run computes exactly what an uninterrupted one does. With --inprocess the
+loop runs under hpctrain.runtime.run: a crash or a hang the supervisor interrupts starts
+the loop again in the same processes, from the newest save or --snapshot-every snapshot.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -30,7 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import hpctrain.runtime
-from common import StepLog, dump_final_state, parse_args
+from common import Faults, StepLog, dump_final_state, parse_args
 from hpctrain.checkpoint import CheckpointManager
 from tinygpt import GPT, Config, batch_for, keep_stage, loss_fn
 
@@ -152,7 +155,14 @@ def restrict(loaded: dict, template: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__.splitlines()[0], argv)
-    ctx = hpctrain.runtime.init()
+    if args.inprocess:
+        return hpctrain.runtime.run(lambda ctx: train(ctx, args))
+    return train(hpctrain.runtime.init(), args)
+
+
+def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
+    """Train until ``args.steps`` from the newest checkpoint (or snapshot)."""
+    faults = Faults(args.fault, ctx.rank, ctx.attempt, ctx.restart_count)
     cfg = Config()
     model, opt = build(ctx, cfg, args.seed)
     prime_optimizer(model, opt)
@@ -160,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = CheckpointManager(args.ckpt_dir, keep_last=3)
     state = state_of(model, opt)
     template = state_of(model, opt)
+    if faults.hit("load-crash"):
+        raise RuntimeError("--fault load-crash: simulated failure while the others load")
     resumed = ckpt.load_latest(state)
     if resumed is not None:
         # the manager also fills in entries this rank does not hold (other pipeline
@@ -169,15 +181,17 @@ def main(argv: list[str] | None = None) -> int:
         set_optimizer_state_dict(model, opt, state["optim"])
     start = resumed or 0
     log = StepLog(args.log, enabled=ctx.is_main)
-    log.write(event="start", step=start, restart=ctx.restart_count,
-              last_exit_cause=ctx.last_exit_cause, layout=[ctx.tp_size, ctx.dp_size, ctx.pp_size])
+    log.write(event="start", step=start, restart=ctx.restart_count, attempt=ctx.attempt,
+              pid=os.getpid(), last_exit_cause=ctx.last_exit_cause,
+              layout=[ctx.tp_size, ctx.dp_size, ctx.pp_size])
     stepper = Stepper(ctx, model, opt, cfg, args.seed)
     for step in range(start, args.steps):
         ctx.step = step  # named in the exit record if this step crashes
         if step == args.crash_at_step:
             raise RuntimeError(f"--crash-at-step {step}: simulated user crash")
+        faults.before_step(step)
         loss = stepper(step)
-        log.write(step=step, loss=loss)
+        log.write(step=step, loss=loss, attempt=ctx.attempt)
         done = step + 1
         if args.step_sleep:
             time.sleep(args.step_sleep)
@@ -190,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             log.close()
             ctx.exit_for_requeue(done)
         if done % args.save_every == 0 and done < args.steps:
-            ckpt.save(done, state_of(model, opt))
+            state = state_of(model, opt)
+            if faults.hit("save-crash", done):
+                state["broken"] = lambda: None   # cannot be pickled: the save fails
+            ckpt.save(done, state)
+        elif args.snapshot_every and done % args.snapshot_every == 0:
+            ckpt.snapshot(done, state_of(model, opt))
     ckpt.save(args.steps, state_of(model, opt))
     ckpt.close()
     dump_final_state(args.final_state, ctx.rank, model)

@@ -19,17 +19,14 @@ committed.
 
 from __future__ import annotations
 
-import atexit
 import os
-import sys
 import warnings
-import weakref
 from pathlib import Path
 from typing import Any, Callable
 
 from hpctrain import access as access_levels
 from hpctrain import protocol
-from hpctrain.checkpoint import catalog, commit, storage
+from hpctrain.checkpoint import catalog, commit, live, snapshot, storage
 from hpctrain.checkpoint.hashing import hash_files
 from hpctrain.checkpoint.manifest import RankRecords, step_dirname
 from hpctrain.checkpoint.reader import read_manifest
@@ -90,10 +87,10 @@ class CheckpointManager:
         self._lock: storage.RootLock | None = None
         self._setup()
         self._staging = Staging()
+        self._snap_staging = Staging()   # snapshot()'s own: a save in flight reads the other
         self._bg = Background() if async_save else None
         self._removals: list[storage.Task] = []  # pruned steps being deleted
-        atexit.register(_flush_at_exit, weakref.ref(self))
-        _LIVE.add(self)
+        live.register(self)
 
     def _setup(self) -> None:
         error: CheckpointError | None = None
@@ -143,6 +140,7 @@ class CheckpointManager:
         # async: the caller waits only for the copy into staging (and the extras' pickles);
         # who writes what (a checksum of every plain tensor, then a collective) is decided
         # in the background, from the staged copy
+        snapshot.forget(self.root)   # its buffers may be the ones about to be overwritten
         try:
             staged = self._staging.stage(chunks, extras)
             fps = extras_fingerprints(extras) if self.comm.active else {}
@@ -150,6 +148,7 @@ class CheckpointManager:
             staged, fps, failure = None, {}, exc
         else:
             failure = None
+            snapshot.keep(self.root, step, staged)   # the staged copy: a snapshot for free
         self._bg.submit(lambda: self._persist(
             step, rank_writer(self.comm, staged.chunks if staged else [], {}, staged, fps,
                               failure),
@@ -245,15 +244,48 @@ class CheckpointManager:
                 return step
         return None
 
-    def load_latest(self, state: dict, verify: bool | None = None) -> int | None:
-        """Load the newest step that verifies into ``state`` in place; return it (or None).
+    def snapshot(self, step: int, state: dict) -> None:
+        """Keep ``state`` as ``step`` in this process's host memory, not on storage: a
+        restart in the same process (``hpctrain.runtime.run``) resumes from it. Call it on
+        every rank at the same step, as :meth:`save`; it costs one copy of the state into
+        buffers allocated once (a second set beside an async save's), no I/O and no
+        collective. An async save keeps its staged copy as a snapshot too."""
+        from hpctrain.checkpoint.tree import flatten
 
-        A step that fails verification is skipped with a warning and the previous one
-        is tried. Collective under torch.distributed (all ranks agree on the step).
+        step_dirname(step)
+        chunks, extras = flatten(state)
+        snapshot.forget(self.root)   # a copy cut short (an exception) must not be restored
+        snapshot.keep(self.root, step, self._snap_staging.stage(chunks, extras))
+
+    def load_latest(self, state: dict, verify: bool | None = None) -> int | None:
+        """Load the newest step into ``state`` in place; return it (or None).
+
+        From this process's memory when every rank holds a snapshot of the same step, as
+        new as the newest durable one (a restart in the same process: no storage read);
+        else the newest step on storage that verifies (one that does not is skipped with a
+        warning). Collective under torch.distributed (all ranks agree on the step).
         """
         with progress.phase("loading"):
             self.wait()
+            step = self._restore_snapshot(state)
+            if step is not None:
+                return step
             return self.first_loadable(lambda step: self._load(step, state, verify, listed=True))
+
+    def _restore_snapshot(self, state: dict) -> int | None:
+        """The step restored from memory on every rank, or None (nothing restored that
+        the caller keeps: storage is read)."""
+        kept = snapshot.newest(self.root)
+        durable = self.latest_step() if kept is not None else None
+        mine = kept.step if kept is not None and (durable is None or kept.step >= durable) \
+            else -1
+        steps = self.comm.all_gather(mine)
+        if len(set(steps)) != 1 or steps[0] < 0:
+            return None
+        restored = kept is not None and kept.restore(state)
+        if not all(self.comm.all_gather(restored)):
+            return None       # a rank's state is laid out otherwise: storage for all
+        return steps[0]
 
     def first_loadable(self, attempt: Callable[[int], Any],
                        step: int | None = None) -> int | None:
@@ -359,37 +391,3 @@ class CheckpointManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-_LIVE: weakref.WeakSet = weakref.WeakSet()   # every open manager of this process
-
-
-def close_all() -> list[str]:
-    """Close every open manager of this process (in-flight save durable, root lock
-    released), printing what fails; every failure met so far as the process leaves, as
-    messages (also one a manager's own flush at exit met). The runtime calls this before it
-    destroys the process group that an in-flight save still needs, and again at exit:
-    the second call closes nothing new and reports the same failures."""
-    for mgr in list(_LIVE):
-        try:
-            mgr.close()
-        except Exception as exc:  # noqa: BLE001 - reported, the next manager still closes
-            _FAILED_AT_EXIT.append(f"{mgr.root}: {exc}")
-            print(f"hpctrain: checkpoint save failed before exit: {exc}", file=sys.stderr,
-                  flush=True)
-    return _FAILED_AT_EXIT[:]
-
-
-_FAILED_AT_EXIT: list[str] = []   # saves that failed as the process left (close_all's report)
-
-
-def _flush_at_exit(ref: weakref.ref) -> None:
-    """Interpreter exit: finish the in-flight save; a failure is printed, not lost."""
-    mgr = ref()
-    if mgr is None:
-        return
-    try:
-        mgr.close()
-    except Exception as exc:  # noqa: BLE001 - nothing left to raise into at exit
-        _FAILED_AT_EXIT.append(f"{mgr.root}: {exc}")
-        print(f"hpctrain: checkpoint save failed at exit: {exc}", file=sys.stderr)

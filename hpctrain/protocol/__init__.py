@@ -17,6 +17,10 @@ A job's state directory, on storage every node sees (``state_dir``)::
         progress/rank-N   each rank's progress: step, phase, heartbeat (the hang watchdog's)
         dump       the supervisor's request for every rank's Python stacks (a hang)
         stacks/rank-N     a rank's answer to it
+        interrupt  the supervisor's request that every rank leave its attempt (a hang,
+                   restarted in the same processes: hpctrain.runtime.run)
+        resume     its answer to ranks whose attempt failed: go on with the next attempt
+                   in the same processes, or stop
         history    rank 0's progress over time, one JSON line per step boundary and phase
                    change (``hpctrain report`` reads it)
 
@@ -86,6 +90,7 @@ def master_port(slurm_job_id: str | int | None) -> int:
 STATE_SUBDIR = (".hpctrain", "jobs")
 IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"
 PROGRESS, DUMP, STACKS, HISTORY = "progress", "dump", "stacks", "history"
+INTERRUPT, RESUME = "interrupt", "resume"
 DEFAULT_HEARTBEAT_S = 2.0
 
 

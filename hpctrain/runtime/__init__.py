@@ -1,4 +1,5 @@
-"""In-job runtime: where am I, should I stop, how do I leave so the job requeues.
+"""In-job runtime: where am I, should I stop, how do I leave so the job requeues, and how
+a failed attempt starts again in the same processes (:func:`run`).
 
     ctx = hpctrain.runtime.init()
     for step in range(start, steps):
@@ -25,7 +26,8 @@ from hpctrain.runtime.causes import (
 )
 from hpctrain.runtime.context import Context, init
 from hpctrain.runtime.environment import Environment, rank_to_coords
+from hpctrain.runtime.restart import Interrupted, run
 
 __all__ = ["CAUSES", "EXIT_COMPLETED", "EXIT_REQUEUE_PREEMPTION", "EXIT_REQUEUE_TIME_LIMIT",
-           "REQUEUE_EXIT_CODES", "Context", "Environment", "ExitCause", "cause_of_exit_code",
-           "init", "rank_to_coords"]
+           "REQUEUE_EXIT_CODES", "Context", "Environment", "ExitCause", "Interrupted",
+           "cause_of_exit_code", "init", "rank_to_coords", "run"]

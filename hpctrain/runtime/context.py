@@ -11,9 +11,11 @@ import os
 import sys
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from hpctrain.protocol import STEP_ATTEMPT
 from hpctrain.runtime import progress, teardown
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
@@ -34,8 +36,11 @@ class Context:
 
     def __init__(self, env: Environment, device: torch.device, mesh: DeviceMesh,
                  flag: StopFlag, exit: teardown.Teardown,
-                 reporter: Reporter | None = None) -> None:
+                 reporter: Reporter | None = None, attempt: int = 0) -> None:
         self.env = env
+        # restarts of the training step in this run so far: in new processes (a hang the
+        # supervisor killed) or in these ones (hpctrain.runtime.run)
+        self.attempt = attempt
         self.reporter = reporter  # progress for the supervisor's hang watchdog (or None)
         self.device = device
         self.mesh = mesh
@@ -120,7 +125,7 @@ class Context:
         if self.reporter is not None:
             self.reporter.set_phase("exiting")
         # an async emergency save still needs the process group: let it finish first
-        from hpctrain.checkpoint.manager import close_all
+        from hpctrain.checkpoint.live import close_all
 
         close_all()
         dist.barrier()
@@ -173,47 +178,84 @@ def _exit_with(code: int) -> NoReturn:
     os._exit(code)
 
 
+@dataclass
+class Setup:
+    """What a rank sets up once, before any process group: where it is, its stop flag,
+    its progress reporter and its device. :func:`init` and :func:`hpctrain.runtime.run`
+    build it the same way."""
+
+    env: Environment
+    environ: Mapping[str, str]
+    flag: StopFlag
+    reporter: Reporter | None
+    device: torch.device
+    backend: str
+    current: Context | None = None     # the attempt's context (the crash hook's)
+
+    @classmethod
+    def make(cls, backend: str | None, signals: Iterable[int] | None,
+             env: Mapping[str, str] | None) -> Setup:
+        import torch
+
+        environ = os.environ if env is None else env
+        parsed = Environment.from_env(environ)
+        if signals is None:
+            raw = environ.get("HPCTRAIN_STOP_SIGNALS")
+            signals = parse_signals(raw) if raw else DEFAULT_SIGNALS
+        # Install first: a signal arriving during the (slow) rendezvous is kept, not fatal.
+        flag = StopFlag().install(signals)
+        # Report start-up before the rendezvous: a rank that never arrives is then told
+        # apart from those waiting for it.
+        reporter = progress.start_from_env(environ, parsed.rank, parsed.node)
+        use_cuda = torch.cuda.is_available() and backend != "gloo"
+        device = torch.device("cuda", parsed.local_rank % torch.cuda.device_count()) \
+            if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(device)
+        setup = cls(parsed, environ, flag, reporter, device,
+                    backend or ("nccl" if use_cuda else "gloo"))
+        # an uncaught exception ends the job FAILED (not requeued); say why in the record
+        install_excepthook(setup.record_crash)
+        return setup
+
+    def record_crash(self, exc_type: type[BaseException], exc: BaseException) -> bool:
+        return self.current is not None and self.current.record_crash(exc_type, exc)
+
+    def context(self, owns_process_group: bool, attempt: int = 0) -> Context:
+        """The Context over the process group now initialised, with its mesh."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        e = self.env
+        mesh = init_device_mesh(self.device.type, (e.pp, e.dp, e.tp), mesh_dim_names=MESH_DIMS)
+        # what was set up, torn down at every exit (close, exit_for_requeue, the interpreter's)
+        exit = teardown.install(self.reporter, e.rank, owns_process_group)
+        self.current = Context(e, self.device, mesh, self.flag, exit, self.reporter, attempt)
+        return self.current
+
+
 def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
          env: Mapping[str, str] | None = None, timeout_s: float = 600.0) -> Context:
     """Read the environment, route stop signals to a flag, initialise torch.distributed
     (nccl with GPUs, gloo without) and a DeviceMesh with dims ("pp", "dp", "tp").
 
     Signals: ``signals`` or ``$HPCTRAIN_STOP_SIGNALS`` (e.g. ``USR2,TERM``), else USR2+TERM.
+    For restarts inside the running processes, use :func:`hpctrain.runtime.run` instead.
     """
-    import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
-    environ = os.environ if env is None else env
-    parsed = Environment.from_env(environ)
-    if signals is None:
-        raw = environ.get("HPCTRAIN_STOP_SIGNALS")
-        signals = parse_signals(raw) if raw else DEFAULT_SIGNALS
-    # Install first: a signal arriving during the (slow) rendezvous is kept, not fatal.
-    flag = StopFlag().install(signals)
-    # Report start-up before the rendezvous: a rank that never arrives is then told apart
-    # from those waiting for it.
-    reporter = progress.start_from_env(environ, parsed.rank, parsed.node)
-
-    use_cuda = torch.cuda.is_available() and backend != "gloo"
-    device = torch.device("cuda", parsed.local_rank % torch.cuda.device_count()) \
-        if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
+    setup = Setup.make(backend, signals, env)
+    parsed, environ = setup.env, setup.environ
     owns = not dist.is_initialized()
     if owns:
         # Under torchrun MASTER_ADDR/PORT point at the agent's store: use env://.
         # Under plain srun build the address from the nodelist instead.
         launched = "MASTER_ADDR" in environ and "MASTER_PORT" in environ
         method = "env://" if launched else f"tcp://{parsed.master_addr}:{parsed.master_port}"
-        dist.init_process_group(backend or ("nccl" if use_cuda else "gloo"),
-                                init_method=method, rank=parsed.rank,
-                                world_size=parsed.world_size, timeout=timedelta(seconds=timeout_s))
-    mesh = init_device_mesh(device.type, (parsed.pp, parsed.dp, parsed.tp),
-                            mesh_dim_names=MESH_DIMS)
-    # what init set up, torn down at every exit (close, exit_for_requeue, the interpreter's)
-    ctx = Context(parsed, device, mesh, flag, teardown.install(reporter, parsed.rank, owns),
-                  reporter)
-    # an uncaught exception ends the job FAILED (not requeued); say why in the record
-    install_excepthook(ctx.record_crash)
-    return ctx
+        dist.init_process_group(setup.backend, init_method=method, rank=parsed.rank,
+                                world_size=parsed.world_size,
+                                timeout=timedelta(seconds=timeout_s))
+    return setup.context(owns, attempt=_int(environ.get(STEP_ATTEMPT)))
+
+
+def _int(raw: str | None) -> int:
+    return int(raw) if raw and raw.isdigit() else 0

@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -58,7 +58,12 @@ class Reporter:
         self.changed_at = time.time()
         self.exit = ""      # how the script's work ended: return, crash, requeue (teardown)
         self.flushed = ""   # at the end of the teardown: 1 if every save was durable
+        self.failed = ""    # this attempt failed in-process: crash or hang (runtime.run)
+        self.error = ""     # ...and the error, one line
+        self.inprocess = False   # runtime.run: an attempt can restart in this process
+        self.on_interrupt: Callable[[], None] | None = None   # runtime.run's, else None
         self._answered = ""
+        self._interrupted = ""
         # rank 0's history: (time, event fields) queued by the training loop
         self.history = Path(state_dir) / p.HISTORY if rank == 0 else None
         self._events: deque[dict[str, object]] = deque()
@@ -104,6 +109,20 @@ class Reporter:
         self.write()
         self.drain()
 
+    def new_attempt(self, attempt: int) -> None:
+        """An attempt starts again in this process (runtime.run): its progress from zero."""
+        self.ident["attempt"] = attempt
+        self.step, self.boundaries, self.failed, self.error = None, 0, "", ""
+        self.set_phase("startup")
+        self.write()
+
+    def fail(self, word: str, error: str) -> None:
+        """This attempt failed (``crash``, ``hang``); the rank waits for the supervisor's
+        word on the next one (phase ``restarting``). Said at once."""
+        self.failed, self.error = word, error
+        self.set_phase("restarting")
+        self.write()
+
     def _note(self, **event: object) -> None:
         if self.history is not None:   # deque.append is atomic: no lock on the loop's path
             self._events.append({"t": round(time.time(), 3), **event})
@@ -145,6 +164,10 @@ class Reporter:
                   "changed_at": f"{self.changed_at:.3f}", "beat_at": f"{time.time():.3f}"}
         if self.exit:
             record.update(exit=self.exit, flushed=self.flushed)
+        if self.inprocess:
+            record["inprocess"] = 1
+        if self.failed:
+            record.update(failed=self.failed, error=self.error)
         return record
 
     def write(self) -> None:
@@ -157,18 +180,35 @@ class Reporter:
         next_beat = time.monotonic() + self.beat_s
         while not self._stop.wait(min(ANSWER_POLL_S, self.beat_s)):
             self._answer()
+            self._interrupt()
             self.drain()
             if time.monotonic() >= next_beat:
                 self.write()
                 next_beat = time.monotonic() + self.beat_s
 
-    def _answer(self) -> None:
-        """Write this process's stacks once per stack request of this attempt."""
-        request = p.read_record(self.dump)
+    def _request(self, name: Path, answered: str) -> str:
+        """The seq of request ``name`` when it is a new one for this attempt, else ''."""
+        request = p.read_record(name)
         seq = request.get("seq", "")
-        if not seq or seq == self._answered or not all(
+        if not seq or seq == answered or not all(
                 request.get(k) == str(self.ident[k]) for k in ("run_id", "restart_count",
                                                                "attempt")):
+            return ""
+        return seq
+
+    def _interrupt(self) -> None:
+        """The supervisor asks this attempt to end (a hang, restarted in-process)."""
+        if self.on_interrupt is None:
+            return
+        seq = self._request(self.dump.with_name(p.INTERRUPT), self._interrupted)
+        if seq:
+            self._interrupted = seq
+            self.on_interrupt()
+
+    def _answer(self) -> None:
+        """Write this process's stacks once per stack request of this attempt."""
+        seq = self._request(self.dump, self._answered)
+        if not seq:
             return
         self._answered = seq
         try:

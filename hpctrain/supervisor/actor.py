@@ -80,6 +80,18 @@ class Actor:
                            attempt=attempt)
         self.state.clear(p.EXIT, p.STOP, p.DUMP)
 
+    def resume(self, d: Decision, facts: Facts, attempt: int, hang: Hang | None) -> None:
+        """Restart in the running processes (hpctrain.runtime.run): the ledger's restart
+        line and the verdict, the attempt's records cleared, then ``go`` to every rank."""
+        say(f"restarting the training step in its processes after a {d.cause} "
+            f"({d.detail}): {d.why}")
+        self.books.restarted(d.cause, attempt, hang, mode="inprocess")
+        self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
+                           attempt=attempt, mode="inprocess")
+        self.state.clear(p.EXIT, p.STOP, p.DUMP, p.INTERRUPT)
+        self.state.write(p.RESUME, {"restart_count": self.cfg.restart_count,
+                                    "attempt": attempt, "action": "go"})
+
     def exclude(self, view: JobView | None, nodes: dict[str, str]) -> None:
         if nodes and view is not None:
             self.bad.exclude(self.books, view, nodes)

@@ -93,6 +93,18 @@ class Gather:
                           finish=watch.finish(),
                           failure=diagnose(log, cfg.launcher, record) if status else None)
 
+    def failed_attempt(self) -> Facts:
+        """The facts of an attempt that failed while its processes live on (they wait for
+        the word: hpctrain.runtime.run): a failed step, as far as the table is concerned,
+        its crash record (a hang: the watchdog's word) and the allocation's state."""
+        cfg = self.cfg
+        view = self.ask()
+        record = self.state.read(p.EXIT, cfg.restart_count)
+        ledger = self.state.ledger()
+        return self.facts(view, 1, record=record, restarts=ledger.restarts,
+                          inplace=self.allocation(view, ledger.step_restarts),
+                          failure=diagnose("", cfg.launcher, record))
+
     def allocation(self, view: JobView | None, used: int) -> InPlace:
         """The facts an in-place restart is judged by: ranks that froze in the hang (their
         nodes are bad), else the nodes Slurm calls unhealthy, and the time left."""

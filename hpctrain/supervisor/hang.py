@@ -22,6 +22,7 @@ from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, assess, cu
                                           innermost, node_of)
 
 LOOK_S = 1.0            # how often progress is looked at
+FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are looked for
 KILL_WAIT_S = 60.0      # how long a killed step may take to end
 STACK_LINES = 60        # lines of one rank's stacks printed into the job log
 FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: one line each)
@@ -41,6 +42,7 @@ class Watch:
         self._sizes = self._log_sizes()
         self.output_at: float | None = None
         self._next = slurm.monotonic() + LOOK_S
+        self._next_failed = 0.0
 
     def records(self) -> dict[int, dict[str, str]]:
         """This attempt's progress records by rank, as written."""
@@ -64,6 +66,25 @@ class Watch:
         """This attempt's progress records by rank, parsed."""
         parsed = (RankProgress.parse(record) for record in self.records().values())
         return {rec.rank: rec for rec in parsed if rec is not None}
+
+    def failed(self) -> dict[int, dict[str, str]]:
+        """At most every FAILED_LOOK_S: this attempt's ranks whose attempt failed in their
+        process and that wait for the supervisor's word (``hpctrain.runtime.run``), by rank."""
+        if self.slurm.monotonic() < self._next_failed:
+            return {}
+        self._next_failed = self.slurm.monotonic() + FAILED_LOOK_S
+        return {r: rec for r, rec in self.records().items() if rec.get("phase") == "restarting"}
+
+    def inprocess(self) -> bool:
+        """Can every rank of this attempt start its next one in its own process?"""
+        records = self.records()
+        return len(records) == self.world and all(r.get("inprocess") == "1"
+                                                  for r in records.values())
+
+    def next(self) -> Watch:
+        """The watch of the next attempt, in the same step (an in-process restart)."""
+        return Watch(self.slurm, self.state, self.limits, self.world, self.restart_count,
+                     self.attempt + 1, self.logs, self.nodes)
 
     def finish(self) -> Finish:
         """What the ranks said as they left (the decision's row 6)."""
@@ -114,17 +135,13 @@ class Watch:
             self.slurm.sleep(0.2)
         return answers
 
-    def handle(self, hang: Hang, step: StepProcess, key: str) -> tuple[int, Hang]:
-        """Dump the stacks into the log, name the stuck rank(s), kill the step; (exit
-        status, the hang as finally understood). A hung exit (every rank's work over) is
-        only ended: its ranks' reporters are gone, nobody is left to name."""
-        say(f"HANG: {hang.text()}")
-        if hang.phase != "exited":
-            hang = self.name_culprits(hang, key)
-        return kill(self.slurm, step, key), hang
-
     def name_culprits(self, hang: Hang, key: str) -> Hang:
-        """The hang with the rank(s) that stopped first, told apart by their stacks."""
+        """Say the hang in the job log, dump the stacks there and name the rank(s) that
+        stopped first; the hang as finally understood. A hung exit (every rank's work
+        over) is only said: its ranks' reporters are gone, nobody is left to name."""
+        say(f"HANG: {hang.text()}")
+        if hang.phase == "exited":
+            return hang
         progress = self.progress()
         if progress:
             # only ranks that reported can answer (the progress thread does)

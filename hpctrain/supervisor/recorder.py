@@ -42,10 +42,13 @@ class Recorder:
         self.state.append_ledger(line("requeue", cause=cause, restart_count=restart, by=by,
                                       **hang_fields(hang)))
 
-    def restarted(self, cause: str, attempt: int, hang: Hang | None = None) -> None:
-        """The step starts again in this allocation (attempt ``attempt``)."""
+    def restarted(self, cause: str, attempt: int, hang: Hang | None = None,
+                  mode: str = "") -> None:
+        """The step starts again in this allocation (attempt ``attempt``); ``mode``
+        ``inprocess`` when in its running processes (hpctrain.runtime.run)."""
+        how = {"mode": mode} if mode else {}
         self.state.append_ledger(line("restart", cause=cause, restart_count=self.restart_count,
-                                      attempt=attempt, at=f"{self.clock():.1f}",
+                                      attempt=attempt, at=f"{self.clock():.1f}", **how,
                                       **hang_fields(hang)))
 
     def stopped(self, cause: str, limit: str | None) -> None:

@@ -34,7 +34,8 @@ from hpctrain.supervisor.decision import (Caught, Decision, decide, decide_befor
                                           warning_due)
 from hpctrain.supervisor.diagnosis import log_segment, log_size
 from hpctrain.supervisor.gather import POLL_S, Gather
-from hpctrain.supervisor.hang import Watch
+from hpctrain.supervisor.hang import Watch, kill
+from hpctrain.supervisor.inprocess import InProcess
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.recorder import Recorder
@@ -59,6 +60,7 @@ class Supervisor:
         self.books = Recorder(self.state, cfg.key, cfg.restart_count, slurm.time)
         self.seen = Gather(cfg, slurm, self.state, self.bad)
         self.actor = Actor(cfg, slurm, self.state, self.books, self.bad)
+        self.inprocess = InProcess(cfg, slurm, self.state, self.seen, self.actor)
         self._forwarded = False
         self._acted: Decision | None = None     # a requeue made before the step ended
 
@@ -135,7 +137,7 @@ class Supervisor:
                                                         attempt))
             watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
                           attempt, logs, cfg.nodes)
-            status, seen.hang = self.supervise(step, watch)
+            status, seen.hang, attempt = self.supervise(step, watch)
             say(f"training step exited with status {status}")
             facts = seen.at_end(status, watch, log_segment(logfile, offset)
                                 if status and logfile else "")
@@ -149,20 +151,33 @@ class Supervisor:
             last_cause = decision.cause
             self.actor.restart_in_place(decision, facts, attempt, diagnosis, seen.hang)
 
-    def supervise(self, step: StepProcess, watch: Watch) -> tuple[int, Hang | None]:
-        """Wait for the step, passing stop signals on and watching for a hang; (its exit
-        status, the hang that made the supervisor kill it or None)."""
+    def supervise(self, step: StepProcess, watch: Watch) -> tuple[int, Hang | None, int]:
+        """Wait for the step, passing stop signals on, watching for a hang and restarting
+        a failed attempt in its processes when it can (:mod:`.inprocess`); (its exit status,
+        the hang that made the supervisor kill it or None, the last attempt)."""
         self._forwarded = False
         while True:
             status = step.poll()
             for caught in self.seen.take_signals():
                 self.on_stop(caught, step)
             if status is not None:
-                return status, None
+                return status, None, watch.attempt
+            if watch.failed():
+                watch = self.inprocess.after_failure(step, watch) or watch
+            if self.inprocess.leaving(watch):   # told to stop: the step is ending
+                if self.inprocess.overdue():
+                    return kill(self.slurm, step, self.cfg.key), None, watch.attempt
+                self.slurm.sleep(POLL_S)
+                continue
             # once a stop was passed on, the ranks save and leave: Slurm's grace bounds that
             hang = None if self._forwarded else watch.look()
             if hang is not None:
-                return watch.handle(hang, step, self.cfg.key)
+                hang = watch.name_culprits(hang, self.cfg.key)
+                self.seen.hang = hang
+                nxt = self.inprocess.after_hang(step, watch, hang)
+                if nxt is None:
+                    return kill(self.slurm, step, self.cfg.key), hang, watch.attempt
+                watch = nxt
             self.slurm.sleep(POLL_S)
 
     def on_stop(self, caught: Caught, step: StepProcess) -> None:

@@ -51,6 +51,7 @@ class Kind:
     stop_code: Callable[[str, str], int]  # (signal, cause) -> the step's status on a stop
     crash_code: int            # the step's status when a rank raises
     crash_line: str            # what the launcher printed of it (srun's view)
+    inprocess: bool = False    # under hpctrain.runtime.run: a failed attempt waits
 
 
 def _runtime_code(sig: str, cause: str) -> int:
@@ -65,6 +66,11 @@ KINDS = {
     "srun": Kind("srun", "srun", False,
                  lambda sig, cause: 128 + signal.Signals["SIG" + sig], 3,
                  "srun: error: n1: task 1: Exited with exit code 3"),
+    # hpctrain.runtime.run: a failed attempt (a raise, or the supervisor's interrupt of a
+    # hang) says so and waits for the supervisor's word, as tests/unit/test_runtime_restart
+    # shows the runtime doing
+    "inprocess": Kind("inprocess", "srun", True, _runtime_code, 1,
+                      "srun: error: n1: task 1: Exited with exit code 1", inprocess=True),
 }
 
 
@@ -85,6 +91,13 @@ class FakeStep:
     stop: tuple[str, float] | None = None      # the first stop signal and when it came
     done_steps: int = 0
     lost: bool = False                         # its node died: srun waits, nothing moves
+    stuck: int = -1                            # this rank never leaves a failed attempt
+    attempt: int = -1                          # in-process attempts: the current one
+    waiting: str = ""                          # ...failed (crash, hang): waits for the word
+    first: int = field(init=False, default=0)  # the attempt the faults are planned for
+
+    def __post_init__(self) -> None:
+        self.attempt = self.first = int(self.env[p.STEP_ATTEMPT])
 
     def signal(self, sig: str) -> None:
         """A signal to every rank (Slurm's, or the supervisor's scancel --signal)."""
@@ -97,13 +110,22 @@ class FakeStep:
         """Play the step forward to the stand-in's clock."""
         if self.status is not None or self.lost:
             return
+        if self.waiting:
+            return self.wait_for_the_word()
         elapsed = self.fake.now - self.started
         self.done_steps = min(self.steps, int(elapsed / self.step_s))
-        if 0 <= self.hang_at <= self.done_steps:
+        faulty = self.attempt == self.first
+        if faulty and 0 <= self.hang_at <= self.done_steps:
             self.done_steps = self.hang_at   # alive (heartbeats), no step boundary any more
+            if self.kind.inprocess and self.asked(p.INTERRUPT):
+                return self.fail("hang")
             self.write_progress()
             return
-        if 0 <= self.crash_at <= self.done_steps:
+        if faulty and 0 <= self.crash_at <= self.done_steps:
+            if self.kind.inprocess:
+                self.fake.log(self.kind.crash_line.replace("srun: error", "(in-process)"))
+                self.write_crash()
+                return self.fail("crash")
             return self.crash()
         if self.stop is not None:
             return self.on_stop(*self.stop)
@@ -114,11 +136,36 @@ class FakeStep:
     def crash(self) -> None:
         self.fake.log(self.kind.crash_line)
         if self.kind.progress:
-            p.write_record(self.env[p.EXIT_FILE], {
-                "cause": "user_crash", "exit_code": 1, "requeue": 0, "step": self.crash_at,
-                "restart_count": self.env[p.RESTART_COUNT], "rank": 1, "node": "n1",
-                "run_id": self.env[p.RUN_ID], "error": "RuntimeError: simulated crash"})
+            self.write_crash()
         self.status = self.kind.crash_code
+
+    def write_crash(self) -> None:
+        p.write_record(self.env[p.EXIT_FILE], {
+            "cause": "user_crash", "exit_code": 1, "requeue": 0, "step": self.crash_at,
+            "restart_count": self.env[p.RESTART_COUNT], "rank": 1, "node": "n1",
+            "run_id": self.env[p.RUN_ID], "error": "RuntimeError: simulated crash"})
+
+    # ---- hpctrain.runtime.run ------------------------------------------------------------
+    def asked(self, name: str) -> dict[str, str]:
+        """The supervisor's record ``name`` when it is for this attempt's successor (resume)
+        or this attempt (interrupt), else {}."""
+        want = self.attempt + 1 if name == p.RESUME else self.attempt
+        record = p.read_record(Path(self.env[p.STATE_DIR]) / name)
+        return record if record.get("attempt") == str(want) and \
+            record.get("run_id") == self.env[p.RUN_ID] else {}
+
+    def fail(self, word: str) -> None:
+        self.waiting = word
+        self.write_progress()
+
+    def wait_for_the_word(self) -> None:
+        word = self.asked(p.RESUME).get("action")
+        if word == "go":
+            self.attempt, self.waiting, self.started = self.attempt + 1, "", self.fake.now
+            self.done_steps = 0
+            self.write_progress()
+        elif word == "stop":
+            self.status = self.kind.crash_code if self.waiting == "crash" else 1
 
     def on_stop(self, sig: str, at: float) -> None:
         if not self.kind.progress:       # a plain script dies of the signal
@@ -139,13 +186,17 @@ class FakeStep:
             return
         changed = self.started + self.done_steps * self.step_s
         for rank in range(self.fake.world):
+            waiting = self.waiting and rank != self.stuck   # stuck: still "training"
+            phase = "restarting" if waiting else "training" if self.done_steps else "startup"
+            extra = {"inprocess": 1} if self.kind.inprocess else {}
+            if waiting:
+                extra.update(failed=self.waiting, error="RuntimeError: simulated crash")
             p.write_record(p.rank_file(self.env[p.STATE_DIR], p.PROGRESS, rank), {
                 "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],
-                "attempt": self.env[p.STEP_ATTEMPT], "rank": rank, "node": "n1",
-                "step": self.done_steps, "boundaries": self.done_steps,
-                "phase": "training" if self.done_steps else "startup",
+                "attempt": self.attempt, "rank": rank, "node": "n1",
+                "step": self.done_steps, "boundaries": self.done_steps, "phase": phase,
                 "changed_at": f"{self.fake.wall(changed):.3f}",
-                "beat_at": f"{self.fake.wall(self.fake.now):.3f}"})
+                "beat_at": f"{self.fake.wall(self.fake.now):.3f}", **extra})
 
     # ---- what the supervisor calls ------------------------------------------------------
     def poll(self) -> int | None:

@@ -116,3 +116,27 @@ def stopped_ranks(out: Path) -> dict[int, int]:
 
 __all__ = ["EXAMPLES", "env_for", "start", "run", "worker_pids", "signal_rank_at", "records",
            "steps", "events", "final_state", "max_abs_diff", "bitwise_equal", "stopped_ranks"]
+
+
+def start_ranks(script: Path | str, world: int, env: dict[str, str], out: Path,
+                args: tuple[str, ...] = ()) -> list[subprocess.Popen]:
+    """Every rank as its own process (what srun starts), rendezvous on a free local port,
+    output appended to ``out``."""
+    from helpers.ckpt import free_port
+
+    port = str(free_port())
+    with open(out, "ab") as fh:
+        return [subprocess.Popen(
+            [sys.executable, str(script), *args], stdout=fh, stderr=subprocess.STDOUT,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}) for rank in range(world)]
+
+
+def wait_ranks(procs: list[subprocess.Popen], timeout: float = 120) -> list[int]:
+    """The ranks' exit codes; any still running after ``timeout`` is killed."""
+    try:
+        return [proc.wait(timeout=timeout) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()

@@ -9,7 +9,8 @@ checkpoint manager and resumes from the newest one. Faults are injected per in-p
   --startup-hang RANK:ATTEMPT       that rank sleeps forever before init()
   --crash RANK:STEP:ATTEMPT         that rank raises in that step
 
-Rank 0 appends JSON events to --events (start, step, done).
+Rank 0 appends JSON events to --events (start, step, done). --inprocess runs the loop
+under hpctrain.runtime.run: a crash or an interrupted hang restarts it in the same processes.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main() -> None:
     ap.add_argument("--hang")
     ap.add_argument("--startup-hang")
     ap.add_argument("--crash")
+    ap.add_argument("--inprocess", action="store_true",
+                    help="run under hpctrain.runtime.run: restarts in these processes")
     args = ap.parse_args()
     rank = int(os.environ.get("RANK", "0"))
     attempt = int(os.environ.get("HPCTRAIN_STEP_ATTEMPT", "0"))
@@ -51,19 +54,27 @@ def main() -> None:
         while True:   # never reaches init(): the others wait for it in the rendezvous
             time.sleep(3600)
 
+    import hpctrain.runtime
+
+    if args.inprocess:
+        hpctrain.runtime.run(lambda ctx: train(ctx, args))
+    else:
+        train(hpctrain.runtime.init(), args)
+
+
+def train(ctx, args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
 
-    import hpctrain.runtime
     from hpctrain.checkpoint import CheckpointManager
 
-    ctx = hpctrain.runtime.init()
+    attempt = ctx.attempt
     ckpt = CheckpointManager(args.ckpt_dir, keep_last=2)
     state = {"w": torch.zeros(256)}
     start = ckpt.load_latest(state) or 0
     if ctx.is_main:
         log(args.events, event="start", step=start, restart=ctx.restart_count, attempt=attempt,
-            last=ctx.last_exit_cause)
+            last=ctx.last_exit_cause, pid=os.getpid())
     for step in range(start, args.steps):
         ctx.step = step
         if fault(args.crash, ctx.rank, attempt, step):

@@ -41,9 +41,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hpctrain.mesh": {"hpctrain.errors"},
     "hpctrain.protocol": {"hpctrain.errors", "hpctrain.files"},
     # ---- in the job: imports nothing of the login side --------------------------------
-    # the runtime waits for the checkpoint manager's background saves before it exits;
+    # the runtime closes the checkpoint managers (their background saves) before it exits;
     # a function job's wrapper hands submitit its requeue (the job runs submitit anyway)
-    "hpctrain.runtime": SHARED | {"hpctrain.checkpoint.manager", "torch", "submitit"},
+    "hpctrain.runtime": SHARED | {"hpctrain.checkpoint.live", "torch", "submitit"},
     # the manager tells the watchdog it is saving/loading (the rank's progress record)
     "hpctrain.checkpoint": SHARED | {"hpctrain.runtime.progress", "torch", "numpy",
                                      "safetensors", "deepspeed"},

@@ -20,8 +20,7 @@ import pytest
 
 from hpctrain import protocol as p
 from hpctrain.runtime import EXIT_REQUEUE_TIME_LIMIT
-from helpers.ckpt import free_port
-from helpers.torchrun import env_for
+from helpers.torchrun import env_for, start_ranks, wait_ranks
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
@@ -31,21 +30,7 @@ REPEATS = 12
 def run_ranks(script: Path, world: int, env: dict[str, str], out: Path,
               args: tuple[str, ...] = ()) -> list[int]:
     """Every rank as its own process (what srun starts), the exit codes by rank."""
-    port = str(free_port())
-    procs = []
-    with open(out, "ab") as fh:
-        for rank in range(world):
-            procs.append(subprocess.Popen(
-                [sys.executable, str(script), *args], stdout=fh, stderr=subprocess.STDOUT,
-                env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                     "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-                     "MASTER_PORT": port}))
-    try:
-        return [proc.wait(timeout=120) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+    return wait_ranks(start_ranks(script, world, env, out, args))
 
 
 def last_words(state: Path, world: int) -> list[tuple[str, str, str]]:

@@ -7,6 +7,7 @@ right): the batch step's exit code, the verdict, the ledger, and what was asked 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,7 @@ def asked(fake: FakeSlurm, what: str) -> list[tuple[str, ...]]:
 
 
 ALL = list(KINDS)
-STOP_CODE = {"runtime": 75, "torchrun": 1, "srun": 143}   # the step's status on a TERM
+STOP_CODE = {"runtime": 75, "inprocess": 75, "torchrun": 1, "srun": 143}   # on a TERM
 
 
 @pytest.mark.parametrize("kind", ALL)
@@ -188,3 +189,52 @@ def test_a_failed_health_check_requeues_without_the_node_for_free(tmp_path: Path
         "requeue cause=health_check restart_count=1 by=supervisor",
         "exclude node=n1 cause=health_check restart_count=0"]
     assert not asked(fake, "start_step")
+
+
+# ---- restarts in the running processes (hpctrain.runtime.run) ------------------------------
+CRASH_ONCE = replace(BUDGET, per_cause={**BUDGET.per_cause, "user_crash": 1})
+
+
+def test_a_crash_restarts_in_its_processes_within_the_budget(tmp_path: Path) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess", steps=[{"crash_at": 3}],
+                                            budget=CRASH_ONCE)
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(asked(fake, "start_step")) == 1 and fake.started[0].attempt == 1
+    assert len(ledger) == 1 and ledger[0].startswith(
+        "restart cause=user_crash restart_count=0 attempt=1 ") and "mode=inprocess" in ledger[0]
+    # the crash record was read for the decision, then cleared for the next attempt
+    assert not (p.state_dir(tmp_path, "42") / p.EXIT).exists()
+
+
+def test_a_crash_past_its_budget_ends_the_job_as_before(tmp_path: Path) -> None:
+    """max_crash_restarts = 0 (the default): the ranks are told to stop, leave with their
+    exception, and the job ends FAILED naming the rank, as without runtime.run."""
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess", steps=[{"crash_at": 3}])
+    assert (code, verdict["cause"], verdict["action"]) == (1, "user_crash", "finish")
+    assert (verdict["rank"], verdict["error"]) == ("1", "RuntimeError: simulated crash")
+    assert p.read_record(p.state_dir(tmp_path, "42") / p.RESUME)["action"] == "stop"
+    assert ledger == [] and len(asked(fake, "start_step")) == 1
+
+
+def test_a_hang_is_interrupted_and_restarted_in_its_processes(tmp_path: Path) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess", steps=[{"hang_at": 3}],
+                                            limits=Limits(hang_s=10, beat_s=2.0))
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(asked(fake, "start_step")) == 1 and not asked(fake, "kill_steps")
+    assert len(ledger) == 1 and ledger[0].startswith(
+        "restart cause=hang restart_count=0 attempt=1 ") and "mode=inprocess" in ledger[0]
+    assert "phase=training" in ledger[0]
+
+
+def test_a_rank_that_cannot_leave_gets_a_restart_in_new_processes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 1 stays in its collective (stuck in C): the others are told to stop, their
+    launcher ends the step, and the step starts again in new processes (as before)."""
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess",
+                                            steps=[{"crash_at": 3, "stuck": 1}, {}],
+                                            budget=CRASH_ONCE)
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(asked(fake, "start_step")) == 2 and not asked(fake, "kill_steps")
+    assert len(ledger) == 1 and ledger[0].startswith("restart cause=user_crash ")
+    assert "mode=" not in ledger[0]
+    assert "not every rank left attempt 0 in its process" in capsys.readouterr().err

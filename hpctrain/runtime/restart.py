@@ -1,0 +1,252 @@
+"""Restarts inside the running processes: :func:`run` calls ``main(ctx)`` again after a
+failure, with no new process, no new import and no new srun step.
+
+When a rank's ``main`` raises, that rank writes its crash record, says so in its progress
+record (phase ``restarting``) and tears the attempt down: its checkpoint managers closed,
+its process group destroyed. Destroying the group closes its connections, so the peers
+waiting for it in a collective fail there too ("Connection closed by peer": gloo), and
+do the same. A group's connections close only once nothing refers to it, so the attempt's
+references are let go first (its mesh, ``main``'s locals); a group ``main`` keeps
+elsewhere (a global) keeps its peers waiting until the collective times out.
+
+When the supervisor sees one rank's attempt fail, or its watchdog finds the step hung, it
+asks every rank to leave the attempt (``interrupt`` in the state directory). Each rank's
+progress thread then aborts the rank's process groups, which ends a collective the main
+thread waits in (gloo: "Connection closed"; whatever else still refers to the groups), and
+a second later, if the main thread is still in the attempt, raises :class:`Interrupted` in
+it (``SIGURG`` to that thread, whose handler raises), which ends a wait in Python code (a
+sleep, a loop).
+
+Every rank then waits for the supervisor's word (``resume``): it decides as for any
+restart in the allocation (the decision table, the budget, the ledger) and says ``go``
+(``main`` is called again with ``ctx.attempt`` raised, on a process group rebuilt under a
+fresh prefix of the one store that outlives the attempts) or ``stop`` (the exception goes
+on as it would have without :func:`run`: the process ends, and the supervisor falls back
+to a restart in new processes, or to a requeue). A rank that cannot leave its attempt
+(frozen, stuck in C, killed) never says it is restarting: the supervisor kills the step
+and restarts it in new processes, as before. Without a supervisor (a script run by hand)
+a failure is not restarted.
+
+The store: torchrun's agent's (``TORCHELASTIC_USE_AGENT_STORE``), which lives in the
+agent; under srun, rank 0's process hosts it. Either outlives any failure :func:`run`
+restarts from, since that keeps every process alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hpctrain import protocol as p
+from hpctrain.runtime.context import Context, Setup
+from hpctrain.runtime.crashrecord import crash_fields, write_crash_record
+from hpctrain.runtime.teardown import destroy_process_group
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+T = TypeVar("T")
+INTERRUPT_SIGNAL = signal.SIGURG   # ignored by default: no other use in a training job
+RESUME_POLL_S = 0.05               # how often a rank waiting to restart looks for the word
+RESUME_WAIT_S = 120.0              # ...and how long, before it gives up and leaves
+ABORT_EVERY_S = 0.25               # an interrupted attempt's groups are aborted this often
+SIGNAL_AFTER_S = 1.0               # ...and its main thread signalled after this long
+
+
+class Interrupted(Exception):
+    """The supervisor asked this attempt to end: the step was hung."""
+
+
+def run(main: Callable[[Context], T], *, backend: str | None = None,
+        signals: Iterable[int] | None = None, env: Mapping[str, str] | None = None,
+        timeout_s: float = 600.0) -> T:
+    """Call ``main(ctx)`` on every rank; when an attempt fails (a rank raises, or the
+    supervisor finds the step hung), call it again in the same processes as the supervisor
+    decides (``ctx.attempt`` tells which attempt this is). Returns ``main``'s value.
+
+    ``main`` builds what it needs from ``ctx`` each time (model, optimizer, checkpoint
+    manager, data) and resumes from ``CheckpointManager.load_latest``, which restores a
+    save or snapshot still in this process's memory without reading storage. Arguments as
+    :func:`hpctrain.runtime.init`; ``timeout_s`` bounds a collective."""
+    setup = Setup.make(backend, signals, env)
+    attempts = _Attempts(setup, timeout_s)
+    while True:
+        ctx = attempts.connect()
+        try:
+            result = main(ctx)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            if not attempts.restart(ctx, exc):
+                raise
+            continue
+        attempts.done()
+        return result
+
+
+class _Attempts:
+    """The attempts of one process: their store, their connection, their end."""
+
+    def __init__(self, setup: Setup, timeout_s: float) -> None:
+        self.setup, self.timeout = setup, timedelta(seconds=timeout_s)
+        e = setup.env
+        self.attempt = int(setup.environ.get(p.STEP_ATTEMPT) or 0)
+        self.state = setup.environ.get(p.STATE_DIR, "")
+        self.store = _base_store(setup.environ, e.master_addr, e.master_port, e.rank,
+                                 e.world_size, self.timeout)
+        self._main = threading.main_thread().ident
+        self._asked = False          # a SIGURG on its way is the supervisor's
+        self._interrupted = False    # the supervisor asked this attempt to end
+        self._leaving = False        # this attempt ended: main is not running
+        signal.signal(INTERRUPT_SIGNAL, self._on_signal)
+        if setup.reporter is not None:
+            setup.reporter.inprocess = True
+            setup.reporter.on_interrupt = self._interrupt
+
+    # ---- an attempt ----------------------------------------------------------------------
+    def connect(self) -> Context:
+        """This attempt's process group, on its own prefix of the store, and its Context."""
+        import torch.distributed as dist
+
+        e = self.setup.env
+        dist.init_process_group(self.setup.backend, rank=e.rank, world_size=e.world_size,
+                                store=dist.PrefixStore(f"hpctrain/attempt-{self.attempt}/",
+                                                       self.store),
+                                timeout=self.timeout)
+        return self.setup.context(owns_process_group=True, attempt=self.attempt)
+
+    def restart(self, ctx: Context, exc: BaseException) -> bool:
+        """The attempt failed with ``exc``: end it and wait for the supervisor's word. True
+        when the next attempt may start (then it is this process's next ``connect``)."""
+        # the attempt is over: an interrupt from now on (the supervisor asks every rank of a
+        # failed attempt, this one too), or still on its way (its SIGURG could not reach a
+        # rank waiting in a collective), must not break the teardown or the wait
+        self._leaving = True
+        self._asked = False
+        # failing of the supervisor's interrupt (an aborted collective, Interrupted) is
+        # not a failure of its own
+        word = "interrupted" if isinstance(exc, Interrupted) or self._interrupted else "crash"
+        if getattr(exc, "requeue_cause", None) or not self.state:
+            return False        # the storage failed (requeue), or no supervisor to ask
+        reporter, e = self.setup.reporter, ctx.env
+        if word == "crash":   # the first rank's (its peers fail of it); not the exit's word
+            write_crash_record(e.exit_file, type(exc), exc, step=ctx.step,
+                               restart_count=e.restart_count, job_id=e.job_id, rank=e.rank,
+                               node=e.node, run_id=e.run_id)
+        error = str(crash_fields(type(exc), exc, step=None, restart_count=0, job_id=None,
+                                 rank=e.rank)["error"])
+        if word == "crash":   # in the job log, as an uncaught exception would be
+            traceback.print_exception(exc)
+        print(f"hpctrain: rank {e.rank}: attempt {self.attempt} ended ({word}: {error}); "
+              "waiting for the supervisor's word on the next one", file=sys.stderr, flush=True)
+        if reporter is not None:
+            reporter.fail(word, error)
+        self.end(ctx, exc)
+        if not self.resumed(ctx):
+            return False
+        self.attempt += 1
+        self._interrupted = self._leaving = False
+        if reporter is not None:
+            reporter.new_attempt(self.attempt)
+        return True
+
+    def end(self, ctx: Context, exc: BaseException) -> None:
+        """Tear the attempt down: its checkpoint managers closed (root locks released; a
+        save the broken group fails is reported, not raised), every reference to its
+        process groups let go, the groups destroyed and collected.
+
+        A group lives while anything refers to it (the mesh, a manager, ``main``'s locals
+        in the traceback), and while it lives its connections stay open: the peers waiting
+        in a collective would wait until it times out instead of failing at once."""
+        from hpctrain.checkpoint.live import close_all
+
+        close_all(leaving=False)
+        seen: set[int] = set()
+        while exc is not None and id(exc) not in seen:   # the chain, causes included
+            seen.add(id(exc))
+            traceback.clear_frames(exc.__traceback__)
+            exc = exc.__cause__ or exc.__context__       # type: ignore[assignment]
+        ctx.mesh = None  # type: ignore[assignment]
+        self.setup.current = None
+        destroy_process_group(self.setup.env.rank)      # and collects the garbage
+
+    def done(self) -> None:
+        """``main`` returned: nothing more to interrupt."""
+        signal.signal(INTERRUPT_SIGNAL, signal.SIG_DFL)
+        if self.setup.reporter is not None:
+            self.setup.reporter.on_interrupt = None
+
+    def resumed(self, ctx: Context) -> bool:
+        """Wait for the supervisor's word on the next attempt: True for go."""
+        path = os.path.join(self.state, p.RESUME)
+        want = {"run_id": ctx.env.run_id or "", "restart_count": str(ctx.restart_count),
+                "attempt": str(self.attempt + 1)}
+        end = time.monotonic() + RESUME_WAIT_S
+        while time.monotonic() < end:
+            word = p.read_record(path)
+            if all(word.get(k) == v for k, v in want.items()):
+                return word.get("action") == "go"
+            time.sleep(RESUME_POLL_S)
+        return False
+
+    # ---- the supervisor's interrupt ------------------------------------------------------
+    def _interrupt(self) -> None:
+        """On the progress thread: make the main thread leave its attempt, wherever it
+        waits: in a collective (aborting the process groups ends it with an error) or in
+        Python code (SIGURG, whose handler raises; it wakes a sleep too)."""
+        if self._leaving:
+            return               # it left already (the rank whose failure started it all)
+        self._interrupted = self._asked = True
+        print(f"hpctrain: rank {self.setup.env.rank}: the supervisor asks attempt "
+              f"{self.attempt} to end", file=sys.stderr, flush=True)
+        threading.Thread(target=self._leave, name="hpctrain-abort", daemon=True).start()
+
+    def _leave(self) -> None:
+        """Make the main thread leave its attempt: abort every process group of the
+        attempt, again every ABORT_EVERY_S (an aborted group ends the collective waiting in
+        it with an error; one the main thread starts on it afterwards would wait forever),
+        and after SIGNAL_AFTER_S, if it is still there, SIGURG, whose handler raises: it is
+        in Python code then (a sleep, a loop). Not at once: raised inside a collective's
+        Python callbacks (DTensor's), the exception left the next wait stuck for good."""
+        from torch.distributed import distributed_c10d
+
+        groups = list(distributed_c10d._world.pg_map)   # kept: abort does not unregister
+        start = time.monotonic()
+        signalled = False
+        while not self._leaving and time.monotonic() - start < RESUME_WAIT_S:
+            for group in groups:
+                try:
+                    group.abort()
+                except Exception as exc:  # noqa: BLE001 - the next round, or the signal
+                    print(f"hpctrain: rank {self.setup.env.rank}: could not abort a "
+                          f"process group: {exc}", file=sys.stderr, flush=True)
+            if not signalled and time.monotonic() - start >= SIGNAL_AFTER_S:
+                signalled = True
+                signal.pthread_kill(self._main, INTERRUPT_SIGNAL)   # wakes a sleep too
+            time.sleep(ABORT_EVERY_S)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self._asked and not self._leaving:   # a stray SIGURG is not a request
+            self._asked = False
+            raise Interrupted("the supervisor found the step hung and asked this attempt "
+                              "to end")
+
+
+def _base_store(environ: Mapping[str, str], addr: str, port: int, rank: int, world: int,
+                timeout: timedelta) -> Store:
+    """The store every attempt's process group is made on: torchrun's agent hosts it (all
+    ranks are clients), else rank 0 (MASTER_ADDR/MASTER_PORT, as the templates set them;
+    else the first node and the job's port, as :func:`hpctrain.runtime.init` finds them)."""
+    from torch.distributed import TCPStore
+
+    agent = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return TCPStore(environ.get("MASTER_ADDR", addr), int(environ.get("MASTER_PORT", port)),
+                    world, is_master=rank == 0 and not agent, timeout=timeout,
+                    wait_for_workers=False)

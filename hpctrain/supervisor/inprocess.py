@@ -1,0 +1,119 @@
+"""Restarts inside the running processes (``hpctrain.runtime.run``): the supervisor's side
+of the protocol in :mod:`hpctrain.runtime.restart`.
+
+A failed attempt (a rank raised): that rank says so in its progress record (phase
+``restarting``) and waits; the supervisor asks every other rank to leave the attempt too
+(the ``interrupt`` record: a rank waiting for the failed one in a collective is freed),
+waits for every rank (``ARRIVE_S``), decides as for any restart in the allocation (the decision
+table: the budget, a node Slurm calls unhealthy, the time left), and says ``go`` in the
+``resume`` record (the ledger's restart line says ``mode=inprocess``) or ``stop``: the
+exception then goes on, the processes end, and the end of the step is decided as always.
+
+A hang: when every rank can restart in its own process, answered the stack request (its
+Python still runs: not frozen, not gone) and the table says restart, every rank is asked to
+leave its attempt (the ``interrupt`` record) instead of the step being killed; then as
+above. A rank that does not arrive in time (stuck in C, frozen, killed) gets the step
+killed and restarted in new processes, as before.
+"""
+
+from __future__ import annotations
+
+from hpctrain import protocol as p
+from hpctrain.supervisor.actor import Actor
+from hpctrain.supervisor.config import Config
+from hpctrain.supervisor.decision import Decision, Facts, decide
+from hpctrain.supervisor.gather import Gather
+from hpctrain.supervisor.hang import Watch
+from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.scheduler import Scheduler, StepProcess
+from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.watchdog import Hang
+
+ARRIVE_S = 15.0      # every rank reports its failed attempt within this, or none restarts
+ARRIVE_POLL_S = 0.1
+LEAVE_S = 30.0       # ranks told to stop leave within this (their launcher ends the step),
+#                      else the step is killed
+
+
+class InProcess:
+    """Decides and tells the ranks of one step whether their next attempt starts in place."""
+
+    def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, seen: Gather,
+                 actor: Actor) -> None:
+        self.cfg, self.slurm, self.state, self.seen, self.actor = cfg, slurm, state, seen, actor
+        self._stopped = -1   # the attempt told to stop: its ranks are leaving
+        self._stopped_at = 0.0
+
+    def leaving(self, watch: Watch) -> bool:
+        """Were the ranks of ``watch``'s attempt told to stop? Then the step is ending:
+        no hang to find in it (they wait for nothing)."""
+        return watch.attempt == self._stopped
+
+    def overdue(self) -> bool:
+        """Told to stop LEAVE_S ago, and the step still runs (a rank stuck in C, which its
+        launcher did not end): it must be killed."""
+        return self.slurm.monotonic() - self._stopped_at > LEAVE_S
+
+    def after_failure(self, step: StepProcess, watch: Watch) -> Watch | None:
+        """Ranks of ``watch``'s attempt failed in their processes: the next attempt's watch
+        when it starts in them; None when the ranks were told to stop (the step ends)."""
+        if watch.attempt == self._stopped:
+            return None
+        # the others may wait for the failed rank in a collective: end it for them
+        self.interrupt(watch)
+        arrived = self.arrive(step, watch)
+        facts = self.seen.failed_attempt()
+        decision = decide(facts)
+        if arrived and decision.action == "restart":
+            return self.go(decision, facts, watch)
+        self.stop(watch, decision if arrived else None)
+        return None
+
+    def after_hang(self, step: StepProcess, watch: Watch, hang: Hang) -> Watch | None:
+        """A hang the watchdog found (its culprits named): the next attempt's watch when
+        the ranks left it in their processes; None when the step must be killed."""
+        if hang.phase == "exited" or hang.frozen_nodes or not watch.inprocess():
+            return None
+        facts = self.seen.failed_attempt()
+        decision = decide(facts)
+        if decision.action != "restart":
+            return None
+        say("asking every rank to leave the hung attempt in its process (hpctrain.runtime.run)")
+        self.interrupt(watch)
+        if not self.arrive(step, watch):
+            return None
+        return self.go(decision, facts, watch)
+
+    def interrupt(self, watch: Watch) -> None:
+        """Ask every rank of the attempt to leave it, wherever it waits."""
+        self.state.write(p.INTERRUPT, {"restart_count": self.cfg.restart_count,
+                                       "attempt": watch.attempt,
+                                       "seq": f"{self.slurm.time():.3f}"})
+
+    def arrive(self, step: StepProcess, watch: Watch) -> bool:
+        """Wait until every rank of the attempt waits for the word; False when one does not
+        within ARRIVE_S, or the step ends meanwhile."""
+        end = self.slurm.monotonic() + ARRIVE_S
+        while self.slurm.monotonic() < end and step.poll() is None:
+            records = watch.records()
+            if len(records) == watch.world and all(r.get("phase") == "restarting"
+                                                   for r in records.values()):
+                return True
+            self.slurm.sleep(ARRIVE_POLL_S)
+        say(f"not every rank left attempt {watch.attempt} in its process within "
+            f"{ARRIVE_S:.0f} s: restarting in new processes")
+        return False
+
+    def go(self, decision: Decision, facts: Facts, watch: Watch) -> Watch:
+        self.actor.resume(decision, facts, watch.attempt + 1, self.seen.hang)
+        self.seen.hang = None
+        return watch.next()
+
+    def stop(self, watch: Watch, decision: Decision | None) -> None:
+        """The ranks leave: their exception goes on and the step ends."""
+        why = f"the decision is to {decision.action} ({decision.cause})" if decision else \
+            "not every rank could"
+        say(f"not restarting attempt {watch.attempt} in its processes: {why}")
+        self._stopped, self._stopped_at = watch.attempt, self.slurm.monotonic()
+        self.state.write(p.RESUME, {"restart_count": self.cfg.restart_count,
+                                    "attempt": watch.attempt + 1, "action": "stop"})

@@ -1,0 +1,102 @@
+"""Restarts inside the running processes (issue 33), on the real devcluster with the real
+supervisor: examples/train_gpt.py under hpctrain.runtime.run (``--inprocess``), DP=4 over
+2 nodes x 2 fake GPUs (srun), with a snapshot in memory every step, goes through one fault
+per attempt of its first run (examples/common.py's ``--fault``):
+
+- attempt 0: rank 1 raises before step 6;
+- attempt 1: rank 2 hangs in Python before step 12 (the others wait in the all-reduce);
+- attempt 2: the save of step 15 fails on every rank (rank 0's state cannot be pickled);
+- attempt 3: rank 3 raises while the others load;
+- attempt 4: rank 1 freezes (SIGSTOP) before step 22: no Python runs there, so no restart in
+  these processes; the watchdog's fallback, as before (that rank's node stopped answering:
+  a requeue).
+
+Each of the first four restarts in the same processes (the same pids, the same Slurm run,
+one srun step), from the snapshot in memory; the run then completes bitwise equal to an
+undisturbed local run. Prints the figures: failure -> first step of the next attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain import protocol
+from helpers.examples import EXAMPLES, example_spec, submit_example
+from helpers.jobs import isolate
+from helpers.slurm import sacct_states, wait_done
+from helpers.torchrun import bitwise_equal, env_for, events, final_state, records, start
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+TOTAL, EVERY = 30, 5
+FAULTS = ("crash@6:1:0", "hang@12:2:1", "save-crash@15:0:2", "load-crash@0:3:3",
+          "stop@22:1:4")
+
+
+def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwise(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    extra = ("--inprocess", "--snapshot-every", "1", "--final-state", str(root / "final"),
+             *(w for f in FAULTS for w in ("--fault", f)))
+    spec = example_spec(root, name="inprocess", total=TOTAL, save_every=EVERY,
+                        step_sleep=0.1, layout={"dp": 4}, launcher="srun", extra=extra,
+                        requeue={"max_crash_restarts": 4, "max_hangs": 4})
+    spec = spec.replace("[watchdog]\nmax_step_restarts = 2\n",
+                        "[watchdog]\nmax_step_restarts = 8\nhang_timeout_s = 10\n")
+    spec = spec.replace("[checkpoint]\n", f'[checkpoint]\ndir = "{root / "ckpt"}"\n')
+    job = submit_example(root, spec)
+    # meanwhile, the same training undisturbed, under a local torchrun
+    reference = start(EXAMPLES / "train_gpt.py", 4, [
+        "--steps", str(TOTAL), "--save-every", str(EVERY), "--seed", "11",
+        "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--log-file", str(tmp_path / "ref.jsonl"),
+        "--final-state", str(tmp_path / "ref")], env_for(), tmp_path / "ref.out")
+    assert wait_done(job, 400) == "COMPLETED", (root / f"job-{job}.out").read_text()[-4000:]
+    assert reference.wait(timeout=300) == 0, (tmp_path / "ref.out").read_text()[-3000:]
+
+    log = root / "loss.jsonl"
+    starts = events(log, "start")
+    first_run = [s for s in starts if s["restart"] == 0]
+    # attempts 1, 2 and 4 in rank 0's process (3 failed in its load, before its start line)
+    assert [s["attempt"] for s in first_run] == [0, 1, 2, 4], starts
+    assert len({s["pid"] for s in first_run}) == 1
+    # each from the snapshot in memory: the step the failure was at, not the last save
+    assert [s["step"] for s in first_run] == [0, 6, 12, 14], starts
+    # the frozen rank: restarted by the fallback (a requeue), in new processes
+    assert sacct_states(job) == ["REQUEUED", "COMPLETED"]
+    assert starts[-1]["restart"] == 1 and starts[-1]["pid"] != first_run[0]["pid"]
+
+    state = protocol.state_dir(root / "ckpt", job)
+    lines = (state / protocol.LEDGER).read_text().splitlines()
+    restarts = [dict(w.split("=", 1) for w in ln.split()[1:]) for ln in lines
+                if ln.startswith("restart ")]
+    assert [(r["cause"], r["mode"]) for r in restarts] == [
+        ("user_crash", "inprocess"), ("hang", "inprocess"), ("user_crash", "inprocess"),
+        ("user_crash", "inprocess")], lines
+    assert any(ln.startswith("requeue cause=hang restart_count=1") for ln in lines), lines
+    status = json.loads(subprocess.run([sys.executable, "-m", "hpctrain", "status", job,
+                                        "--json"], capture_output=True, text=True,
+                                       check=True).stdout)["jobs"][0]
+    assert status["restarts_in_place"] == {"user_crash": 3, "hang": 1}, status
+    assert status["requeues"] == {"hang": 1}, status
+
+    # every step is in the log; the run's parameters equal the undisturbed run's
+    steps = {r["step"] for r in records(log) if "loss" in r}
+    assert steps == set(range(TOTAL))
+    assert bitwise_equal(final_state(root / "final", 4), final_state(tmp_path / "ref", 4))
+
+    # figures: the last step of an attempt -> the first step of the next (the first run)
+    requeued_at = starts[-1]["time"]
+    first = [r for r in records(log) if "loss" in r and r["time"] < requeued_at]
+    by_attempt: dict[int, list[float]] = {}
+    for r in first:
+        by_attempt.setdefault(r["attempt"], []).append(r["time"])
+    order = sorted(by_attempt)
+    for a, b in zip(order, order[1:]):
+        why = {1: "a crash", 2: "a hang (10 s to detect)", 4: "a failed save, then a failed load"}
+        print(f"in-process restart after {why.get(b, '?')}: "
+              f"{min(by_attempt[b]) - max(by_attempt[a]):.1f} s from the last step before "
+              "it to the first step after it")

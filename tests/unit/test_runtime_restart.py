@@ -1,0 +1,113 @@
+"""hpctrain.runtime.run without a scheduler: two ranks (their own processes, as srun starts
+them) restart their attempt in the same processes after a crash on one rank and after an
+interrupted hang, as a stand-in of the supervisor answers the protocol's records (the
+devcluster runs the real supervisor: tests/cluster/test_inprocess_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain import protocol as p
+from helpers.torchrun import env_for, start_ranks, wait_ranks
+
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+RUN = {"HPCTRAIN_RUN_ID": "r1", "HPCTRAIN_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "0"}
+
+
+def records(state: Path, world: int) -> list[dict[str, str]]:
+    return [p.read_record(p.rank_file(state, p.PROGRESS, r)) for r in range(world)]
+
+
+def events(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+class StandIn:
+    """The supervisor's side of in-process restarts, no more: when a rank of the current
+    attempt says it failed, every rank is asked to leave it (``interrupt``); once every
+    rank says it is restarting, ``go`` for the next. An interrupt on request too (a hang)."""
+
+    def __init__(self, state: Path, world: int) -> None:
+        self.state, self.world = state, world
+        self.attempt = 0
+        self.answered: list[tuple[int, float, list[str]]] = []   # (attempt, when, words)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self) -> None:
+        interrupted = -1
+        while not self.done.wait(0.05):
+            recs = records(self.state, self.world)
+            now = [r for r in recs if r.get("attempt") == str(self.attempt)]
+            waiting = [r for r in now if r.get("phase") == "restarting"]
+            if waiting and interrupted != self.attempt:
+                self.interrupt()
+                interrupted = self.attempt
+            if len(waiting) == self.world:
+                (self.state / p.EXIT).unlink(missing_ok=True)
+                self.attempt += 1
+                p.write_record(self.state / p.RESUME, {"run_id": "r1", "restart_count": 0,
+                                                       "attempt": self.attempt,
+                                                       "action": "go"})
+                self.answered.append((self.attempt, time.time(),
+                                      sorted(r.get("failed", "") for r in now)))
+
+    def interrupt(self) -> None:
+        p.write_record(self.state / p.INTERRUPT, {"run_id": "r1", "restart_count": 0,
+                                                  "attempt": self.attempt, "seq": time.time()})
+
+
+def test_a_crash_and_a_hang_restart_in_the_same_processes(tmp_path: Path) -> None:
+    state, ckpt, log = tmp_path / "s", tmp_path / "ckpt", tmp_path / "events.jsonl"
+    state.mkdir()
+    ckpt.mkdir()
+    env = env_for(HPCTRAIN_STATE_DIR=str(state), HPCTRAIN_EXIT_FILE=str(state / p.EXIT),
+                  HPCTRAIN_HEARTBEAT_S="0.2", **RUN)
+    stand_in = StandIn(state, 2)
+    procs = start_ranks(PROGRAMS / "allreduce_steps.py", 2, env, tmp_path / "out.txt", (
+        "--inprocess", "--steps", "8", "--save-every", "2", "--step-sleep", "0.1",
+        "--ckpt-dir", str(ckpt), "--events", str(log),
+        "--crash", "1:3:0",        # attempt 0: rank 1 raises in step 3
+        "--hang", "0:5:1"))        # attempt 1: rank 0 sleeps forever in step 5
+    try:
+        # attempt 1 reaches its hang: rank 0 never joins step 5's all-reduce
+        deadline = time.monotonic() + 90
+        while not any(e.get("attempt") == 1 and e.get("step") == 4 for e in events(log)):
+            alive = all(proc.poll() is None for proc in procs)
+            assert alive and time.monotonic() < deadline, \
+                (tmp_path / "out.txt").read_text()[-3000:]
+            time.sleep(0.1)
+        time.sleep(1.0)
+        stand_in.interrupt()
+    finally:
+        codes = wait_ranks(procs, timeout=90)   # kills what is left on a failure
+        stand_in.done.set()
+    out = (tmp_path / "out.txt").read_text()
+    assert codes == [0, 0], out[-3000:]
+    found = events(log)
+    starts = [e for e in found if e["event"] == "start"]
+    # three attempts in one process each: the same pid, resumed where the last save was
+    assert [s["attempt"] for s in starts] == [0, 1, 2] and len({s["pid"] for s in starts}) == 1
+    assert [s["step"] for s in starts] == [0, 2, 4]
+    # attempt 0: rank 1 crashed, its peer was freed; attempt 1: every rank interrupted
+    (_, _, first), (_, _, second) = stand_in.answered
+    assert "crash" in first and second == ["interrupted", "interrupted"]
+    # every step of the last attempt ran; the program checked w == 8 * 2 on every rank
+    assert [e["step"] for e in found if e["event"] == "step" and e["attempt"] == 2] == \
+        [4, 5, 6, 7]
+    assert any(e["event"] == "done" for e in found)
+    # the crash was recorded by the rank that raised, then cleared for the next attempt
+    assert "RuntimeError: simulated crash at step 3" in out
+    # from the go to the next attempt's first step: a rendezvous and a load, no import
+    for attempt, answered_at, _ in stand_in.answered:
+        first = min(e["time"] for e in found if e["event"] == "step"
+                    and e["attempt"] == attempt)
+        assert first - answered_at < 3.0, (attempt, first - answered_at)
+    assert records(state, 2)[0]["inprocess"] == "1"
