@@ -67,6 +67,10 @@ HEARTBEAT_S = "HPCTRAIN_HEARTBEAT_S"          # how often a rank rewrites its pr
 HANG_TIMEOUT_S = "HPCTRAIN_HANG_TIMEOUT_S"    # the [watchdog] table, for the supervisor
 STARTUP_TIMEOUT_S = "HPCTRAIN_STARTUP_TIMEOUT_S"
 SAVE_TIMEOUT_S = "HPCTRAIN_SAVE_TIMEOUT_S"
+# the training's process-group timeout: a collective waits this long for a peer, then raises
+COLLECTIVE_TIMEOUT_S = "HPCTRAIN_COLLECTIVE_TIMEOUT_S"
+# the [watchdog] defaults with hpctrain.runtime (the spec's check and the supervisor agree)
+DEFAULT_HANG_S, DEFAULT_STARTUP_S, DEFAULT_SAVE_S = 300, 1800, 1800
 MAX_STEP_RESTARTS = "HPCTRAIN_MAX_STEP_RESTARTS"
 EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
 HEALTH_CHECK = "HPCTRAIN_HEALTH_CHECK"        # the partition's node check: a JSON argv list

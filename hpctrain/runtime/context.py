@@ -10,12 +10,13 @@ import atexit
 import os
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hpctrain.protocol import STEP_ATTEMPT
+from hpctrain.protocol import COLLECTIVE_TIMEOUT_S, STEP_ATTEMPT
 from hpctrain.runtime import progress, teardown
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 MESH_DIMS = ("pp", "dp", "tp")
+BETWEEN_STEPS = "between-steps"   # the phase of ctx.between_steps()
+# a collective's wait for a peer when neither the caller nor the job says (the watchdog,
+# not this, is meant to find a hang: see the spec's collective_timeout_s)
+DEFAULT_COLLECTIVE_S = 600.0
 
 
 class Context:
@@ -108,6 +113,15 @@ class Context:
         if code:
             self.stop_cause = BY_CODE[code].name
         return code != 0
+
+    @contextmanager
+    def between_steps(self) -> Iterator[None]:
+        """Mark work between training steps that takes much longer than a step (an
+        evaluation pass, reloading a dataset): the watchdog then allows it the whole hang
+        timeout (``hang_timeout_s``, 300 s by default) instead of the timeout it derives
+        from the step time, and the step time is not skewed by it."""
+        with progress.phase(BETWEEN_STEPS):
+            yield
 
     def exit_for_requeue(self, step: int | None = None, cause: str | None = None) -> NoReturn:
         """Leave so the supervisor requeues the job: call on every rank AFTER the
@@ -221,6 +235,16 @@ class Setup:
     def record_crash(self, exc_type: type[BaseException], exc: BaseException) -> bool:
         return self.current is not None and self.current.record_crash(exc_type, exc)
 
+    def collective_timeout(self, timeout_s: float | None) -> timedelta:
+        """How long one collective waits for a peer: ``timeout_s`` if given, else the job's
+        ``$HPCTRAIN_COLLECTIVE_TIMEOUT_S`` (the spec's, no longer than its hang timeout),
+        else DEFAULT_COLLECTIVE_S."""
+        if timeout_s is None:
+            raw = self.environ.get(COLLECTIVE_TIMEOUT_S, "")
+            timeout_s = float(raw) if raw.isdigit() and int(raw) > 0 else \
+                DEFAULT_COLLECTIVE_S
+        return timedelta(seconds=timeout_s)
+
     def context(self, owns_process_group: bool, attempt: int = 0) -> Context:
         """The Context over the process group now initialised, with its mesh."""
         from torch.distributed.device_mesh import init_device_mesh
@@ -234,11 +258,12 @@ class Setup:
 
 
 def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
-         env: Mapping[str, str] | None = None, timeout_s: float = 600.0) -> Context:
+         env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> Context:
     """Read the environment, route stop signals to a flag, initialise torch.distributed
     (nccl with GPUs, gloo without) and a DeviceMesh with dims ("pp", "dp", "tp").
 
     Signals: ``signals`` or ``$HPCTRAIN_STOP_SIGNALS`` (e.g. ``USR2,TERM``), else USR2+TERM.
+    ``timeout_s``: how long a collective waits for a peer (see :meth:`Setup.collective_timeout`).
     For restarts inside the running processes, use :func:`hpctrain.runtime.run` instead.
     """
     import torch.distributed as dist
@@ -253,7 +278,7 @@ def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
         method = "env://" if launched else f"tcp://{parsed.master_addr}:{parsed.master_port}"
         dist.init_process_group(setup.backend, init_method=method, rank=parsed.rank,
                                 world_size=parsed.world_size,
-                                timeout=timedelta(seconds=timeout_s))
+                                timeout=setup.collective_timeout(timeout_s))
     return setup.context(owns, attempt=_int(environ.get(STEP_ATTEMPT)))
 
 

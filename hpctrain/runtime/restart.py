@@ -60,13 +60,18 @@ ABORT_EVERY_S = 0.25               # an interrupted attempt's groups are aborted
 SIGNAL_AFTER_S = 1.0               # ...and its main thread signalled after this long
 
 
+# how torch says a collective gave up waiting: gloo's transport, NCCL's watchdog, a store
+TIMEOUT_MARKS = ("Timed out waiting", "collective operation timeout", "Socket Timeout",
+                 "wait timeout after")
+
+
 class Interrupted(Exception):
     """The supervisor asked this attempt to end: the step was hung."""
 
 
 def run(main: Callable[[Context], T], *, backend: str | None = None,
         signals: Iterable[int] | None = None, env: Mapping[str, str] | None = None,
-        timeout_s: float = 600.0) -> T:
+        timeout_s: float | None = None) -> T:
     """Call ``main(ctx)`` on every rank; when an attempt fails (a rank raises, or the
     supervisor finds the step hung), call it again in the same processes as the supervisor
     decides (``ctx.attempt`` tells which attempt this is). Returns ``main``'s value.
@@ -91,11 +96,25 @@ def run(main: Callable[[Context], T], *, backend: str | None = None,
         return result
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Did ``exc`` come of a collective that waited for a peer past the collective
+    timeout? Then this rank is not the failure but waited for one (a hang elsewhere): its
+    word is ``timeout``, and the supervisor looks for the rank(s) that did not fail."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and any(m in text for m in TIMEOUT_MARKS):
+            return True
+        exc = exc.__cause__ or exc.__context__   # type: ignore[assignment]
+    return False
+
+
 class _Attempts:
     """The attempts of one process: their store, their connection, their end."""
 
-    def __init__(self, setup: Setup, timeout_s: float) -> None:
-        self.setup, self.timeout = setup, timedelta(seconds=timeout_s)
+    def __init__(self, setup: Setup, timeout_s: float | None) -> None:
+        self.setup, self.timeout = setup, setup.collective_timeout(timeout_s)
         e = setup.env
         self.attempt = int(setup.environ.get(p.STEP_ATTEMPT) or 0)
         self.state = setup.environ.get(p.STATE_DIR, "")
@@ -132,7 +151,8 @@ class _Attempts:
         self._asked = False
         # failing of the supervisor's interrupt (an aborted collective, Interrupted) is
         # not a failure of its own
-        word = "interrupted" if isinstance(exc, Interrupted) or self._interrupted else "crash"
+        word = "interrupted" if isinstance(exc, Interrupted) or self._interrupted else \
+            "timeout" if timed_out(exc) else "crash"
         if getattr(exc, "requeue_cause", None) or not self.state:
             return False        # the storage failed (requeue), or no supervisor to ask
         reporter, e = self.setup.reporter, ctx.env
@@ -142,7 +162,7 @@ class _Attempts:
                                node=e.node, run_id=e.run_id)
         error = str(crash_fields(type(exc), exc, step=None, restart_count=0, job_id=None,
                                  rank=e.rank)["error"])
-        if word == "crash":   # in the job log, as an uncaught exception would be
+        if word != "interrupted":   # in the job log, as an uncaught exception would be
             traceback.print_exception(exc)
         print(f"hpctrain: rank {e.rank}: attempt {self.attempt} ended ({word}: {error}); "
               "waiting for the supervisor's word on the next one", file=sys.stderr, flush=True)

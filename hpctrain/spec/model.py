@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import SpecError
+from hpctrain.protocol import DEFAULT_HANG_S, DEFAULT_SAVE_S
 from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_name,
                                   check_sbatch_option, check_signal, check_table, check_text,
                                   closest, slurm_time_seconds)
@@ -187,14 +188,21 @@ class RequeueSpec:
 @dataclass(frozen=True)
 class WatchdogSpec:
     """The supervisor's hang watchdog and in-allocation restarts (docs/fault-recovery.md,
-    "Hangs"). A timeout left out takes its default: with hpctrain.runtime, 300 s without
-    a step (``hang_timeout_s``), 1800 s for start-up and for a save; a script that does not
-    use the runtime is watched (by its output) only when ``hang_timeout_s`` is given. 0
-    turns a timeout off."""
+    "Hangs"). A timeout left out takes its default: with hpctrain.runtime, ten steps' time
+    once the steps are timed (30..300 s; 300 s before) without a step
+    (``hang_timeout_s``), 1800 s for start-up and for a save; a script that does not use
+    the runtime is watched (by its output) only when ``hang_timeout_s`` is given. 0 turns a
+    timeout off. ``collective_timeout_s`` bounds one collective of the training's process
+    group (left out: the hang timeout as given, else 300 s).
+
+    The timeouts nest: collective <= hang < save. A rank waiting for a hung peer in a
+    collective then gives up no later than the watchdog would see the hang, and a save may
+    take longer than a step."""
 
     hang_timeout_s: int | None = None
     startup_timeout_s: int | None = None
     save_timeout_s: int | None = None
+    collective_timeout_s: int | None = None
     max_step_restarts: int = 2      # restarts inside the allocation, for the whole job
     exclude_bad_nodes: bool = True  # requeue without a node that failed or froze
 
@@ -206,9 +214,41 @@ class WatchdogSpec:
         exclude = d.get("exclude_bad_nodes", True)
         if not isinstance(exclude, bool):
             raise SpecError(f"watchdog.exclude_bad_nodes={exclude!r} must be true or false")
-        return cls(**timeouts, exclude_bad_nodes=exclude,
+        spec = cls(**timeouts, exclude_bad_nodes=exclude,
+                   collective_timeout_s=_opt_int(d.get("collective_timeout_s"),
+                                                 "watchdog.collective_timeout_s", 1),
                    max_step_restarts=_int(d.get("max_step_restarts", 2),
                                           "watchdog.max_step_restarts", 0, 1000))
+        spec.check_order()
+        return spec
+
+    @property
+    def collective_s(self) -> int | None:
+        """The training's collective timeout: as given, else the hang timeout (None: the
+        hang watchdog is off and nothing was given; the runtime keeps its own default)."""
+        if self.collective_timeout_s is not None:
+            return self.collective_timeout_s
+        if self.hang_timeout_s == 0:
+            return None
+        return self.hang_timeout_s or DEFAULT_HANG_S
+
+    def check_order(self) -> None:
+        """collective <= hang < save, for the timeouts that are on (a default counts)."""
+        hang = DEFAULT_HANG_S if self.hang_timeout_s is None else self.hang_timeout_s
+        save = DEFAULT_SAVE_S if self.save_timeout_s is None else self.save_timeout_s
+        given = "" if self.hang_timeout_s is not None else " (its default)"
+        if self.collective_timeout_s is not None and hang and self.collective_timeout_s > hang:
+            raise SpecError(
+                f"watchdog.collective_timeout_s={self.collective_timeout_s} is longer than "
+                f"watchdog.hang_timeout_s={hang}{given}: a rank would wait in a collective "
+                f"after the hang was found; set collective_timeout_s <= {hang} or raise "
+                "hang_timeout_s")
+        if hang and save and hang >= save:
+            said = "" if self.save_timeout_s is not None else " (its default)"
+            raise SpecError(
+                f"watchdog.hang_timeout_s={hang} is not shorter than "
+                f"watchdog.save_timeout_s={save}{said}: a save must be allowed longer than "
+                f"a step; set save_timeout_s to more than {hang}")
 
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,

@@ -77,7 +77,8 @@ class Config:
         limits = Limits.from_spec(_opt_int(env, p.HANG_TIMEOUT_S),
                                   _opt_int(env, p.STARTUP_TIMEOUT_S),
                                   _opt_int(env, p.SAVE_TIMEOUT_S),
-                                  _float(env, p.HEARTBEAT_S, p.DEFAULT_HEARTBEAT_S))
+                                  _float(env, p.HEARTBEAT_S, p.DEFAULT_HEARTBEAT_S),
+                                  _opt_int(env, p.COLLECTIVE_TIMEOUT_S))
         return cls(
             argv=tuple(args), key=key, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             cluster=env.get("SLURM_CLUSTER_NAME", ""),

@@ -18,11 +18,12 @@ from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
-from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, assess, culprits,
-                                          innermost, node_of)
+from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, StepClock, assess,
+                                          culprits, innermost, node_of, waited_for)
 
 LOOK_S = 1.0            # how often progress is looked at
 FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are looked for
+SETTLE_S, MAX_SETTLE_S = 1.0, 5.0   # ranks timing out in a collective: wait for the rest
 KILL_WAIT_S = 60.0      # how long a killed step may take to end
 STACK_LINES = 60        # lines of one rank's stacks printed into the job log
 FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: one line each)
@@ -43,6 +44,7 @@ class Watch:
         self.output_at: float | None = None
         self._next = slurm.monotonic() + LOOK_S
         self._next_failed = 0.0
+        self.clock = StepClock()     # the step time: a hang timeout left out follows it
 
     def records(self) -> dict[int, dict[str, str]]:
         """This attempt's progress records by rank, as written."""
@@ -83,8 +85,11 @@ class Watch:
 
     def next(self) -> Watch:
         """The watch of the next attempt, in the same step (an in-process restart)."""
-        return Watch(self.slurm, self.state, self.limits, self.world, self.restart_count,
-                     self.attempt + 1, self.logs, self.nodes)
+        watch = Watch(self.slurm, self.state, self.limits, self.world, self.restart_count,
+                      self.attempt + 1, self.logs, self.nodes)
+        # the same processes: the same pace, the same pauses
+        watch.clock = StepClock(known=self.clock.step_s(), longest_s=self.clock.longest_s)
+        return watch
 
     def finish(self) -> Finish:
         """What the ranks said as they left (the decision's row 6)."""
@@ -108,8 +113,42 @@ class Watch:
         sizes = self._log_sizes()
         if sizes != self._sizes:
             self._sizes, self.output_at = sizes, now
-        return assess(self.progress(), self.world, self.started_at, now, self.limits,
+        progress = self.progress()
+        training = [r.boundaries for r in progress.values() if r.phase == "training"]
+        if len(training) == self.world:
+            self.clock.add(now, min(training))
+        else:
+            self.clock.skip()
+        return assess(progress, self.world, self.started_at, now,
+                      self.limits.timed(self.clock.step_s(), self.clock.longest_s),
                       self.output_at)
+
+    def waited_for(self, failed: dict[int, dict[str, str]]) -> Hang | None:
+        """The failed ranks of this attempt all gave up waiting in a collective: the hang
+        of the ranks they waited for, said in the job log with those ranks' stacks. None
+        when a rank failed on its own (a crash)."""
+        if not failed or any(rec.get("failed") != "timeout" for rec in failed.values()):
+            return None
+        # the others' timeouts run out within moments of the first: let them, so that
+        # only the ranks nobody else waits with are named
+        settled, seen = self.slurm.monotonic() + SETTLE_S, len(failed)
+        end = self.slurm.monotonic() + MAX_SETTLE_S
+        while self.slurm.monotonic() < min(settled, end) and seen < self.world:
+            self.slurm.sleep(FAILED_LOOK_S / 2)
+            now_failed = sum(rec.get("phase") == "restarting"
+                             for rec in self.records().values())
+            if now_failed > seen:
+                settled, seen = self.slurm.monotonic() + SETTLE_S, now_failed
+        hang = waited_for(self.records(), self.world, self.slurm.time(), self.limits.beat_s,
+                          self.limits.collective_s)
+        if hang is None:
+            return None
+        say(f"HANG: {hang.text()}")
+        if hang.ranks:
+            stacks = self.collect_stacks(list(hang.ranks), max(3 * self.limits.beat_s, 5.0))
+            # in the log only: whether it froze, its heartbeat has told (waited_for)
+            print_stacks(stacks, self.world, hang.ranks, only_first=True)
+        return hang
 
     # ---- a hang: stacks, names, kill --------------------------------------------------
     def collect_stacks(self, ranks: list[int], wait_s: float) -> dict[int, str]:
@@ -238,10 +277,12 @@ def parse_spy(text: str) -> dict[int, str]:
     return found
 
 
-def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...]) -> None:
-    """Every rank's stacks into the job log: the named ranks first and whole (up to
-    FULL_STACKS), the rest by their innermost frame; and who did not answer."""
-    order = [*first, *(r for r in range(world) if r not in first)]
+def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...],
+                 only_first: bool = False) -> None:
+    """Every rank's stacks (``only_first``: the named ranks', the only ones asked) into
+    the job log: the named ranks first and whole (up to FULL_STACKS), the rest by their
+    innermost frame; and who did not answer."""
+    order = [*first, *(r for r in range(world) if r not in first and not only_first)]
     shown = 0
     for rank in order:
         if rank not in stacks:

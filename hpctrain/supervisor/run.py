@@ -162,7 +162,10 @@ class Supervisor:
                 self.on_stop(caught, step)
             if status is not None:
                 return status, None, watch.attempt
-            if watch.failed():
+            failed = watch.failed()
+            # ranks that gave up waiting in a collective: a hang of those they waited for
+            hang = watch.waited_for(failed) if failed else None
+            if failed and hang is None:
                 watch = self.inprocess.after_failure(step, watch) or watch
             if self.inprocess.leaving(watch):   # told to stop: the step is ending
                 if self.inprocess.overdue():
@@ -170,9 +173,9 @@ class Supervisor:
                 self.slurm.sleep(POLL_S)
                 continue
             # once a stop was passed on, the ranks save and leave: Slurm's grace bounds that
-            hang = None if self._forwarded else watch.look()
-            if hang is not None:
+            if hang is None and not self._forwarded and (hang := watch.look()) is not None:
                 hang = watch.name_culprits(hang, self.cfg.key)
+            if hang is not None:
                 self.seen.hang = hang
                 nxt = self.inprocess.after_hang(step, watch, hang)
                 if nxt is None:

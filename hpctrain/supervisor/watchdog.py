@@ -18,14 +18,20 @@ those that are not inside a ``torch.distributed`` call while the others wait in 
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-AUTO_HANG_S = 300       # the runtime is used and the spec says nothing: these defaults
-AUTO_STARTUP_S = 1800
-AUTO_SAVE_S = 1800
+from hpctrain import protocol as p
+
+# the runtime is used and the spec says nothing: these defaults
+AUTO_HANG_S, AUTO_STARTUP_S, AUTO_SAVE_S = p.DEFAULT_HANG_S, p.DEFAULT_STARTUP_S, p.DEFAULT_SAVE_S
 STALE_BEATS = 5         # a heartbeat older than this many beats: the process stopped
 EXIT_GRACE_S = 60.0     # every rank's work is over (phase exited) but the step goes on
+# hang_timeout_s left out: once the steps are timed, HANG_STEPS steps' time (or PAUSES
+# times the longest pause seen), within [HANG_FLOOR_S, AUTO_HANG_S]; timed from MIN_STEPS
+# step boundaries on
+HANG_STEPS, PAUSES, HANG_FLOOR_S, MIN_STEPS = 10, 3, 30.0, 5
 OUTPUT = "output"       # the phase of a hang seen in the log (no progress records)
 
 
@@ -38,10 +44,13 @@ class Limits:
     save_s: float | None = AUTO_SAVE_S
     plain: bool = False           # hang_timeout_s was given: watch plain scripts' output too
     beat_s: float = 2.0
+    derived: bool = False         # hang_timeout_s was left out: it follows the step time
+    collective_s: float | None = None   # the training's collective timeout, when the job has one
+    step_hang_s: float | None = None    # derived: the hang timeout of a training step
 
     @classmethod
     def from_spec(cls, hang_s: int | None, startup_s: int | None, save_s: int | None,
-                  beat_s: float) -> Limits:
+                  beat_s: float, collective_s: int | None = None) -> Limits:
         """The spec's ``[watchdog]`` (None: the default, 0: off)."""
         def pick(value: int | None, default: float | None) -> float | None:
             return default if value is None else (float(value) or None)
@@ -49,18 +58,71 @@ class Limits:
         hang = pick(hang_s, AUTO_HANG_S)
         return cls(hang, pick(startup_s, AUTO_STARTUP_S if hang else None),
                    pick(save_s, AUTO_SAVE_S if hang else None),
-                   plain=bool(hang_s), beat_s=beat_s)
+                   plain=bool(hang_s), beat_s=beat_s, derived=hang_s is None,
+                   collective_s=float(collective_s) if collective_s else None)
+
+    def timed(self, step_s: float | None, pause_s: float = 0.0) -> Limits:
+        """These limits once a step takes ``step_s`` (None: not known yet) and the longest
+        pause between steps seen was ``pause_s``: a hang timeout left to hpctrain becomes,
+        for training steps, HANG_STEPS steps' time or PAUSES times that pause, at least
+        HANG_FLOOR_S and at most the default; one the spec gave stays as given. Work
+        between steps (``ctx.between_steps``) keeps the whole hang timeout."""
+        if not self.derived or step_s is None or self.hang_s is None:
+            return self
+        derived = max(HANG_STEPS * step_s, PAUSES * pause_s, HANG_FLOOR_S)
+        return replace(self, step_hang_s=min(derived, self.hang_s))
 
     def of(self, phase: str) -> float | None:
         if phase in ("startup", "loading"):
             return self.startup_s
         if phase in ("saving", "exiting"):
             return self.save_s
+        if phase == "training" and self.step_hang_s is not None:
+            return self.step_hang_s
         return self.hang_s
 
     @property
     def any(self) -> bool:
         return any(x is not None for x in (self.hang_s, self.startup_s, self.save_s))
+
+
+@dataclass
+class StepClock:
+    """How long a training step takes, from the slowest rank's step boundaries as the
+    watchdog sees them: the time between two looks at which the count moved, over the
+    steps it moved by; the median of the last few. Only time every rank spent training
+    counts (a save, an evaluation in ``ctx.between_steps`` have their own limits). The
+    longest such time is kept too: a long pause inside the training that came back (an
+    evaluation not marked as one) must not look like a hang the next time."""
+
+    known: float | None = None    # the pace an earlier attempt of the same processes had
+    longest_s: float = 0.0        # the longest time the count stood still, then moved
+    rates: list[float] = field(default_factory=list)   # seconds per step, the last few
+    moved: int = 0                # step boundaries timed
+    last: tuple[float, int] | None = None   # (when, boundaries) the count last moved
+
+    def add(self, now: float, boundaries: int) -> None:
+        """Every rank is training and the slowest has passed ``boundaries``."""
+        if self.last is None or boundaries < self.last[1]:
+            self.last = (now, boundaries)    # the first look, or the ranks started over
+            return
+        at, before = self.last
+        if boundaries > before:
+            self.rates = [*self.rates[-19:], (now - at) / (boundaries - before)]
+            self.longest_s = max(self.longest_s, now - at)
+            self.moved += boundaries - before
+            self.last = (now, boundaries)
+
+    def skip(self) -> None:
+        """Some rank is not training (saving, between steps): this stretch is not timed."""
+        self.last = None
+
+    def step_s(self) -> float | None:
+        """Seconds per step, or None before MIN_STEPS boundaries were timed (and no
+        earlier attempt's pace is known)."""
+        if self.moved < MIN_STEPS or len(self.rates) < 2:
+            return self.known
+        return statistics.median(self.rates)
 
 
 @dataclass(frozen=True)
@@ -161,6 +223,29 @@ def assess(progress: Mapping[int, RankProgress], world: int, started_at: float, 
                                  if r in progress and _stale(progress[r], now, limits.beat_s)
                                  and progress[r].node))
     return Hang(phase, idle, limits.of(phase) or 0.0, ranks, nodes, why, frozen, now)
+
+
+def waited_for(records: Mapping[int, Mapping[str, str]], world: int, now: float,
+               beat_s: float, collective_s: float | None = None) -> Hang | None:
+    """A failed attempt (``hpctrain.runtime.run``) whose failed ranks all gave up waiting in
+    a collective (their word ``timeout``) is a hang of the ranks that did not fail: a
+    :class:`Hang` naming those (their nodes; frozen when their heartbeat stopped). None
+    when some rank failed on its own (a crash: the failure path)."""
+    failed = {r for r, rec in records.items() if rec.get("phase") == "restarting"}
+    if not failed or any(records[r].get("failed") != "timeout" for r in failed):
+        return None
+    progress = {r: rec for r, raw in records.items() if r not in failed
+                and (rec := RankProgress.parse(raw)) is not None}
+    ranks = tuple(r for r in range(world) if r not in failed)
+    nodes = tuple(dict.fromkeys(progress[r].node for r in ranks
+                                if r in progress and progress[r].node))
+    frozen = tuple(dict.fromkeys(progress[r].node for r in ranks if r in progress
+                                 and _stale(progress[r], now, beat_s) and progress[r].node))
+    idle = now - min((progress[r].changed_at for r in ranks if r in progress), default=now)
+    phase = progress[ranks[0]].phase if ranks and ranks[0] in progress else "training"
+    why = "the others gave up waiting for them in a collective"
+    return Hang(phase, idle, collective_s or idle, ranks, nodes, why if ranks else "",
+                frozen, now)
 
 
 def _assess_output(started_at: float, now: float, limits: Limits,

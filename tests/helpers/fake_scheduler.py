@@ -94,6 +94,9 @@ class FakeStep:
     stuck: int = -1                            # this rank never leaves a failed attempt
     attempt: int = -1                          # in-process attempts: the current one
     waiting: str = ""                          # ...failed (crash, hang): waits for the word
+    hung_rank: int = -1                        # at hang_at only this rank stops; the others
+    collective_s: float = 5.0                  # ...give up waiting for it after this long
+    timed_out: bool = False                    # ...and did (their word: timeout)
     first: int = field(init=False, default=0)  # the attempt the faults are planned for
 
     def __post_init__(self) -> None:
@@ -119,6 +122,9 @@ class FakeStep:
             self.done_steps = self.hang_at   # alive (heartbeats), no step boundary any more
             if self.kind.inprocess and self.asked(p.INTERRUPT):
                 return self.fail("hang")
+            if self.kind.inprocess and self.hung_rank >= 0 and \
+                    elapsed > (self.hang_at + 1) * self.step_s + self.collective_s:
+                self.timed_out = True   # the others' collective timeout ran out
             self.write_progress()
             return
         if faulty and 0 <= self.crash_at <= self.done_steps:
@@ -162,6 +168,7 @@ class FakeStep:
         word = self.asked(p.RESUME).get("action")
         if word == "go":
             self.attempt, self.waiting, self.started = self.attempt + 1, "", self.fake.now
+            self.timed_out = False
             self.done_steps = 0
             self.write_progress()
         elif word == "stop":
@@ -187,9 +194,14 @@ class FakeStep:
         changed = self.started + self.done_steps * self.step_s
         for rank in range(self.fake.world):
             waiting = self.waiting and rank != self.stuck   # stuck: still "training"
-            phase = "restarting" if waiting else "training" if self.done_steps else "startup"
+            gave_up = self.timed_out and rank != self.hung_rank
+            phase = "restarting" if waiting or gave_up else \
+                "training" if self.done_steps else "startup"
             extra = {"inprocess": 1} if self.kind.inprocess else {}
-            if waiting:
+            if gave_up:
+                extra.update(failed="timeout", error="RuntimeError: Timed out waiting "
+                             f"{self.collective_s * 1000:.0f}ms for recv operation to complete")
+            elif waiting:
                 extra.update(failed=self.waiting, error="RuntimeError: simulated crash")
             p.write_record(p.rank_file(self.env[p.STATE_DIR], p.PROGRESS, rank), {
                 "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],

@@ -51,7 +51,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hpctrain.supervisor": SHARED | {"hpctrain.slurm", "hpctrain.runtime"},
     "hpctrain.slurm": {"hpctrain.errors"},
     # ---- the login node ---------------------------------------------------------------
-    "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.access"},
+    # the spec checks the watchdog's timeouts against the defaults the supervisor applies
+    "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.access",
+                      "hpctrain.protocol"},
     "hpctrain.planner": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.spec"},
     "hpctrain.render": SHARED | {"hpctrain.spec", "hpctrain.slurm", "jinja2"},
     # jobs.accounting gathers the report's inputs (report.build's and report.partition's)

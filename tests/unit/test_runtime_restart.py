@@ -111,3 +111,32 @@ def test_a_crash_and_a_hang_restart_in_the_same_processes(tmp_path: Path) -> Non
                     and e["attempt"] == attempt)
         assert first - answered_at < 3.0, (attempt, first - answered_at)
     assert records(state, 2)[0]["inprocess"] == "1"
+
+
+def test_a_rank_that_gives_up_in_a_collective_says_timeout_and_restarts(tmp_path: Path) -> None:
+    """$HPCTRAIN_COLLECTIVE_TIMEOUT_S=2: rank 0 hangs in step 3, rank 1 gives up waiting
+    for it in the all-reduce after 2 s and says ``timeout`` (not ``crash``: it is not the
+    failure; the supervisor names rank 0), then both restart in their processes."""
+    state, ckpt, log = tmp_path / "s", tmp_path / "ckpt", tmp_path / "events.jsonl"
+    state.mkdir()
+    ckpt.mkdir()
+    env = env_for(HPCTRAIN_STATE_DIR=str(state), HPCTRAIN_EXIT_FILE=str(state / p.EXIT),
+                  HPCTRAIN_HEARTBEAT_S="0.2", HPCTRAIN_COLLECTIVE_TIMEOUT_S="2", **RUN)
+    stand_in = StandIn(state, 2)
+    procs = start_ranks(PROGRAMS / "allreduce_steps.py", 2, env, tmp_path / "out.txt", (
+        "--inprocess", "--steps", "6", "--save-every", "2", "--step-sleep", "0.1",
+        "--ckpt-dir", str(ckpt), "--events", str(log), "--hang", "0:3:0"))
+    try:
+        codes = wait_ranks(procs, timeout=90)
+    finally:
+        stand_in.done.set()
+    out = (tmp_path / "out.txt").read_text()
+    assert codes == [0, 0], out[-3000:]
+    ((attempt, answered_at, words),) = stand_in.answered
+    assert (attempt, words) == (1, ["interrupted", "timeout"]), out[-3000:]
+    assert "Timed out waiting 2000ms" in out
+    found = events(log)
+    last_step = max(e["time"] for e in found if e["event"] == "step" and e["attempt"] == 0)
+    assert 1.5 < answered_at - last_step < 6.0, answered_at - last_step
+    assert [e["step"] for e in found if e["event"] == "step" and e["attempt"] == 1] == \
+        [2, 3, 4, 5]

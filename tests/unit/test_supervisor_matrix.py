@@ -238,3 +238,35 @@ def test_a_rank_that_cannot_leave_gets_a_restart_in_new_processes(
     assert len(ledger) == 1 and ledger[0].startswith("restart cause=user_crash ")
     assert "mode=" not in ledger[0]
     assert "not every rank left attempt 0 in its process" in capsys.readouterr().err
+
+
+def test_ranks_that_gave_up_in_a_collective_are_a_hang_of_the_one_they_waited_for(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """collective_timeout_s (5 s) < hang_timeout_s (10 s): rank 1 stops at step 3, rank 0
+    gives up waiting for it in the all-reduce (its word: timeout). That is no crash of
+    rank 0's but the hang of rank 1: named, counted as a hang, restarted in place."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, "inprocess", steps=[{"hang_at": 3, "hung_rank": 1}],
+        limits=Limits(hang_s=10, beat_s=2.0, collective_s=5))
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(asked(fake, "start_step")) == 1 and not asked(fake, "kill_steps")
+    assert len(ledger) == 1 and ledger[0].startswith(
+        "restart cause=hang restart_count=0 attempt=1 ") and "mode=inprocess" in ledger[0]
+    err = capsys.readouterr().err
+    assert "stopped first: rank(s) 1 on n1 (the others gave up waiting for them in a " \
+           "collective)" in err, err
+    assert "limit 5 s" in err, err
+
+
+def test_a_derived_hang_timeout_finds_a_hang_in_ten_steps_time(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    """hang_timeout_s left out: once five steps were timed (1 s each), a step that does
+    not come is a hang after 30 s (the floor; ten steps would be 10 s), not 300 s."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, "inprocess", steps=[{"hang_at": 8, "steps": 12}],
+        limits=Limits.from_spec(None, None, None, 2.0))
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(ledger) == 1 and ledger[0].startswith("restart cause=hang ")
+    err = capsys.readouterr().err
+    assert "(limit 30 s)" in err, err

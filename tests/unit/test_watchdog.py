@@ -18,9 +18,10 @@ from hpctrain.protocol.ledger import parse_ledger
 from hpctrain.runtime.progress import Reporter, phase
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
-from hpctrain.supervisor.watchdog import (EXIT_GRACE_S, Limits, RankProgress, assess, culprits,
+from hpctrain.supervisor.watchdog import (AUTO_HANG_S, AUTO_SAVE_S, EXIT_GRACE_S, HANG_FLOOR_S,
+                                          Limits, RankProgress, StepClock, assess, culprits,
                                           in_collective, innermost, main_stack, node_of,
-                                          suspects)
+                                          suspects, waited_for)
 
 NOW = 1_800_000_000.0
 LIMITS = Limits(hang_s=10, startup_s=30, save_s=60, beat_s=2.0)
@@ -108,6 +109,59 @@ def test_zero_turns_a_timeout_off() -> None:
 
 def test_suspects_say_nothing_when_every_rank_stands_at_the_same_place() -> None:
     assert suspects({r: rank(r) for r in range(4)}, 4, NOW, 2.0) == ((), "")
+
+
+# ---- a hang timeout derived from the step time ----------------------------------------------
+def test_the_step_clock_times_steps_only_while_every_rank_trains() -> None:
+    clock = StepClock()
+    for i in range(3):
+        clock.add(NOW + i, 2 * i)             # 0.5 s a step, two per look
+    assert clock.step_s() is None            # 4 steps timed: fewer than MIN_STEPS
+    clock.add(NOW + 3, 6)
+    assert clock.step_s() == 0.5 and clock.longest_s == 1.0
+    clock.skip()                              # a save: the next stretch is not timed
+    clock.add(NOW + 30, 9)
+    clock.add(NOW + 31, 11)
+    assert clock.step_s() == 0.5 and clock.longest_s == 1.0
+    clock.add(NOW + 51, 12)                   # 20 s in training, then a step: a pause
+    assert clock.longest_s == 20.0 and clock.step_s() == 0.5
+    clock.add(NOW + 52, 0)                    # the ranks started over: a new anchor
+    assert clock.last == (NOW + 52, 0)
+    assert StepClock(known=0.25).step_s() == 0.25   # an earlier attempt's pace
+
+
+def test_a_derived_timeout_follows_the_step_time_within_its_bounds() -> None:
+    auto = Limits.from_spec(None, None, None, 2.0)
+    assert auto.timed(None).of("training") == AUTO_HANG_S           # not timed yet
+    assert auto.timed(0.5).of("training") == HANG_FLOOR_S           # 10 steps: 5 s
+    assert auto.timed(6.0).of("training") == 60.0                   # 10 steps
+    assert auto.timed(0.5, pause_s=40.0).of("training") == 120.0    # 3 x a pause seen
+    assert auto.timed(60.0).of("training") == AUTO_HANG_S           # capped
+    # work between steps, start-up and saves keep their own limits
+    assert auto.timed(0.5).of("between-steps") == AUTO_HANG_S
+    assert auto.timed(0.5).of("saving") == AUTO_SAVE_S
+    # a timeout the spec gave stays as given; one turned off stays off
+    assert Limits.from_spec(100, None, None, 2.0).timed(0.5).of("training") == 100
+    assert Limits.from_spec(0, None, None, 2.0).timed(0.5).of("training") is None
+
+
+def test_ranks_that_gave_up_in_a_collective_name_the_rank_they_waited_for() -> None:
+    def rec(r: int, phase: str = "training", failed: str = "", beat: float = NOW - 1,
+            node: str = "n1") -> dict[str, str]:
+        return {"rank": str(r), "node": node, "step": "7", "boundaries": "7", "phase": phase,
+                "changed_at": str(NOW - 12), "beat_at": str(beat), "failed": failed}
+    gave_up = {0: rec(0, "restarting", "timeout"), 1: rec(1, node="n2"),
+               2: rec(2, "restarting", "timeout")}
+    hang = waited_for(gave_up, 3, NOW, 2.0, 10.0)
+    assert hang is not None and (hang.ranks, hang.nodes, hang.limit_s) == ((1,), ("n2",), 10)
+    assert hang.phase == "training" and hang.frozen_nodes == () and round(hang.idle_s) == 12
+    assert "the others gave up waiting for them in a collective" in hang.text()
+    # its heartbeat stopped too: frozen (the attempt cannot be left in its process)
+    frozen = {**gave_up, 1: rec(1, node="n2", beat=NOW - 60)}
+    assert waited_for(frozen, 3, NOW, 2.0).frozen_nodes == ("n2",)   # type: ignore[union-attr]
+    # one rank crashed on its own: the failure path, not a hang
+    assert waited_for({**gave_up, 2: rec(2, "restarting", "crash")}, 3, NOW, 2.0) is None
+    assert waited_for({0: rec(0), 1: rec(1)}, 2, NOW, 2.0) is None
 
 
 # ---- stacks ---------------------------------------------------------------------------------
