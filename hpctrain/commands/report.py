@@ -9,6 +9,7 @@ accounting and :mod:`hpctrain.report.html` draws the timeline. No torch.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import click
@@ -116,6 +117,9 @@ def state_dir(job_id: str, base: str | None) -> Path:
     return found
 
 
+HOW = {"inprocess": "in-process", "new": "in new processes"}   # how an attempt began
+
+
 def format_text(r: Report) -> str:
     """The report as a few aligned lines."""
     lines = [f"job {r.job}: {len(r.runs)} run(s)"]
@@ -128,9 +132,18 @@ def format_text(r: Report) -> str:
             s = att.seconds
             steps = (f"steps {att.first_step}..{att.last_step} ({att.steps}, {att.redone} "
                      "re-done)" if att.steps else "no step reported")
-            lines.append(f"    attempt {att.attempt}: start-up {s.get('startup', 0):.1f} s, "
-                         f"{steps}, saving {s.get('saving', 0):.1f} s, stopping "
-                         f"{s.get('stopping', 0):.1f} s, ended: {att.cause or '-'}")
+            how = f" ({HOW[att.mode]}" + (f", back in {att.recovery_s:.1f} s)"
+                                          if att.recovery_s is not None else ")") \
+                if att.mode else ""
+            lines.append(f"    attempt {att.attempt}{how}: start-up "
+                         f"{s.get('startup', 0):.1f} s, {steps}, saving "
+                         f"{s.get('saving', 0):.1f} s, stopping {s.get('stopping', 0):.1f} s, "
+                         f"ended: {att.cause or '-'}")
+    restarts = [f"{len(r.restarts(mode))} {HOW[mode]}" + (
+        f" (median {statistics.median(times):.1f} s from the last step before to the first "
+        "after)" if (times := r.recoveries(mode)) else "") for mode in HOW if r.restarts(mode)]
+    if restarts:
+        lines.append(f"  restarts in the allocation: {'; '.join(restarts)}")
     if r.note:
         lines.append(f"  the work was done, then: {r.note}")
     if r.goodput is None:

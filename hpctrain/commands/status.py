@@ -100,6 +100,8 @@ def _job_row(view: JobStatus) -> Row:
     if view.restarts_in_place:   # restarts of the step inside the allocation (the watchdog's)
         cell = (("" if cell == "-" else cell + " ") + "in-place "
                 + format_requeues(view.restarts_in_place))
+        if view.restarts_in_process:   # of those, in the running processes (seconds each)
+            cell += f" ({sum(view.restarts_in_process.values())} in-process)"
     nodes = info.nodes or "-"
     if view.excluded_nodes:
         nodes += f" (excluded {','.join(view.excluded_nodes)})"

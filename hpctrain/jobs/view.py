@@ -56,6 +56,11 @@ class JobStatus:
         return self.ledger.restarts if self.ledger is not None else {}
 
     @property
+    def restarts_in_process(self) -> dict[str, int]:
+        """Of :attr:`restarts_in_place`, those in the running processes (runtime.run)."""
+        return self.ledger.inprocess if self.ledger is not None else {}
+
+    @property
     def excluded_nodes(self) -> dict[str, str]:
         return self.ledger.excluded if self.ledger is not None else {}
 
@@ -69,6 +74,7 @@ class JobStatus:
                "kind": self.entry.kind, **info_json(self.info),
                "requeue_limit": self.requeue_limit,
                "restarts_in_place": self.restarts_in_place,
+               "restarts_in_process": self.restarts_in_process,
                "excluded_nodes": self.excluded_nodes, "progress": self.live,
                "hangs": self.hangs, "last_checkpoint_step": self.last_step,
                "folder": self.entry.folder, "cause": self.verdict.get("cause"),

@@ -71,6 +71,9 @@ SAVE_TIMEOUT_S = "HPCTRAIN_SAVE_TIMEOUT_S"
 COLLECTIVE_TIMEOUT_S = "HPCTRAIN_COLLECTIVE_TIMEOUT_S"
 # the [watchdog] defaults with hpctrain.runtime (the spec's check and the supervisor agree)
 DEFAULT_HANG_S, DEFAULT_STARTUP_S, DEFAULT_SAVE_S = 300, 1800, 1800
+# a collective_timeout_s given is at most this much longer than the hang timeout: a rank
+# waiting for a hung peer gives up soon after the watchdog would have found the hang
+COLLECTIVE_MARGIN_S = 30
 MAX_STEP_RESTARTS = "HPCTRAIN_MAX_STEP_RESTARTS"
 EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
 HEALTH_CHECK = "HPCTRAIN_HEALTH_CHECK"        # the partition's node check: a JSON argv list

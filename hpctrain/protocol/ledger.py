@@ -33,6 +33,8 @@ class Ledger:
     last_cause: str | None = None                         # its cause
     restarts: dict[str, int] = field(default_factory=dict)  # in-allocation restarts by cause
     excluded: dict[str, str] = field(default_factory=dict)  # node -> why it is avoided
+    inprocess: dict[str, int] = field(default_factory=dict)  # ...of them in the running
+    #                                                          processes (runtime.run)
 
     @property
     def total(self) -> int:
@@ -75,6 +77,7 @@ def parse_ledger(text: str) -> Ledger:
     """The ledger in ``text``; unknown and damaged lines are ignored."""
     requeues: dict[str, int] = {}
     restarts: dict[str, int] = {}
+    inprocess: dict[str, int] = {}
     excluded: dict[str, str] = {}
     stop: dict[str, str] = {}
     last_restart, last_cause = 0, None
@@ -86,11 +89,13 @@ def parse_ledger(text: str) -> Ledger:
                 last_restart, last_cause = int(restart), fields["cause"]
         elif kind == "restart" and fields.get("cause"):
             restarts[fields["cause"]] = restarts.get(fields["cause"], 0) + 1
+            if fields.get("mode") == "inprocess":
+                inprocess[fields["cause"]] = inprocess.get(fields["cause"], 0) + 1
         elif kind == "exclude" and fields.get("node"):
             excluded[fields["node"]] = fields.get("cause", "")
         elif kind == "stop" and fields.get("limit"):
             stop = fields
-    return Ledger(requeues, stop, last_restart, last_cause, restarts, excluded)
+    return Ledger(requeues, stop, last_restart, last_cause, restarts, excluded, inprocess)
 
 
 def line(kind: str, **fields: object) -> str:

@@ -274,7 +274,7 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.HANG_TIMEOUT_S, wd.hang_timeout_s),
         (protocol.STARTUP_TIMEOUT_S, wd.startup_timeout_s),
         (protocol.SAVE_TIMEOUT_S, wd.save_timeout_s),
-        (protocol.COLLECTIVE_TIMEOUT_S, wd.collective_s)) if value is not None]
+        (protocol.COLLECTIVE_TIMEOUT_S, wd.collective_timeout_s)) if value is not None]
     if ck.dir is not None:
         pairs.append((protocol.CKPT_DIR, ck.dir))
     if ck.access != "private":  # the manager's default; said only when it differs

@@ -14,6 +14,11 @@ or an allowed crash). Within an attempt, rank 0's history has a line per step bo
 - **stopping**: the last step to the attempt's end (a hang's wait, an emergency save's
   tail, shutting down).
 
+A restart in the allocation begins its attempt either in the running processes
+(``inprocess``: hpctrain.runtime.run) or as a new training step (``new``); its *recovery*
+is the previous attempt's stopping plus its own start-up: from the last step before the
+failure to the first step after it.
+
 Goodput = kept GPU-time / allocated GPU-time (each run's elapsed time x its GPUs). A job
 whose script does not use hpctrain.runtime has no history: its runs, causes and times
 are still reported, its goodput is unknown.
@@ -51,6 +56,9 @@ class Attempt:
     begin: float
     end: float
     cause: str = ""                       # how it ended
+    mode: str = ""                        # how it began: "" (the run's first), "inprocess"
+    #                                       (runtime.run, same processes), "new" (a new step)
+    recovery_s: float | None = None       # the last step before it to its first step
     steps: int = 0                        # step completions
     redone: int = 0
     first_step: int | None = None
@@ -87,6 +95,17 @@ class Report:
     points: list[tuple[float, int, bool]] = field(default_factory=list)  # (t, step, kept)
     note: str = ""        # what the last run's verdict adds: "rank 1 then died at exit (...)"
 
+    def restarts(self, mode: str) -> list[Attempt]:
+        """The attempts a restart in the allocation began the ``mode`` way ("inprocess",
+        "new")."""
+        return [att for run in self.runs for att in run.attempts if att.mode == mode]
+
+    def recoveries(self, mode: str) -> list[float]:
+        """Seconds from the last step before each such restart to the first step after
+        it, where both were seen (a restart that failed before its first step has none:
+        its time counts in the next one's)."""
+        return [att.recovery_s for att in self.restarts(mode) if att.recovery_s is not None]
+
     @property
     def goodput(self) -> float | None:
         if not self.known or not self.allocated_gpu_s:
@@ -112,6 +131,8 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
                     and e.get("attempt") == att.attempt and att.begin - 1 <= e["t"] <= att.end]
             steps_all += _account(att, mine, kept_at)
     step_s = statistics.median(steps_all) if steps_all else None
+    for run in reports:
+        _recoveries(run.attempts)
     gpu_s = {c: 0.0 for c in CATEGORIES}
     for run in reports:
         for att in run.attempts:
@@ -134,21 +155,36 @@ def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Ma
     queued_from = before.end if before is not None and before.end else run.submit
     queue_s = run.start - queued_from if run.start and queued_from else None
     end = run.end or (run.start or 0.0) + run.elapsed_s
-    restarts = sorted((int(f.get("attempt", "0")), float(f.get("at", "0")), f.get("cause", ""))
+    restarts = sorted((int(f.get("attempt", "0")), float(f.get("at", "0")), f.get("cause", ""),
+                       "inprocess" if f.get("mode") == "inprocess" else "new")
                       for k, f in ledger if k == "restart"
                       and f.get("restart_count") == str(run.restart))
-    begins = [(0, run.start or end, "")] + restarts
+    begins = [(0, run.start or end, "", "")] + restarts
     attempts = []
-    for i, (number, begin, _) in enumerate(begins):
+    for i, (number, begin, _, mode) in enumerate(begins):
         stop = begins[i + 1][1] if i + 1 < len(begins) else end
         cause = begins[i + 1][2] if i + 1 < len(begins) else ""
-        attempts.append(Attempt(run.restart, number, begin, stop, cause))
+        attempts.append(Attempt(run.restart, number, begin, stop, cause, mode))
     requeue = next((f.get("cause", "") for k, f in ledger if k == "requeue"
                     and f.get("restart_count") == str(run.restart + 1)), "")
     cause = requeue or (final_cause if run is runs[-1] else "") or run.state.lower()
     attempts[-1].cause = cause
     return RunReport(run.restart, run.state, queue_s, run.elapsed_s, run.nodes, run.gpus,
                      cause, attempts)
+
+
+def _recoveries(attempts: Sequence[Attempt]) -> None:
+    """Each attempt's recovery: the stopping of the last attempt before it that made a
+    step, the whole of those between (they failed before their first step), its start-up."""
+    before: Attempt | None = None
+    between = 0.0
+    for att in attempts:
+        if not att.steps:
+            between += att.end - att.begin
+            continue
+        if before is not None:
+            att.recovery_s = before.seconds["stopping"] + between + att.seconds["startup"]
+        before, between = att, 0.0
 
 
 def _kept(events: Sequence[Mapping[str, Any]]) -> dict[Any, float]:

@@ -91,8 +91,10 @@ def timeline(r: Report) -> str:
             marks = [att.begin, att.first_at or att.end, att.last_at or att.end, att.end]
             for (a, b), kind in zip(zip(marks, marks[1:]), ("startup", "training", "stopping")):
                 if b > a:
+                    how = {"inprocess": " (in-process)", "new": " (new processes)"}.get(
+                        att.mode, "")
                     parts.append(_rect(x(a), x(b), y, kind,
-                                       f"attempt {att.attempt}: {kind} {b - a:.1f} s"))
+                                       f"attempt {att.attempt}{how}: {kind} {b - a:.1f} s"))
             parts.append(f'<text x="{x(att.end) + 2:.1f}" y="{y + 30}" font-size="10" '
                          f'class="cause">{escape(att.cause)}</text>')
     axis_y = 20 + len(r.runs) * LANE + 6

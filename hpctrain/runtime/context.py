@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 MESH_DIMS = ("pp", "dp", "tp")
 BETWEEN_STEPS = "between-steps"   # the phase of ctx.between_steps()
-# a collective's wait for a peer when neither the caller nor the job says (the watchdog,
-# not this, is meant to find a hang: see the spec's collective_timeout_s)
+# a collective's wait for a peer when neither the caller nor the job says: the watchdog,
+# not this, finds a hang; long enough for a rank-0-only preparation at start-up while the
+# others wait in a barrier (torch's own default is 30 minutes)
 DEFAULT_COLLECTIVE_S = 600.0
 
 
@@ -237,8 +238,8 @@ class Setup:
 
     def collective_timeout(self, timeout_s: float | None) -> timedelta:
         """How long one collective waits for a peer: ``timeout_s`` if given, else the job's
-        ``$HPCTRAIN_COLLECTIVE_TIMEOUT_S`` (the spec's, no longer than its hang timeout),
-        else DEFAULT_COLLECTIVE_S."""
+        ``$HPCTRAIN_COLLECTIVE_TIMEOUT_S`` (the spec's ``collective_timeout_s``, when it
+        gives one), else DEFAULT_COLLECTIVE_S."""
         if timeout_s is None:
             raw = self.environ.get(COLLECTIVE_TIMEOUT_S, "")
             timeout_s = float(raw) if raw.isdigit() and int(raw) > 0 else \

@@ -34,8 +34,40 @@ from typing import Any
 from hpctrain.protocol import read_record, write_record
 
 ERROR_MAX_CHARS = 300  # one short line: status tables and grep stay readable
+# how torch says a collective gave up waiting: gloo's transport, NCCL's watchdog, a store
+TIMEOUT_MARKS = ("Timed out waiting", "collective operation timeout", "Socket Timeout",
+                 "wait timeout after")
+# how torch says a peer left a collective this rank waited in (its connections closed as
+# it tore its group down): gloo's transport; NCCL's when a remote rank's process is gone
+PEER_MARKS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited")
 
 ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Did ``exc`` come of a collective that waited for a peer past the collective
+    timeout? Then this rank is not the failure but waited for one (a hang elsewhere): the
+    record says ``waited=1`` and the supervisor looks for the rank(s) it waited for."""
+    return _marked(exc, TIMEOUT_MARKS)
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Did ``exc`` come of a collective whose peer left it (its connections closed)? Then
+    this rank did not fail on its own: a peer crashed, or gave up waiting for a third."""
+    return _marked(exc, PEER_MARKS)
+
+
+def _marked(exc: BaseException | None, marks: tuple[str, ...]) -> bool:
+    """Does ``exc``, or an exception in its chain (causes included), say one of ``marks``
+    as torch's RuntimeError?"""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RuntimeError) and any(m in str(exc) for m in marks):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int | None,
@@ -49,10 +81,14 @@ def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int
     # an error that is not the training code's fault says which cause it is (duck-typed:
     # hpctrain.errors.StorageUnavailable.requeue_cause = "storage"); the supervisor requeues
     cause = getattr(exc, "requeue_cause", None) or "user_crash"
-    return {"cause": cause, "exit_code": 1, "requeue": int(cause != "user_crash"),
-            "step": "" if step is None else step, "restart_count": restart_count,
-            "job_id": job_id or "", "run_id": run_id or "", "rank": rank,
-            "node": node or "", "error": error}
+    fields: dict[str, object] = {
+        "cause": cause, "exit_code": 1, "requeue": int(cause != "user_crash"),
+        "step": "" if step is None else step, "restart_count": restart_count,
+        "job_id": job_id or "", "run_id": run_id or "", "rank": rank, "node": node or "",
+        "error": error}
+    if timed_out(exc):
+        fields["waited"] = 1
+    return fields
 
 
 def should_write(existing: dict[str, str], restart_count: int, job_id: str | None) -> bool:

@@ -14,8 +14,8 @@ asks every rank to leave the attempt (``interrupt`` in the state directory). Eac
 progress thread then aborts the rank's process groups, which ends a collective the main
 thread waits in (gloo: "Connection closed"; whatever else still refers to the groups), and
 a second later, if the main thread is still in the attempt, raises :class:`Interrupted` in
-it (``SIGURG`` to that thread, whose handler raises), which ends a wait in Python code (a
-sleep, a loop).
+it (``SIGURG`` to that thread, whose handler raises; again each second until it leaves),
+which ends a wait in Python code (a sleep, a loop).
 
 Every rank then waits for the supervisor's word (``resume``): it decides as for any
 restart in the allocation (the decision table, the budget, the ledger) and says ``go``
@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpctrain import protocol as p
 from hpctrain.runtime.context import Context, Setup
-from hpctrain.runtime.crashrecord import crash_fields, write_crash_record
+from hpctrain.runtime.crashrecord import (crash_fields, lost_peer, timed_out,
+                                          write_crash_record)
 from hpctrain.runtime.teardown import destroy_process_group
 
 if TYPE_CHECKING:
@@ -58,11 +59,6 @@ RESUME_POLL_S = 0.05               # how often a rank waiting to restart looks f
 RESUME_WAIT_S = 120.0              # ...and how long, before it gives up and leaves
 ABORT_EVERY_S = 0.25               # an interrupted attempt's groups are aborted this often
 SIGNAL_AFTER_S = 1.0               # ...and its main thread signalled after this long
-
-
-# how torch says a collective gave up waiting: gloo's transport, NCCL's watchdog, a store
-TIMEOUT_MARKS = ("Timed out waiting", "collective operation timeout", "Socket Timeout",
-                 "wait timeout after")
 
 
 class Interrupted(Exception):
@@ -82,6 +78,10 @@ def run(main: Callable[[Context], T], *, backend: str | None = None,
     :func:`hpctrain.runtime.init`; ``timeout_s`` bounds a collective."""
     setup = Setup.make(backend, signals, env)
     attempts = _Attempts(setup, timeout_s)
+    if attempts.off and setup.env.rank == 0:
+        print(f"hpctrain: no restarts in these processes: {attempts.off}; a failure restarts "
+              "the step in new processes, as with hpctrain.runtime.init()", file=sys.stderr,
+              flush=True)
     while True:
         ctx = attempts.connect()
         try:
@@ -96,18 +96,15 @@ def run(main: Callable[[Context], T], *, backend: str | None = None,
         return result
 
 
-def timed_out(exc: BaseException) -> bool:
-    """Did ``exc`` come of a collective that waited for a peer past the collective
-    timeout? Then this rank is not the failure but waited for one (a hang elsewhere): its
-    word is ``timeout``, and the supervisor looks for the rank(s) that did not fail."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        text = str(exc)
-        if isinstance(exc, RuntimeError) and any(m in text for m in TIMEOUT_MARKS):
-            return True
-        exc = exc.__cause__ or exc.__context__   # type: ignore[assignment]
-    return False
+def not_in_place(tp: int, backend: str) -> str:
+    """Why a failed attempt of this layout cannot restart in its processes ("" when it
+    can): a rank must be able to leave any collective it waits in for a failed peer."""
+    if tp > 1 and backend == "gloo":
+        # measured on torch 2.13: an abort of the group does not wake a ring all-reduce's
+        # receive under DTensor; the peers would wait for the collective timeout
+        return (f"tp={tp} on gloo (a rank waiting in a tensor-parallel all-reduce for a "
+                "failed peer is not freed by an abort)")
+    return ""
 
 
 class _Attempts:
@@ -124,8 +121,9 @@ class _Attempts:
         self._asked = False          # a SIGURG on its way is the supervisor's
         self._interrupted = False    # the supervisor asked this attempt to end
         self._leaving = False        # this attempt ended: main is not running
+        self.off = not_in_place(e.tp, setup.backend)   # why attempts cannot restart here
         signal.signal(INTERRUPT_SIGNAL, self._on_signal)
-        if setup.reporter is not None:
+        if setup.reporter is not None and not self.off:
             setup.reporter.inprocess = True
             setup.reporter.on_interrupt = self._interrupt
 
@@ -149,12 +147,14 @@ class _Attempts:
         # rank waiting in a collective), must not break the teardown or the wait
         self._leaving = True
         self._asked = False
-        # failing of the supervisor's interrupt (an aborted collective, Interrupted) is
-        # not a failure of its own
+        # failing of the supervisor's interrupt (an aborted collective, Interrupted), of a
+        # wait for a peer (timeout) or of a peer leaving (its connections closed as it tore
+        # down: "peer") is not a failure of its own; only a crash writes the crash record
         word = "interrupted" if isinstance(exc, Interrupted) or self._interrupted else \
-            "timeout" if timed_out(exc) else "crash"
-        if getattr(exc, "requeue_cause", None) or not self.state:
-            return False        # the storage failed (requeue), or no supervisor to ask
+            "timeout" if timed_out(exc) else "peer" if lost_peer(exc) else "crash"
+        if getattr(exc, "requeue_cause", None) or not self.state or self.off:
+            return False        # the storage failed (requeue), no supervisor to ask, or a
+        #                         layout whose ranks cannot all leave the attempt
         reporter, e = self.setup.reporter, ctx.env
         if word == "crash":   # the first rank's (its peers fail of it); not the exit's word
             write_crash_record(e.exit_file, type(exc), exc, step=ctx.step,
@@ -232,14 +232,14 @@ class _Attempts:
         """Make the main thread leave its attempt: abort every process group of the
         attempt, again every ABORT_EVERY_S (an aborted group ends the collective waiting in
         it with an error; one the main thread starts on it afterwards would wait forever),
-        and after SIGNAL_AFTER_S, if it is still there, SIGURG, whose handler raises: it is
-        in Python code then (a sleep, a loop). Not at once: raised inside a collective's
+        and every SIGNAL_AFTER_S while it is still there, SIGURG, whose handler raises: it
+        is in Python code then (a sleep, a loop). Not at once: raised inside a collective's
         Python callbacks (DTensor's), the exception left the next wait stuck for good."""
         from torch.distributed import distributed_c10d
 
         groups = list(distributed_c10d._world.pg_map)   # kept: abort does not unregister
         start = time.monotonic()
-        signalled = False
+        signalled = start
         while not self._leaving and time.monotonic() - start < RESUME_WAIT_S:
             for group in groups:
                 try:
@@ -247,16 +247,25 @@ class _Attempts:
                 except Exception as exc:  # noqa: BLE001 - the next round, or the signal
                     print(f"hpctrain: rank {self.setup.env.rank}: could not abort a "
                           f"process group: {exc}", file=sys.stderr, flush=True)
-            if not signalled and time.monotonic() - start >= SIGNAL_AFTER_S:
-                signalled = True
+            # again every SIGNAL_AFTER_S: code that caught the first (a broad except) is
+            # asked again; one that landed as the main thread was leaving was ignored
+            if time.monotonic() - signalled >= SIGNAL_AFTER_S and not self._leaving:
+                signalled = time.monotonic()
                 signal.pthread_kill(self._main, INTERRUPT_SIGNAL)   # wakes a sleep too
             time.sleep(ABORT_EVERY_S)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._asked and not self._leaving:   # a stray SIGURG is not a request
-            self._asked = False
+        # a stray SIGURG is not a request; and one that lands as the main thread leaves the
+        # attempt on its own (a collective failed: in run's except clause, or entering
+        # restart before it says so) must not break that: seen on the devcluster
+        if self._asked and not self._leaving and getattr(frame, "f_code", None) not in \
+                _LEAVING_CODE:
             raise Interrupted("the supervisor found the step hung and asked this attempt "
                               "to end")
+
+
+# the frames a main thread on its way out of an attempt runs in before it says so
+_LEAVING_CODE = (run.__code__, _Attempts.restart.__code__)
 
 
 def _base_store(environ: Mapping[str, str], addr: str, port: int, rank: int, world: int,

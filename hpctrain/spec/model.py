@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import SpecError
-from hpctrain.protocol import DEFAULT_HANG_S, DEFAULT_SAVE_S
+from hpctrain.protocol import COLLECTIVE_MARGIN_S, DEFAULT_HANG_S, DEFAULT_SAVE_S
 from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_name,
                                   check_sbatch_option, check_signal, check_table, check_text,
                                   closest, slurm_time_seconds)
@@ -193,11 +193,13 @@ class WatchdogSpec:
     (``hang_timeout_s``), 1800 s for start-up and for a save; a script that does not use
     the runtime is watched (by its output) only when ``hang_timeout_s`` is given. 0 turns a
     timeout off. ``collective_timeout_s`` bounds one collective of the training's process
-    group (left out: the hang timeout as given, else 300 s).
+    group (left out: the runtime's 600 s, long enough for a rank-0-only preparation at
+    start-up while the others wait in a barrier).
 
-    The timeouts nest: collective <= hang < save. A rank waiting for a hung peer in a
-    collective then gives up no later than the watchdog would see the hang, and a save may
-    take longer than a step."""
+    The timeouts nest: collective <= hang + COLLECTIVE_MARGIN_S (when given), hang < save.
+    The watchdog (which dumps every rank's stacks) sees a hang first, or soon after the
+    ranks waiting for the hung peer give up (when set shorter); a save may take longer
+    than a step."""
 
     hang_timeout_s: int | None = None
     startup_timeout_s: int | None = None
@@ -222,27 +224,21 @@ class WatchdogSpec:
         spec.check_order()
         return spec
 
-    @property
-    def collective_s(self) -> int | None:
-        """The training's collective timeout: as given, else the hang timeout (None: the
-        hang watchdog is off and nothing was given; the runtime keeps its own default)."""
-        if self.collective_timeout_s is not None:
-            return self.collective_timeout_s
-        if self.hang_timeout_s == 0:
-            return None
-        return self.hang_timeout_s or DEFAULT_HANG_S
-
     def check_order(self) -> None:
-        """collective <= hang < save, for the timeouts that are on (a default counts)."""
+        """collective <= hang + COLLECTIVE_MARGIN_S, hang < save, for the timeouts that are
+        on (a default counts)."""
         hang = DEFAULT_HANG_S if self.hang_timeout_s is None else self.hang_timeout_s
         save = DEFAULT_SAVE_S if self.save_timeout_s is None else self.save_timeout_s
         given = "" if self.hang_timeout_s is not None else " (its default)"
-        if self.collective_timeout_s is not None and hang and self.collective_timeout_s > hang:
+        top = hang + COLLECTIVE_MARGIN_S
+        if self.collective_timeout_s is not None and hang and self.collective_timeout_s > top:
             raise SpecError(
-                f"watchdog.collective_timeout_s={self.collective_timeout_s} is longer than "
-                f"watchdog.hang_timeout_s={hang}{given}: a rank would wait in a collective "
-                f"after the hang was found; set collective_timeout_s <= {hang} or raise "
-                "hang_timeout_s")
+                f"watchdog.collective_timeout_s={self.collective_timeout_s} is more than "
+                f"{COLLECTIVE_MARGIN_S} s longer than watchdog.hang_timeout_s={hang}{given}: "
+                "ranks would wait in a collective long after the hang was found; set "
+                f"collective_timeout_s <= {top}, raise hang_timeout_s, or leave "
+                "collective_timeout_s out (the runtime's 600 s, which also covers long "
+                "start-up barriers)")
         if hang and save and hang >= save:
             said = "" if self.save_timeout_s is not None else " (its default)"
             raise SpecError(

@@ -19,7 +19,8 @@ from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, StepClock, assess,
-                                          culprits, innermost, node_of, waited_for)
+                                          culprits, gave_up, innermost, node_of,
+                                          waited, waited_for)
 
 LOOK_S = 1.0            # how often progress is looked at
 FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are looked for
@@ -127,7 +128,7 @@ class Watch:
         """The failed ranks of this attempt all gave up waiting in a collective: the hang
         of the ranks they waited for, said in the job log with those ranks' stacks. None
         when a rank failed on its own (a crash)."""
-        if not failed or any(rec.get("failed") != "timeout" for rec in failed.values()):
+        if not waited(rec.get("failed", "") for rec in failed.values()):
             return None
         # the others' timeouts run out within moments of the first: let them, so that
         # only the ranks nobody else waits with are named
@@ -146,8 +147,26 @@ class Watch:
         say(f"HANG: {hang.text()}")
         if hang.ranks:
             stacks = self.collect_stacks(list(hang.ranks), max(3 * self.limits.beat_s, 5.0))
-            # in the log only: whether it froze, its heartbeat has told (waited_for)
             print_stacks(stacks, self.world, hang.ranks, only_first=True)
+            # its Python does not answer (SIGSTOP, stuck holding the GIL): it cannot leave
+            # the attempt in its process, even before its heartbeat looks stale
+            progress = self.progress()
+            mute = tuple(progress[r].node for r in hang.ranks
+                         if r not in stacks and r in progress and progress[r].node)
+            if mute:
+                hang = replace(hang, frozen_nodes=tuple(dict.fromkeys(
+                    (*hang.frozen_nodes, *mute))))
+        return hang
+
+    def gave_up(self) -> Hang | None:
+        """The step ended failed because a rank gave up waiting in a collective (without
+        in-process restarts): the hang of the ranks it waited for, said in the job log.
+        None for any other end."""
+        hang = gave_up(self.state.read(p.EXIT, self.restart_count), self.records(),
+                       self.world, self.slurm.time(), self.limits.beat_s,
+                       self.limits.collective_s)
+        if hang is not None:
+            say(f"HANG: {hang.text()}")
         return hang
 
     # ---- a hang: stacks, names, kill --------------------------------------------------

@@ -160,8 +160,8 @@ class Supervisor:
             status = step.poll()
             for caught in self.seen.take_signals():
                 self.on_stop(caught, step)
-            if status is not None:
-                return status, None, watch.attempt
+            if status is not None:   # a rank that gave up in a collective: a hang elsewhere
+                return status, watch.gave_up() if status else None, watch.attempt
             failed = watch.failed()
             # ranks that gave up waiting in a collective: a hang of those they waited for
             hang = watch.waited_for(failed) if failed else None

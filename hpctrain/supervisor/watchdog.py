@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from hpctrain import protocol as p
@@ -225,6 +225,18 @@ def assess(progress: Mapping[int, RankProgress], world: int, started_at: float, 
     return Hang(phase, idle, limits.of(phase) or 0.0, ranks, nodes, why, frozen, now)
 
 
+WAITED = "the others gave up waiting for them in a collective"
+
+
+def waited(words: Iterable[str]) -> bool:
+    """Do the failed ranks' words (``hpctrain.runtime.run``) say they waited for others:
+    one at least gave up waiting in a collective (``timeout``) and the rest did so too or
+    lost a peer that did (``peer``: its connections closed as it left)? A ``crash`` among
+    them is a failure of its own."""
+    said = set(words)
+    return "timeout" in said and said <= {"timeout", "peer"}
+
+
 def waited_for(records: Mapping[int, Mapping[str, str]], world: int, now: float,
                beat_s: float, collective_s: float | None = None) -> Hang | None:
     """A failed attempt (``hpctrain.runtime.run``) whose failed ranks all gave up waiting in
@@ -232,19 +244,34 @@ def waited_for(records: Mapping[int, Mapping[str, str]], world: int, now: float,
     :class:`Hang` naming those (their nodes; frozen when their heartbeat stopped). None
     when some rank failed on its own (a crash: the failure path)."""
     failed = {r for r, rec in records.items() if rec.get("phase") == "restarting"}
-    if not failed or any(records[r].get("failed") != "timeout" for r in failed):
+    if not waited(records[r].get("failed", "") for r in failed):
         return None
-    progress = {r: rec for r, raw in records.items() if r not in failed
-                and (rec := RankProgress.parse(raw)) is not None}
-    ranks = tuple(r for r in range(world) if r not in failed)
-    nodes = tuple(dict.fromkeys(progress[r].node for r in ranks
-                                if r in progress and progress[r].node))
-    frozen = tuple(dict.fromkeys(progress[r].node for r in ranks if r in progress
-                                 and _stale(progress[r], now, beat_s) and progress[r].node))
-    idle = now - min((progress[r].changed_at for r in ranks if r in progress), default=now)
+    return _waited_on(tuple(r for r in range(world) if r not in failed), records, now,
+                      beat_s, collective_s)
+
+
+def gave_up(record: Mapping[str, str], records: Mapping[int, Mapping[str, str]], world: int,
+            now: float, beat_s: float, collective_s: float | None = None) -> Hang | None:
+    """The step ended because a rank gave up waiting in a collective (the crash record
+    says ``waited=1``: ``hpctrain.runtime.init``, no in-process restart): a hang of the
+    ranks that never said their work ended (their launcher stopped them), as far as the
+    records tell. None for any other end."""
+    if record.get("waited") != "1":
+        return None
+    ranks = tuple(r for r in range(world) if not records.get(r, {}).get("exit"))
+    return _waited_on(ranks if len(ranks) < world else (), records, now, beat_s, collective_s)
+
+
+def _waited_on(ranks: tuple[int, ...], records: Mapping[int, Mapping[str, str]], now: float,
+               beat_s: float, collective_s: float | None) -> Hang:
+    """The hang of ``ranks``, which others waited for in a collective until it timed out."""
+    progress = {r: rec for r in ranks if (rec := RankProgress.parse(records.get(r, {})))}
+    nodes = tuple(dict.fromkeys(progress[r].node for r in progress if progress[r].node))
+    frozen = tuple(dict.fromkeys(rec.node for rec in progress.values()
+                                 if _stale(rec, now, beat_s) and rec.node))
+    idle = now - min((rec.changed_at for rec in progress.values()), default=now)
     phase = progress[ranks[0]].phase if ranks and ranks[0] in progress else "training"
-    why = "the others gave up waiting for them in a collective"
-    return Hang(phase, idle, collective_s or idle, ranks, nodes, why if ranks else "",
+    return Hang(phase, idle, collective_s or idle, ranks, nodes, WAITED if ranks else "",
                 frozen, now)
 
 

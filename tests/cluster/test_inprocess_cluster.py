@@ -4,12 +4,14 @@ supervisor: examples/train_gpt.py under hpctrain.runtime.run (``--inprocess``), 
 per attempt of its first run (examples/common.py's ``--fault``):
 
 - attempt 0: rank 1 raises before step 6;
-- attempt 1: rank 2 hangs in Python before step 12 (the others wait in the all-reduce);
+- attempt 1: rank 2 hangs in Python before step 12; the others wait in the all-reduce until
+  their collective timeout (collective_timeout_s = 5, shorter than hang_timeout_s = 10)
+  and give up: the supervisor names rank 2 (the rank they waited for) and counts a hang;
 - attempt 2: the save of step 15 fails on every rank (rank 0's state cannot be pickled);
 - attempt 3: rank 3 raises while the others load;
-- attempt 4: rank 1 freezes (SIGSTOP) before step 22: no Python runs there, so no restart in
-  these processes; the watchdog's fallback, as before (that rank's node stopped answering:
-  a requeue).
+- attempt 4: rank 1 freezes (SIGSTOP) before step 22: no Python runs there (it answers no
+  stack request), so no restart in these processes; the fallback, as before (that rank's
+  node stopped answering: a requeue without it).
 
 Each of the first four restarts in the same processes (the same pids, the same Slurm run,
 one srun step), from the snapshot in memory; the run then completes bitwise equal to an
@@ -19,6 +21,7 @@ undisturbed local run. Prints the figures: failure -> first step of the next att
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +49,8 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
                         step_sleep=0.1, layout={"dp": 4}, launcher="srun", extra=extra,
                         requeue={"max_crash_restarts": 4, "max_hangs": 4})
     spec = spec.replace("[watchdog]\nmax_step_restarts = 2\n",
-                        "[watchdog]\nmax_step_restarts = 8\nhang_timeout_s = 10\n")
+                        "[watchdog]\nmax_step_restarts = 8\nhang_timeout_s = 10\n"
+                        "collective_timeout_s = 5\n")
     spec = spec.replace("[checkpoint]\n", f'[checkpoint]\ndir = "{root / "ckpt"}"\n')
     job = submit_example(root, spec)
     # meanwhile, the same training undisturbed, under a local torchrun
@@ -77,11 +81,25 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
         ("user_crash", "inprocess"), ("hang", "inprocess"), ("user_crash", "inprocess"),
         ("user_crash", "inprocess")], lines
     assert any(ln.startswith("requeue cause=hang restart_count=1") for ln in lines), lines
+    job_log = (root / f"job-{job}.out").read_text()
+    assert "(limit 5 s); stopped first: rank(s) 2 on n2 (the others gave up waiting for them " \
+           "in a collective)" in job_log, job_log[-4000:]
+    # (the first to give up closes its connections: a rank still waiting then loses its
+    # peer, which is no failure of its own either)
+    assert re.search(r"rank \d: attempt 1 ended \(timeout: RuntimeError: ", job_log), \
+        job_log[-4000:]
+    assert not re.search(r"rank \d: attempt 1 ended \(crash", job_log), job_log[-4000:]
     status = json.loads(subprocess.run([sys.executable, "-m", "hpctrain", "status", job,
                                         "--json"], capture_output=True, text=True,
                                        check=True).stdout)["jobs"][0]
     assert status["restarts_in_place"] == {"user_crash": 3, "hang": 1}, status
+    assert status["restarts_in_process"] == {"user_crash": 3, "hang": 1}, status
     assert status["requeues"] == {"hang": 1}, status
+    # the report says how each attempt began and what getting back to a step cost
+    report = subprocess.run([sys.executable, "-m", "hpctrain", "report", job, "--dir",
+                             str(root / "ckpt")], capture_output=True, text=True, check=True)
+    assert "    attempt 1 (in-process, back in " in report.stdout, report.stdout
+    assert "  restarts in the allocation: 4 in-process (median " in report.stdout, report.stdout
 
     # every step is in the log; the run's parameters equal the undisturbed run's
     steps = {r["step"] for r in records(log) if "loss" in r}
@@ -96,7 +114,52 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
         by_attempt.setdefault(r["attempt"], []).append(r["time"])
     order = sorted(by_attempt)
     for a, b in zip(order, order[1:]):
-        why = {1: "a crash", 2: "a hang (10 s to detect)", 4: "a failed save, then a failed load"}
+        why = {1: "a crash", 2: "a hang (5 s to give up waiting)",
+               4: "a failed save, then a failed load"}
         print(f"in-process restart after {why.get(b, '?')}: "
               f"{min(by_attempt[b]) - max(by_attempt[a]):.1f} s from the last step before "
               "it to the first step after it")
+
+
+@pytest.mark.parametrize("layout, launcher, inprocess", [
+    ({"tp": 2}, "torchrun", False),   # gloo cannot free a DTensor wait: new processes
+    ({"pp": 2}, "srun", True),
+], ids=["tp2xdp2", "pp2xdp2"])
+def test_other_layouts_restart_in_place_where_they_can_and_cold_where_not(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: dict[str, int],
+        launcher: str, inprocess: bool) -> None:
+    """The same script under --inprocess, a crash on one rank then a Python hang: PP x DP
+    restarts in its processes; TP x DP (gloo) says it cannot and restarts in new
+    processes at once, as without runtime.run (no wait for ranks that cannot leave).
+    Either way the run completes bitwise equal to an undisturbed one."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    total = 20
+    extra = ("--inprocess", "--snapshot-every", "1", "--final-state", str(root / "final"),
+             "--fault", "crash@5:1:0", "--fault", "hang@10:2:1")
+    spec = example_spec(root, name="layouts", total=total, save_every=EVERY,
+                        step_sleep=0.1, layout=layout, launcher=launcher, extra=extra,
+                        requeue={"max_crash_restarts": 2, "max_hangs": 2})
+    spec = spec.replace("[watchdog]\nmax_step_restarts = 2\n",
+                        "[watchdog]\nmax_step_restarts = 4\nhang_timeout_s = 10\n")
+    spec = spec.replace("[checkpoint]\n", f'[checkpoint]\ndir = "{root / "ckpt"}"\n')
+    job = submit_example(root, spec)
+    reference = start(EXAMPLES / "train_gpt.py", 4, [
+        "--steps", str(total), "--save-every", str(EVERY), "--seed", "11",
+        "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--final-state", str(tmp_path / "ref")],
+        env_for(tp=layout.get("tp", 1), pp=layout.get("pp", 1)), tmp_path / "ref.out")
+    assert wait_done(job, 300) == "COMPLETED", (root / f"job-{job}.out").read_text()[-4000:]
+    assert reference.wait(timeout=300) == 0, (tmp_path / "ref.out").read_text()[-3000:]
+    assert sacct_states(job) == ["COMPLETED"], "restarted inside the allocation"
+    state = protocol.state_dir(root / "ckpt", job)
+    lines = (state / protocol.LEDGER).read_text().splitlines()
+    restarts = [dict(w.split("=", 1) for w in ln.split()[1:]) for ln in lines
+                if ln.startswith("restart ")]
+    assert [(r["cause"], r.get("mode", "new")) for r in restarts] == [
+        ("user_crash", "inprocess" if inprocess else "new"),
+        ("hang", "inprocess" if inprocess else "new")], lines
+    starts = events(root / "loss.jsonl", "start")
+    assert len({s["pid"] for s in starts}) == (1 if inprocess else 3), starts
+    log = (root / f"job-{job}.out").read_text()
+    assert ("no restarts in these processes: tp=2 on gloo" in log) is not inprocess, log[-3000:]
+    assert "not every rank left" not in log, "no wait for ranks that cannot leave"
+    assert bitwise_equal(final_state(root / "final", 4), final_state(tmp_path / "ref", 4))

@@ -97,6 +97,8 @@ class FakeStep:
     hung_rank: int = -1                        # at hang_at only this rank stops; the others
     collective_s: float = 5.0                  # ...give up waiting for it after this long
     timed_out: bool = False                    # ...and did (their word: timeout)
+    waited: bool = False                       # crash_at is a rank giving up in a collective
+    frozen: int = -1                           # this rank answers no stack request
     first: int = field(init=False, default=0)  # the attempt the faults are planned for
 
     def __post_init__(self) -> None:
@@ -146,10 +148,12 @@ class FakeStep:
         self.status = self.kind.crash_code
 
     def write_crash(self) -> None:
+        waited = {"waited": 1, "error": "RuntimeError: Timed out waiting 5000ms for recv "
+                  "operation to complete"} if self.waited else {}
         p.write_record(self.env[p.EXIT_FILE], {
             "cause": "user_crash", "exit_code": 1, "requeue": 0, "step": self.crash_at,
             "restart_count": self.env[p.RESTART_COUNT], "rank": 1, "node": "n1",
-            "run_id": self.env[p.RUN_ID], "error": "RuntimeError: simulated crash"})
+            "run_id": self.env[p.RUN_ID], "error": "RuntimeError: simulated crash", **waited})
 
     # ---- hpctrain.runtime.run ------------------------------------------------------------
     def asked(self, name: str) -> dict[str, str]:
@@ -188,9 +192,22 @@ class FakeStep:
             "run_id": self.env[p.RUN_ID]})
         self.status = self.kind.stop_code(sig, cause)
 
+    def answer_stacks(self) -> None:
+        """Each live rank's progress thread answers a stack request of its attempt (a
+        frozen one, ``frozen``, does not)."""
+        request = self.asked(p.DUMP)
+        for rank in range(self.fake.world) if request else ():
+            if rank != self.frozen:
+                path = p.rank_file(self.env[p.STATE_DIR], p.STACKS, rank)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(
+                    f"seq={request['seq']}\nrank {rank} on n1\n--- main thread ---\n"
+                    '  File "train.py", line 1, in step\n')
+
     def write_progress(self) -> None:
         if not self.kind.progress:
             return
+        self.answer_stacks()
         changed = self.started + self.done_steps * self.step_s
         for rank in range(self.fake.world):
             waiting = self.waiting and rank != self.stuck   # stuck: still "training"
@@ -314,6 +331,9 @@ class FakeSlurm:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+        for step in self.started:   # the ranks' progress threads answer meanwhile
+            if step.status is None and not step.lost and step.kind.progress:
+                step.answer_stacks()
         while self._due and self._due[0][0] <= self.now:
             self._play(self._due.pop(0)[1])
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from hpctrain import protocol
 from hpctrain.commands.jobview import format_cause
 from hpctrain.protocol import read_record, write_record
-from hpctrain.runtime.crashrecord import crash_fields, write_crash_record
+from hpctrain.runtime.crashrecord import crash_fields, lost_peer, timed_out, write_crash_record
 from hpctrain.runtime.exitrecord import previous_cause
 
 
@@ -37,6 +37,34 @@ def test_storage_trouble_is_recorded_as_a_requeue_not_a_crash() -> None:
     fields = crash_fields(StorageUnavailable, exc, step=3, restart_count=0, job_id="42", rank=1)
     assert fields["cause"] == "storage" and fields["requeue"] == 1
     assert fields["error"].startswith("StorageUnavailable: checkpoint root /x is locked")
+
+
+def test_a_rank_that_gave_up_waiting_in_a_collective_says_so() -> None:
+    """Recorded messages: gloo's receive and send timeouts (torch 2.13, checked by
+    tests/unit/test_runtime_restart.py on real processes) and NCCL's watchdog's."""
+    def fields(exc: BaseException) -> dict[str, object]:
+        return crash_fields(type(exc), exc, step=3, restart_count=0, job_id="1", rank=0)
+    for text in ("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                 "waiting 2000ms for recv operation to complete",
+                 "[../unbound_buffer.cc:129] Timed out waiting 10000ms for send operation to "
+                 "complete",
+                 "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, "
+                 "OpType=ALLREDUCE, Timeout(ms)=600000)"):
+        assert fields(RuntimeError(text))["waited"] == 1
+    try:
+        try:
+            raise RuntimeError("Timed out waiting 2000ms for recv operation to complete")
+        except RuntimeError as inner:
+            raise ValueError("while reducing the loss") from inner
+    except ValueError as outer:
+        assert fields(outer)["waited"] == 1          # the cause chain counts
+    assert "waited" not in fields(RuntimeError("simulated crash"))
+    closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+                          "closed by peer [127.0.0.1]:19865. This is typically caused by a "
+                          "remote worker crashing.")
+    assert lost_peer(closed) and not timed_out(closed) and "waited" not in fields(closed)
+    assert not lost_peer(RuntimeError("simulated crash"))
+    assert "waited" not in fields(ValueError("Timed out waiting for the user"))
 
 
 def test_first_crash_wins_and_a_requeue_record_of_the_same_run_survives(

@@ -63,14 +63,11 @@ def test_launchers(launcher: str, per_node: int, needle: str) -> None:
     assert not any("ssh" in line or "hostfile" in line or "pdsh" in line for line in code)
 
 
-def test_the_collective_timeout_reaches_the_job_and_nests_in_the_hang_timeout() -> None:
-    assert "export HPCTRAIN_COLLECTIVE_TIMEOUT_S=300\n" in render_script(spec())
+def test_a_collective_timeout_given_reaches_the_job() -> None:
+    """Left out, the runtime keeps its own 600 s (a long start-up barrier survives)."""
+    assert "HPCTRAIN_COLLECTIVE_TIMEOUT_S" not in render_script(spec())
     given = render_script(spec(watchdog={"hang_timeout_s": 60, "collective_timeout_s": 20}))
     assert "export HPCTRAIN_COLLECTIVE_TIMEOUT_S=20\n" in given
-    assert "export HPCTRAIN_COLLECTIVE_TIMEOUT_S=60\n" in \
-        render_script(spec(watchdog={"hang_timeout_s": 60}))
-    assert "HPCTRAIN_COLLECTIVE_TIMEOUT_S" not in \
-        render_script(spec(watchdog={"hang_timeout_s": 0}))
 
 
 def test_torchrun_uses_the_given_interpreter_or_torchrun() -> None:

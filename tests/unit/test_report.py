@@ -64,6 +64,39 @@ def test_every_allocated_gpu_second_is_in_one_category() -> None:
     assert r.goodput == pytest.approx(10 / 58, abs=0.01)
 
 
+def test_each_restart_says_how_it_began_and_what_it_cost() -> None:
+    """A crash restarted in the running processes (runtime.run) next to the hang restarted
+    as a new step: each attempt says which, and the recovery from the last step before to
+    the first step after; the summary line gives the median of each kind."""
+    from hpctrain.commands.report import format_text
+
+    ledger = entries("restart cause=user_crash restart_count=0 attempt=1 at=116.0 "
+                     "mode=inprocess\n"
+                     "restart cause=hang restart_count=0 attempt=2 at=127.0\n"
+                     "requeue cause=preemption restart_count=1 by=supervisor\n")
+    events = [e for e in history() if e["attempt"] == 0]
+    events += [ev(117.5 + i, 0, 1, event="step", step=s, n=i + 1) for i, s in enumerate((4, 5))]
+    events += [ev(132.0 + s, 0, 2, event="step", step=s, n=s - 2) for s in range(3, 8)]
+    events += [ev(170.0 + i, 1, 0, event="step", step=s, n=i + 1) for i, s in enumerate((8, 9))]
+    r = build("42", RUNS, ledger, events, final_cause="completed")
+    first, crash, hang = r.runs[0].attempts
+    assert [(a.mode, a.cause) for a in (first, crash, hang)] == [
+        ("", "user_crash"), ("inprocess", "hang"), ("new", "preemption")]
+    # the crash: last step at 115, the next one starts at 116.5 (completed at 117.5)
+    assert crash.recovery_s == pytest.approx(1.5) and first.recovery_s is None
+    # the hang: last step at 118.5, the next one starts at 134 (completed at 135)
+    assert hang.recovery_s == pytest.approx(15.5)
+    assert (r.recoveries("inprocess"), r.recoveries("new")) == ([1.5], [15.5])
+    text = format_text(r).splitlines()
+    assert any(line.startswith("    attempt 1 (in-process, back in 1.5 s): ") for line in text)
+    assert any(line.startswith("    attempt 2 (in new processes, back in 15.5 s): ")
+               for line in text)
+    assert "  restarts in the allocation: 1 in-process (median 1.5 s from the last step " \
+           "before to the first after); 1 in new processes (median 15.5 s from the last " \
+           "step before to the first after)" in text
+    assert "attempt 1 (in-process): startup" in to_html(r)
+
+
 def test_a_rank_that_died_at_exit_after_the_work_is_a_note_not_a_failure() -> None:
     from hpctrain.commands.report import format_text
 
@@ -179,3 +212,17 @@ def test_a_partition_report_says_when_privatedata_hides_other_users(
     assert scope_of(private, uid, level) == scope
     text = format_partition(aggregate("debug", "7d", [], {}, {}, {}, 10, scope))
     assert ("only your own jobs are counted" in text) is (scope == "own")
+
+
+def test_a_restart_that_failed_before_its_first_step_counts_in_the_next_ones_recovery() -> None:
+    ledger = entries("restart cause=user_crash restart_count=0 attempt=1 at=116.0 "
+                     "mode=inprocess\n"
+                     "restart cause=user_crash restart_count=0 attempt=2 at=120.0 "
+                     "mode=inprocess\n")
+    events = [e for e in history() if e["attempt"] == 0]     # last step at 115
+    events += [ev(122.0 + i, 0, 2, event="step", step=s, n=i + 1) for i, s in enumerate((4, 5))]
+    r = build("42", RUNS[:1], ledger, events, final_cause="completed")
+    _, failed, resumed = r.runs[0].attempts
+    assert failed.steps == 0 and failed.recovery_s is None
+    assert resumed.recovery_s == pytest.approx(6.0)          # 115 -> 121 (step 4 took 1 s)
+    assert len(r.restarts("inprocess")) == 2 and r.recoveries("inprocess") == [6.0]

@@ -139,6 +139,21 @@ def test_a_hang_is_restarted_in_place_then_the_job_completes(tmp_path: Path) -> 
     assert "phase=training ranks=-" in ledger[0]
 
 
+def test_a_rank_that_gave_up_in_a_collective_ends_the_step_as_a_hang_not_a_crash(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without runtime.run: a rank's collective timeout (collective_timeout_s <= the hang
+    timeout) ends the step before the watchdog sees the hang. Its crash record says it
+    waited (waited=1): a hang, restarted in place, not a user crash ending the job."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, "runtime", steps=[{"crash_at": 3, "waited": True}, {}],
+        limits=Limits(hang_s=10, beat_s=2.0, collective_s=5))
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(fake.started) == 2 and not asked(fake, "kill_steps")
+    assert len(ledger) == 1 and ledger[0].startswith(
+        "restart cause=hang restart_count=0 attempt=1 "), ledger
+    assert "HANG: no progress in phase training" in capsys.readouterr().err
+
+
 def test_a_requeue_past_its_limit_stops_the_job_before_it_starts(tmp_path: Path) -> None:
     state = p.state_dir(tmp_path, "42")
     state.mkdir(parents=True)
@@ -270,3 +285,15 @@ def test_a_derived_hang_timeout_finds_a_hang_in_ten_steps_time(tmp_path: Path,
     assert len(ledger) == 1 and ledger[0].startswith("restart cause=hang ")
     err = capsys.readouterr().err
     assert "(limit 30 s)" in err, err
+
+
+def test_a_rank_waited_for_that_does_not_answer_is_frozen_and_not_waited_for_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As above, but rank 1 answers no stack request (SIGSTOP): its attempt cannot be left
+    in its process, so the step is killed and the job requeued without its node."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, "inprocess", steps=[{"hang_at": 3, "hung_rank": 1, "frozen": 1}],
+        limits=Limits(hang_s=10, beat_s=2.0, collective_s=5))
+    assert asked(fake, "kill_steps") and len(asked(fake, "start_step")) == 1
+    assert verdict["cause"] == "hang" and verdict["action"] == "requeue", verdict
+    assert "rank 1: no stacks" in capsys.readouterr().err

@@ -21,7 +21,7 @@ from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
 from hpctrain.supervisor.watchdog import (AUTO_HANG_S, AUTO_SAVE_S, EXIT_GRACE_S, HANG_FLOOR_S,
                                           Limits, RankProgress, StepClock, assess, culprits,
                                           in_collective, innermost, main_stack, node_of,
-                                          suspects, waited_for)
+                                          suspects, WAITED, gave_up, waited_for)
 
 NOW = 1_800_000_000.0
 LIMITS = Limits(hang_s=10, startup_s=30, save_s=60, beat_s=2.0)
@@ -150,18 +150,32 @@ def test_ranks_that_gave_up_in_a_collective_name_the_rank_they_waited_for() -> N
             node: str = "n1") -> dict[str, str]:
         return {"rank": str(r), "node": node, "step": "7", "boundaries": "7", "phase": phase,
                 "changed_at": str(NOW - 12), "beat_at": str(beat), "failed": failed}
-    gave_up = {0: rec(0, "restarting", "timeout"), 1: rec(1, node="n2"),
-               2: rec(2, "restarting", "timeout")}
-    hang = waited_for(gave_up, 3, NOW, 2.0, 10.0)
+    timeouts = {0: rec(0, "restarting", "timeout"), 1: rec(1, node="n2"),
+                2: rec(2, "restarting", "timeout")}
+    hang = waited_for(timeouts, 3, NOW, 2.0, 10.0)
     assert hang is not None and (hang.ranks, hang.nodes, hang.limit_s) == ((1,), ("n2",), 10)
     assert hang.phase == "training" and hang.frozen_nodes == () and round(hang.idle_s) == 12
     assert "the others gave up waiting for them in a collective" in hang.text()
     # its heartbeat stopped too: frozen (the attempt cannot be left in its process)
-    frozen = {**gave_up, 1: rec(1, node="n2", beat=NOW - 60)}
+    frozen = {**timeouts, 1: rec(1, node="n2", beat=NOW - 60)}
     assert waited_for(frozen, 3, NOW, 2.0).frozen_nodes == ("n2",)   # type: ignore[union-attr]
-    # one rank crashed on its own: the failure path, not a hang
-    assert waited_for({**gave_up, 2: rec(2, "restarting", "crash")}, 3, NOW, 2.0) is None
+    # a rank that lost its connection to one that gave up (it tore its group down) waited
+    # too, but is not waited for (seen on the devcluster: gloo's "Connection closed by peer")
+    lost = {**timeouts, 3: rec(3, "restarting", "peer")}
+    assert waited_for(lost, 4, NOW, 2.0).ranks == (1,)   # type: ignore[union-attr]
+    # one rank crashed on its own: the failure path, not a hang; nor is a peer lost alone
+    assert waited_for({**timeouts, 2: rec(2, "restarting", "crash")}, 3, NOW, 2.0) is None
+    assert waited_for({0: rec(0, "restarting", "peer"), 1: rec(1)}, 2, NOW, 2.0) is None
     assert waited_for({0: rec(0), 1: rec(1)}, 2, NOW, 2.0) is None
+    # without runtime.run the step ended: the crash record says the rank waited; the
+    # ranks that never said their work ended are the ones waited for
+    ended = {0: {**rec(0, "exited"), "exit": "crash"}, 1: rec(1, node="n2"),
+             2: {**rec(2, "exited"), "exit": "crash"}}
+    hang = gave_up({"waited": "1"}, ended, 3, NOW, 2.0, 10.0)
+    assert hang is not None and (hang.ranks, hang.nodes, hang.why) == ((1,), ("n2",), WAITED)
+    assert gave_up({"error": "RuntimeError: boom"}, ended, 3, NOW, 2.0) is None
+    silent = gave_up({"waited": "1"}, {r: rec(r) for r in range(3)}, 3, NOW, 2.0)
+    assert silent is not None and silent.ranks == ()     # nothing to tell them apart
 
 
 # ---- stacks ---------------------------------------------------------------------------------
@@ -331,9 +345,11 @@ def test_the_ledger_counts_in_place_restarts_and_excluded_nodes() -> None:
     led = parse_ledger("requeue cause=preemption restart_count=1 by=slurm\n"
                        "restart cause=hang restart_count=1 attempt=1 at=1 ranks=3\n"
                        "restart cause=user_crash restart_count=1 attempt=2 at=2\n"
+                       "restart cause=user_crash restart_count=1 attempt=3 at=3 mode=inprocess\n"
                        "exclude node=n2 cause=node_fail restart_count=1\n")
     assert led.requeues == {"preemption": 1} and led.total == 1
-    assert led.restarts == {"hang": 1, "user_crash": 1} and led.step_restarts == 2
+    assert led.restarts == {"hang": 1, "user_crash": 2} and led.step_restarts == 3
+    assert led.inprocess == {"user_crash": 1}
     assert led.excluded == {"n2": "node_fail"} and led.recoveries("hang") == 1
 
 

@@ -1,0 +1,193 @@
+"""What a crash, a hang and a preemption cost when a failed attempt restarts in the running
+processes (``hpctrain.runtime.run`` with snapshots in memory), against the cold restart in
+new processes in the same allocation, measured in one run; then the goodput of a ~10-minute
+2x2 job through one crash, one hang and one preemption, as ``hpctrain report`` gives it and
+as this benchmark counts it from the job's own step log.
+
+    SLURM_CONF=/var/lib/hpctrain/devcluster/etc/slurm.conf .venv/bin/python benchmarks/inprocess_bench.py
+
+The job is examples/train_gpt.py on 2 nodes x 2 fake GPUs, dp=4 under srun, submitted with
+`hpctrain submit`; rank 1 raises before step C of attempt 0 and rank 2 sleeps (a Python
+hang: the others wait in the step's all-reduce) before step H of attempt 1;
+hang_timeout_s=10 for both kinds, so the detection is the same and the difference is the
+restart. The two kinds differ only in ``--inprocess --snapshot-every 1``:
+
+- cold: the supervisor kills nothing after a crash (the step ended), restarts the step in
+  new processes (max_crash_restarts=1), and after a hang kills the step and does the same:
+  import, rendezvous, load from storage;
+- in-process: the ranks leave the failed attempt, meet again on a fresh store prefix and
+  resume from the snapshot in memory.
+
+Figures (medians where there are several): the *recovery*, from the last step before the
+failure to the first step after it (``hpctrain report``'s "back in"); for the hang also from
+its detection (the ledger's detected_at) to the first step after it. Goals: a crash <= 3 s,
+a hang <= detection + 3 s, goodput >= 90% with the report and this count within 2 points.
+Needs the devcluster and an idle queue; about 25 minutes with the default --minutes 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path("/var/lib/hpctrain/devcluster/shared")
+GPUS, HANG_S, CRASH_AT, HANG_AT, SAVE_EVERY, STEP_SLEEP = 4, 10, 12, 25, 20, 0.2
+SHORT_STEPS = 45      # the recovery jobs: past both faults, a little more
+
+
+def slurm(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=60).stdout
+
+
+def hpctrain(*argv: str, cwd: Path | None = None) -> str:
+    return subprocess.run([sys.executable, "-m", "hpctrain", *argv], capture_output=True,
+                          text=True, check=True, timeout=120, cwd=cwd).stdout
+
+
+def submit(root: Path, name: str, steps: int, inprocess: bool, minutes: int = 20) -> str:
+    """One train_gpt job, faults included; its job id."""
+    root.mkdir(parents=True)
+    cmd = [sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--steps", str(steps),
+           "--save-every", str(SAVE_EVERY), "--seed", "11", "--step-sleep", str(STEP_SLEEP),
+           "--ckpt-dir", str(root / "ckpt"), "--log-file", str(root / "loss.jsonl"),
+           "--fault", f"crash@{CRASH_AT}:1:0", "--fault", f"hang@{HANG_AT}:2:1"]
+    if inprocess:
+        cmd += ["--inprocess", "--snapshot-every", "1"]
+    (root / "job.toml").write_text("\n".join([
+        f'name = "{name}"', 'partition = "debug"', "nodes = 2", "gpus_per_node = 2",
+        f'time = "00:{minutes + 10:02d}:00"', f'output = "{root}/job-%j.out"',
+        f'workdir = "{root}"', "[layout]", "dp = 4", "[run]", 'launcher = "srun"',
+        f"command = {json.dumps(cmd)}", 'env = { OMP_NUM_THREADS = "1" }',
+        "[checkpoint]", f'dir = "{root}/ckpt"',
+        "[requeue]", "max_crash_restarts = 2", "max_hangs = 2", 'signal = "USR2"',
+        "signal_lead_s = 60",
+        "[watchdog]", f"hang_timeout_s = {HANG_S}", "max_step_restarts = 4", ""]))
+    return json.loads(hpctrain("submit", str(root / "job.toml"), "--json", cwd=root))["job_id"]
+
+
+def wait_done(job: str, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while slurm("squeue", "-h", "-j", job, "-o", "%T").strip():
+        if time.monotonic() > end:
+            raise SystemExit(f"job {job} did not finish within {timeout:.0f} s")
+        time.sleep(2)
+    states = slurm("sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "State").split()
+    if states[-1:] != ["COMPLETED"]:
+        raise SystemExit(f"job {job} ended {states}: see its log")
+
+
+def steps(root: Path) -> list[dict]:
+    lines = (root / "loss.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if "loss" in r]
+
+
+def report(root: Path, job: str) -> dict:
+    return json.loads(hpctrain("report", job, "--json", "--dir", str(root / "ckpt")))
+
+
+def hang_detected_at(root: Path, job: str) -> float:
+    ledger = root / "ckpt" / ".hpctrain" / "jobs" / job / "ledger"
+    for line in ledger.read_text().splitlines():
+        fields = dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
+        if line.startswith("restart ") and fields.get("cause") == "hang":
+            return float(fields["detected_at"])
+    raise SystemExit(f"job {job}: no hang restart in its ledger")
+
+
+def recoveries(root: Path, job: str) -> dict[str, float]:
+    """{crash, hang, hang after detection, start-up of the job}: seconds."""
+    r = report(root, job)
+    attempts = r["runs"][0]["attempts"]
+    crash, hang = attempts[1], attempts[2]
+    detected = hang_detected_at(root, job)
+    after = [s["time"] for s in steps(root) if s["time"] > detected]
+    step_s = r["step_s"]
+    return {"crash": crash["recovery_s"], "hang": hang["recovery_s"],
+            "hang after detection": min(after) - step_s - detected,
+            "start-up": attempts[0]["seconds"]["startup"]}
+
+
+def own_goodput(root: Path, job: str, total: int) -> float:
+    """The job's own count: every step kept once (total) x the median step time x GPUs,
+    over the GPU-seconds sacct says were allocated."""
+    times = [s["time"] for s in steps(root)]
+    step_s = statistics.median(b - a for a, b in zip(times, times[1:]) if 0 < b - a < 5)
+    allocated = 0.0
+    for line in slurm("sacct", "-n", "-X", "-D", "-P", "-j", job, "-o",
+                      "ElapsedRaw,AllocTRES").splitlines():
+        raw, tres = line.split("|")
+        gpus = next((int(t.split("=")[1]) for t in tres.split(",")
+                     if t.startswith("gres/gpu=")), 1)
+        allocated += int(raw) * gpus
+    return total * step_s * GPUS / allocated
+
+
+def preempt_after(root: Path, job: str, step: int, timeout: float) -> None:
+    """Once the job passed ``step``, an `urgent` job takes its nodes (it is requeued)."""
+    end = time.monotonic() + timeout
+    while not (root / "loss.jsonl").exists() or all(s["step"] < step for s in steps(root)):
+        if time.monotonic() > end:
+            raise SystemExit(f"job {job} did not reach step {step}")
+        time.sleep(1)
+    nodes = slurm("squeue", "-h", "-j", job, "-o", "%N").strip()
+    slurm("sbatch", "-p", "urgent", f"--nodelist={nodes}", "-N", "2", "--gres=gpu:2",
+          "-o", "/dev/null", "--wrap", "sleep 1")
+
+
+def goodput_job(base: Path, name: str, total: int, inprocess: bool,
+                minutes: int) -> tuple[float, float, dict]:
+    root = base / name
+    job = submit(root, name, total, inprocess, minutes)
+    preempt_after(root, job, int(total * 0.6), minutes * 60 + 300)
+    wait_done(job, minutes * 60 + 600)
+    r = report(root, job)
+    return r["goodput"], own_goodput(root, job, total), r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=int, default=10,
+                    help="how long the goodput job trains undisturbed (default 10)")
+    ap.add_argument("--no-goodput", action="store_true", help="only the recovery figures")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="inprocess-bench-", dir=SHARED))
+    figures = {}
+    for kind in ("cold", "inprocess"):
+        job = submit(base / kind, f"bench-{kind}", SHORT_STEPS, kind == "inprocess")
+        wait_done(job, 900)
+        figures[kind] = recoveries(base / kind, job)
+    cold, warm = figures["cold"], figures["inprocess"]
+    print(f"2 nodes x 2 ranks (dp=4, srun), train_gpt, hang_timeout_s={HANG_S}; a cold start "
+          f"here (import torch, rendezvous, build, first step) takes {cold['start-up']:.1f} s")
+    for what, goal in (("crash", 3.0), ("hang", None), ("hang after detection", 3.0)):
+        ratio = cold[what] / warm[what] if warm[what] > 0 else float("inf")
+        aim = f" (goal <= {goal:.0f} s)" if goal else ""
+        print(f"{what}: last step before -> first step after: in-process {warm[what]:.1f} s"
+              f"{aim}, cold in-place restart {cold[what]:.1f} s: cold / in-process = "
+              f"{ratio:.1f}x")
+    if args.no_goodput:
+        return
+    step_s = statistics.median(b["time"] - a["time"] for a, b in
+                               zip(steps(base / "cold"), steps(base / "cold")[1:])
+                               if 0 < b["time"] - a["time"] < 5)
+    total = max(100, int(args.minutes * 60 / step_s))
+    results = {kind: goodput_job(base, f"goodput-{kind}", total, kind == "inprocess",
+                                 args.minutes) for kind in ("cold", "inprocess")}
+    for kind, (by_report, by_count, r) in results.items():
+        print(f"goodput, {kind}, {total} steps (~{args.minutes} min) through one crash, one "
+              f"hang, one preemption: {by_report:.1%} (hpctrain report), {by_count:.1%} "
+              f"(the job's own count; {abs(by_report - by_count) * 100:.1f} points apart) of "
+              f"{r['allocated_gpu_s']:.0f} GPU-s")
+    warm_g, cold_g = results["inprocess"][0], results["cold"][0]
+    print(f"goodput in-process / cold = {warm_g / cold_g:.2f}x (goal: in-process >= 90%)")
+
+
+if __name__ == "__main__":
+    main()
