@@ -18,11 +18,12 @@ restart. The two kinds differ only in ``--inprocess --snapshot-every 1``:
 - in-process: the ranks leave the failed attempt, meet again on a fresh store prefix and
   resume from the snapshot in memory.
 
-Figures (medians where there are several): the *recovery*, from the last step before the
-failure to the first step after it (``hpctrain report``'s "back in"); for the hang also from
-its detection (the ledger's detected_at) to the first step after it. Goals: a crash <= 3 s,
-a hang <= detection + 3 s, goodput >= 90% with the report and this count within 2 points.
-Needs the devcluster and an idle queue; about 25 minutes with the default --minutes 10.
+Figures (medians over --repeat jobs of each kind, interleaved): the *recovery*, from the
+last step before the failure to the first step after it (``hpctrain report``'s "back in");
+for the hang also from its detection (the ledger's detected_at) to the first step after it.
+Goals: a crash <= 3 s, a hang <= detection + 3 s, goodput >= 90% with the report and this
+count within 2 points. Needs the devcluster (or a GPU partition: --partition, --shared,
+--nodes, --gpus-per-node) and an idle queue; about 35 minutes with the defaults.
 """
 
 from __future__ import annotations
@@ -34,12 +35,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path("/var/lib/hpctrain/devcluster/shared")
-GPUS, HANG_S, CRASH_AT, HANG_AT, SAVE_EVERY, STEP_SLEEP = 4, 10, 12, 25, 20, 0.2
+HANG_S, CRASH_AT, HANG_AT, SAVE_EVERY, STEP_SLEEP = 10, 12, 25, 20, 0.2
 SHORT_STEPS = 45      # the recovery jobs: past both faults, a little more
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where the jobs run: the devcluster's names by default, a GPU partition's when given."""
+
+    partition: str = "debug"
+    preempt_partition: str = "urgent"    # a partition whose jobs preempt ``partition``'s
+    shared: Path = Path("/var/lib/hpctrain/devcluster/shared")
+    nodes: int = 2
+    gpus_per_node: int = 2
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
 
 
 def slurm(*argv: str) -> str:
@@ -51,7 +67,8 @@ def hpctrain(*argv: str, cwd: Path | None = None) -> str:
                           text=True, check=True, timeout=120, cwd=cwd).stdout
 
 
-def submit(root: Path, name: str, steps: int, inprocess: bool, minutes: int = 20) -> str:
+def submit(where: Where, root: Path, name: str, steps: int, inprocess: bool,
+           minutes: int = 20) -> str:
     """One train_gpt job, faults included; its job id."""
     root.mkdir(parents=True)
     cmd = [sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--steps", str(steps),
@@ -61,9 +78,11 @@ def submit(root: Path, name: str, steps: int, inprocess: bool, minutes: int = 20
     if inprocess:
         cmd += ["--inprocess", "--snapshot-every", "1"]
     (root / "job.toml").write_text("\n".join([
-        f'name = "{name}"', 'partition = "debug"', "nodes = 2", "gpus_per_node = 2",
+        f'name = "{name}"', f'partition = "{where.partition}"', f"nodes = {where.nodes}",
+        f"gpus_per_node = {where.gpus_per_node}",
         f'time = "00:{minutes + 10:02d}:00"', f'output = "{root}/job-%j.out"',
-        f'workdir = "{root}"', "[layout]", "dp = 4", "[run]", 'launcher = "srun"',
+        f'workdir = "{root}"', "[layout]", f"dp = {where.gpus}", "[run]",
+        'launcher = "srun"',
         f"command = {json.dumps(cmd)}", 'env = { OMP_NUM_THREADS = "1" }',
         "[checkpoint]", f'dir = "{root}/ckpt"',
         "[requeue]", "max_crash_restarts = 2", "max_hangs = 2", 'signal = "USR2"',
@@ -114,7 +133,7 @@ def recoveries(root: Path, job: str) -> dict[str, float]:
             "start-up": attempts[0]["seconds"]["startup"]}
 
 
-def own_goodput(root: Path, job: str, total: int) -> float:
+def own_goodput(where: Where, root: Path, job: str, total: int) -> float:
     """The job's own count: every step kept once (total) x the median step time x GPUs,
     over the GPU-seconds sacct says were allocated."""
     times = [s["time"] for s in steps(root)]
@@ -126,29 +145,31 @@ def own_goodput(root: Path, job: str, total: int) -> float:
         gpus = next((int(t.split("=")[1]) for t in tres.split(",")
                      if t.startswith("gres/gpu=")), 1)
         allocated += int(raw) * gpus
-    return total * step_s * GPUS / allocated
+    return total * step_s * where.gpus / allocated
 
 
-def preempt_after(root: Path, job: str, step: int, timeout: float) -> None:
-    """Once the job passed ``step``, an `urgent` job takes its nodes (it is requeued)."""
+def preempt_after(where: Where, root: Path, job: str, step: int, timeout: float) -> None:
+    """Once the job passed ``step``, a job of the preempting partition takes its nodes (it
+    is requeued)."""
     end = time.monotonic() + timeout
     while not (root / "loss.jsonl").exists() or all(s["step"] < step for s in steps(root)):
         if time.monotonic() > end:
             raise SystemExit(f"job {job} did not reach step {step}")
         time.sleep(1)
     nodes = slurm("squeue", "-h", "-j", job, "-o", "%N").strip()
-    slurm("sbatch", "-p", "urgent", f"--nodelist={nodes}", "-N", "2", "--gres=gpu:2",
-          "-o", "/dev/null", "--wrap", "sleep 1")
+    slurm("sbatch", "-p", where.preempt_partition, f"--nodelist={nodes}", "-N",
+          str(where.nodes), f"--gres=gpu:{where.gpus_per_node}", "-o", "/dev/null", "--wrap",
+          "sleep 1")
 
 
-def goodput_job(base: Path, name: str, total: int, inprocess: bool,
+def goodput_job(where: Where, base: Path, name: str, total: int, inprocess: bool,
                 minutes: int) -> tuple[float, float, dict]:
     root = base / name
-    job = submit(root, name, total, inprocess, minutes)
-    preempt_after(root, job, int(total * 0.6), minutes * 60 + 300)
+    job = submit(where, root, name, total, inprocess, minutes)
+    preempt_after(where, root, job, int(total * 0.6), minutes * 60 + 300)
     wait_done(job, minutes * 60 + 600)
     r = report(root, job)
-    return r["goodput"], own_goodput(root, job, total), r
+    return r["goodput"], own_goodput(where, root, job, total), r
 
 
 def main() -> None:
@@ -156,15 +177,31 @@ def main() -> None:
     ap.add_argument("--minutes", type=int, default=10,
                     help="how long the goodput job trains undisturbed (default 10)")
     ap.add_argument("--no-goodput", action="store_true", help="only the recovery figures")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="recovery jobs of each kind; the figures are medians (default 3)")
+    ap.add_argument("--partition", default=Where.partition)
+    ap.add_argument("--preempt-partition", default=Where.preempt_partition,
+                    help="a partition whose jobs preempt --partition's (the goodput run)")
+    ap.add_argument("--shared", type=Path, default=Where.shared,
+                    help="a directory every node sees (checkpoints and logs go under it)")
+    ap.add_argument("--nodes", type=int, default=Where.nodes)
+    ap.add_argument("--gpus-per-node", type=int, default=Where.gpus_per_node)
     args = ap.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="inprocess-bench-", dir=SHARED))
-    figures = {}
-    for kind in ("cold", "inprocess"):
-        job = submit(base / kind, f"bench-{kind}", SHORT_STEPS, kind == "inprocess")
-        wait_done(job, 900)
-        figures[kind] = recoveries(base / kind, job)
-    cold, warm = figures["cold"], figures["inprocess"]
-    print(f"2 nodes x 2 ranks (dp=4, srun), train_gpt, hang_timeout_s={HANG_S}; a cold start "
+    where = Where(args.partition, args.preempt_partition, args.shared, args.nodes,
+                  args.gpus_per_node)
+    base = Path(tempfile.mkdtemp(prefix="inprocess-bench-", dir=where.shared))
+    figures: dict[str, list[dict[str, float]]] = {"cold": [], "inprocess": []}
+    for i in range(args.repeat):          # interleaved: the machine drifts between runs
+        for kind in figures:
+            root = base / f"{kind}-{i}"
+            job = submit(where, root, f"bench-{kind}", SHORT_STEPS, kind == "inprocess")
+            wait_done(job, 900)
+            figures[kind].append(recoveries(root, job))
+    cold, warm = ({k: statistics.median(f[k] for f in figures[kind]) for k in figures[kind][0]}
+                  for kind in ("cold", "inprocess"))
+    print(f"{where.nodes} nodes x {where.gpus_per_node} ranks (dp={where.gpus}, srun), "
+          f"train_gpt, hang_timeout_s={HANG_S}, medians of {args.repeat} job(s) per kind; "
+          "a cold start "
           f"here (import torch, rendezvous, build, first step) takes {cold['start-up']:.1f} s")
     for what, goal in (("crash", 3.0), ("hang", None), ("hang after detection", 3.0)):
         ratio = cold[what] / warm[what] if warm[what] > 0 else float("inf")
@@ -174,11 +211,11 @@ def main() -> None:
               f"{ratio:.1f}x")
     if args.no_goodput:
         return
-    step_s = statistics.median(b["time"] - a["time"] for a, b in
-                               zip(steps(base / "cold"), steps(base / "cold")[1:])
+    done = steps(base / "cold-0")
+    step_s = statistics.median(b["time"] - a["time"] for a, b in zip(done, done[1:])
                                if 0 < b["time"] - a["time"] < 5)
     total = max(100, int(args.minutes * 60 / step_s))
-    results = {kind: goodput_job(base, f"goodput-{kind}", total, kind == "inprocess",
+    results = {kind: goodput_job(where, base, f"goodput-{kind}", total, kind == "inprocess",
                                  args.minutes) for kind in ("cold", "inprocess")}
     for kind, (by_report, by_count, r) in results.items():
         print(f"goodput, {kind}, {total} steps (~{args.minutes} min) through one crash, one "

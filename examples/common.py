@@ -38,8 +38,9 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
                         "in these processes resumes from it")
     p.add_argument("--fault", action="append", default=[],
                    help="KIND@STEP:RANK[:ATTEMPT], for the in-process tests: crash, hang "
-                        "(Python), stop (SIGSTOP), collective-hang, save-crash, load-crash "
-                        "(STEP ignored), on that attempt (default 0) of the first run")
+                        "(Python), stop (SIGSTOP), collective-hang, device-error (CUDA's, "
+                        "simulated), save-crash, load-crash (STEP ignored), on that attempt "
+                        "(default 0) of the first run")
     args = p.parse_args(argv)
     if not args.ckpt_dir:
         p.error("no checkpoint directory: pass --ckpt-dir or set [checkpoint] dir in the job spec")
@@ -82,7 +83,8 @@ def dump_final_state(path: str | None, rank: int, model: torch.nn.Module) -> Non
 
 class Faults:
     """Failures injected for the in-process restart tests (``--fault``), each on one rank,
-    one attempt of the job's first run: ``crash`` raises before the step, ``hang`` sleeps
+    one attempt of the job's first run: ``crash`` raises before the step (``device-error``
+    as CUDA's sticky errors do: the process cannot go on), ``hang`` sleeps
     in Python before it (the others wait in the step's collectives), ``stop`` freezes the
     process (SIGSTOP: no Python runs), ``collective-hang`` waits in a receive nobody sends
     (stuck in C++, as the others then are), ``save-crash`` saves an extra that cannot be
@@ -104,6 +106,9 @@ class Faults:
 
         if self.hit("crash", step):
             raise RuntimeError(f"--fault crash@{step}: simulated crash")
+        if self.hit("device-error", step):   # CUDA's sticky error, as torch raises it
+            raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered"
+                                         f" (--fault device-error@{step}: simulated)")
         if self.hit("hang", step):
             while True:
                 time.sleep(3600)

@@ -27,7 +27,7 @@ user's traceback, which the previous hook still prints.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -58,16 +58,31 @@ def lost_peer(exc: BaseException) -> bool:
     return _marked(exc, PEER_MARKS)
 
 
-def _marked(exc: BaseException | None, marks: tuple[str, ...]) -> bool:
-    """Does ``exc``, or an exception in its chain (causes included), say one of ``marks``
-    as torch's RuntimeError?"""
+def device_lost(exc: BaseException) -> bool:
+    """Did ``exc`` come of the device (torch's ``AcceleratorError``: "CUDA error: an illegal
+    memory access was encountered", an ECC error, a GPU fallen off the bus)? CUDA's errors
+    of that kind are sticky: the process's device context is unusable, so the rank cannot
+    start another attempt in it."""
+    # by the class's name: this module is imported before (and without) torch
+    return any(any(k.__name__ == "AcceleratorError" for k in type(e).__mro__)
+               or (isinstance(e, RuntimeError) and str(e).startswith("CUDA error"))
+               for e in exception_chain(exc))
+
+
+def exception_chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it came of (its causes and contexts), once each."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, RuntimeError) and any(m in str(exc) for m in marks):
-            return True
+        yield exc
         exc = exc.__cause__ or exc.__context__
-    return False
+
+
+def _marked(exc: BaseException, marks: tuple[str, ...]) -> bool:
+    """Does ``exc``, or an exception in its chain, say one of ``marks`` as torch's
+    RuntimeError?"""
+    return any(isinstance(e, RuntimeError) and any(m in str(e) for m in marks)
+               for e in exception_chain(exc))
 
 
 def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int | None,

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpctrain import protocol as p
 from hpctrain.runtime.context import Context, Setup
-from hpctrain.runtime.crashrecord import (crash_fields, lost_peer, timed_out,
-                                          write_crash_record)
+from hpctrain.runtime.crashrecord import (crash_fields, device_lost, exception_chain,
+                                          lost_peer, timed_out, write_crash_record)
 from hpctrain.runtime.teardown import destroy_process_group
 
 if TYPE_CHECKING:
@@ -107,6 +107,20 @@ def not_in_place(tp: int, backend: str) -> str:
     return ""
 
 
+# NCCL's watchdog, on a collective's timeout or error, by default (3) ends the process
+# without aborting its communicators: no attempt could start again in it. 2 aborts the
+# communicators and raises in the thread that waits, which run() handles as a failed attempt.
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
+def nccl_settings(backend: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What run() sets in the environment before its first NCCL process group, so that a
+    failed collective ends the attempt, not the process; a value the job set is kept."""
+    if "nccl" not in backend or NCCL_ERROR_HANDLING in environ:
+        return {}
+    return {NCCL_ERROR_HANDLING: "2"}
+
+
 class _Attempts:
     """The attempts of one process: their store, their connection, their end."""
 
@@ -122,6 +136,9 @@ class _Attempts:
         self._interrupted = False    # the supervisor asked this attempt to end
         self._leaving = False        # this attempt ended: main is not running
         self.off = not_in_place(e.tp, setup.backend)   # why attempts cannot restart here
+        if not self.off:
+            for name, value in nccl_settings(setup.backend, os.environ).items():
+                os.environ[name] = value    # read when the first NCCL group is made
         signal.signal(INTERRUPT_SIGNAL, self._on_signal)
         if setup.reporter is not None and not self.off:
             setup.reporter.inprocess = True
@@ -164,6 +181,12 @@ class _Attempts:
                                  rank=e.rank)["error"])
         if word != "interrupted":   # in the job log, as an uncaught exception would be
             traceback.print_exception(exc)
+        if reporter is not None and device_lost(exc):
+            # the device context is gone for this process: the supervisor stops the attempt
+            # at once and restarts the step in new processes
+            reporter.inprocess = False
+            print(f"hpctrain: rank {e.rank}: a device error: this process cannot start "
+                  "another attempt", file=sys.stderr, flush=True)
         print(f"hpctrain: rank {e.rank}: attempt {self.attempt} ended ({word}: {error}); "
               "waiting for the supervisor's word on the next one", file=sys.stderr, flush=True)
         if reporter is not None:
@@ -188,11 +211,8 @@ class _Attempts:
         from hpctrain.checkpoint.live import close_all
 
         close_all(leaving=False)
-        seen: set[int] = set()
-        while exc is not None and id(exc) not in seen:   # the chain, causes included
-            seen.add(id(exc))
-            traceback.clear_frames(exc.__traceback__)
-            exc = exc.__cause__ or exc.__context__       # type: ignore[assignment]
+        for link in exception_chain(exc):                 # causes included
+            traceback.clear_frames(link.__traceback__)
         ctx.mesh = None  # type: ignore[assignment]
         self.setup.current = None
         destroy_process_group(self.setup.env.rank)      # and collects the garbage

@@ -64,9 +64,12 @@ class InProcess:
         arrived = self.arrive(step, watch)
         facts = self.seen.failed_attempt()
         decision = decide(facts)
-        if arrived and decision.action == "restart":
+        # a rank may say its process cannot start another attempt (a device error)
+        able = arrived and watch.inprocess()
+        if able and decision.action == "restart":
             return self.go(decision, facts, watch)
-        self.stop(watch, decision if arrived else None)
+        self.stop(watch, decision if able else None,
+                  "" if able or not arrived else "a rank's process cannot (a device error)")
         return None
 
     def after_hang(self, step: StepProcess, watch: Watch, hang: Hang) -> Watch | None:
@@ -109,10 +112,10 @@ class InProcess:
         self.seen.hang = None
         return watch.next()
 
-    def stop(self, watch: Watch, decision: Decision | None) -> None:
+    def stop(self, watch: Watch, decision: Decision | None, why: str = "") -> None:
         """The ranks leave: their exception goes on and the step ends."""
-        why = f"the decision is to {decision.action} ({decision.cause})" if decision else \
-            "not every rank could"
+        why = why or (f"the decision is to {decision.action} ({decision.cause})" if decision
+                      else "not every rank could")
         say(f"not restarting attempt {watch.attempt} in its processes: {why}")
         self._stopped, self._stopped_at = watch.attempt, self.slurm.monotonic()
         self.state.write(p.RESUME, {"restart_count": self.cfg.restart_count,

@@ -9,11 +9,14 @@ per attempt of its first run (examples/common.py's ``--fault``):
   and give up: the supervisor names rank 2 (the rank they waited for) and counts a hang;
 - attempt 2: the save of step 15 fails on every rank (rank 0's state cannot be pickled);
 - attempt 3: rank 3 raises while the others load;
-- attempt 4: rank 1 freezes (SIGSTOP) before step 22: no Python runs there (it answers no
+- attempt 4: rank 0 waits in a receive nobody sends before step 19 (stuck in C++, and so
+  are the others, in the all-reduce): every rank gives up at its collective timeout, a
+  hang nobody can be named for;
+- attempt 5: rank 1 freezes (SIGSTOP) before step 24: no Python runs there (it answers no
   stack request), so no restart in these processes; the fallback, as before (that rank's
   node stopped answering: a requeue without it).
 
-Each of the first four restarts in the same processes (the same pids, the same Slurm run,
+Each of the first five restarts in the same processes (the same pids, the same Slurm run,
 one srun step), from the snapshot in memory; the run then completes bitwise equal to an
 undisturbed local run. Prints the figures: failure -> first step of the next attempt.
 """
@@ -31,13 +34,14 @@ import pytest
 from hpctrain import protocol
 from helpers.examples import EXAMPLES, example_spec, submit_example
 from helpers.jobs import isolate
-from helpers.slurm import sacct_states, wait_done
+from helpers.cluster import preempt
+from helpers.slurm import sacct_states, wait_done, wait_until
 from helpers.torchrun import bitwise_equal, env_for, events, final_state, records, start
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 TOTAL, EVERY = 30, 5
 FAULTS = ("crash@6:1:0", "hang@12:2:1", "save-crash@15:0:2", "load-crash@0:3:3",
-          "stop@22:1:4")
+          "collective-hang@19:0:4", "stop@24:1:5")
 
 
 def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwise(
@@ -64,11 +68,12 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
     log = root / "loss.jsonl"
     starts = events(log, "start")
     first_run = [s for s in starts if s["restart"] == 0]
-    # attempts 1, 2 and 4 in rank 0's process (3 failed in its load, before its start line)
-    assert [s["attempt"] for s in first_run] == [0, 1, 2, 4], starts
+    # attempts 1, 2, 4 and 5 in rank 0's process (3 failed in its load, before its start
+    # line)
+    assert [s["attempt"] for s in first_run] == [0, 1, 2, 4, 5], starts
     assert len({s["pid"] for s in first_run}) == 1
     # each from the snapshot in memory: the step the failure was at, not the last save
-    assert [s["step"] for s in first_run] == [0, 6, 12, 14], starts
+    assert [s["step"] for s in first_run] == [0, 6, 12, 14, 19], starts
     # the frozen rank: restarted by the fallback (a requeue), in new processes
     assert sacct_states(job) == ["REQUEUED", "COMPLETED"]
     assert starts[-1]["restart"] == 1 and starts[-1]["pid"] != first_run[0]["pid"]
@@ -79,7 +84,7 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
                 if ln.startswith("restart ")]
     assert [(r["cause"], r["mode"]) for r in restarts] == [
         ("user_crash", "inprocess"), ("hang", "inprocess"), ("user_crash", "inprocess"),
-        ("user_crash", "inprocess")], lines
+        ("user_crash", "inprocess"), ("hang", "inprocess")], lines
     assert any(ln.startswith("requeue cause=hang restart_count=1") for ln in lines), lines
     job_log = (root / f"job-{job}.out").read_text()
     assert "(limit 5 s); stopped first: rank(s) 2 on n2 (the others gave up waiting for them " \
@@ -92,14 +97,14 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
     status = json.loads(subprocess.run([sys.executable, "-m", "hpctrain", "status", job,
                                         "--json"], capture_output=True, text=True,
                                        check=True).stdout)["jobs"][0]
-    assert status["restarts_in_place"] == {"user_crash": 3, "hang": 1}, status
-    assert status["restarts_in_process"] == {"user_crash": 3, "hang": 1}, status
+    assert status["restarts_in_place"] == {"user_crash": 3, "hang": 2}, status
+    assert status["restarts_in_process"] == {"user_crash": 3, "hang": 2}, status
     assert status["requeues"] == {"hang": 1}, status
     # the report says how each attempt began and what getting back to a step cost
     report = subprocess.run([sys.executable, "-m", "hpctrain", "report", job, "--dir",
                              str(root / "ckpt")], capture_output=True, text=True, check=True)
     assert "    attempt 1 (in-process, back in " in report.stdout, report.stdout
-    assert "  restarts in the allocation: 4 in-process (median " in report.stdout, report.stdout
+    assert "  restarts in the allocation: 5 in-process (median " in report.stdout, report.stdout
 
     # every step is in the log; the run's parameters equal the undisturbed run's
     steps = {r["step"] for r in records(log) if "loss" in r}
@@ -115,7 +120,8 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
     order = sorted(by_attempt)
     for a, b in zip(order, order[1:]):
         why = {1: "a crash", 2: "a hang (5 s to give up waiting)",
-               4: "a failed save, then a failed load"}
+               4: "a failed save, then a failed load",
+               5: "a hang inside a collective (5 s to give up waiting)"}
         print(f"in-process restart after {why.get(b, '?')}: "
               f"{min(by_attempt[b]) - max(by_attempt[a]):.1f} s from the last step before "
               "it to the first step after it")
@@ -128,14 +134,18 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
 def test_other_layouts_restart_in_place_where_they_can_and_cold_where_not(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: dict[str, int],
         launcher: str, inprocess: bool) -> None:
-    """The same script under --inprocess, a crash on one rank then a Python hang: PP x DP
-    restarts in its processes; TP x DP (gloo) says it cannot and restarts in new
-    processes at once, as without runtime.run (no wait for ranks that cannot leave).
-    Either way the run completes bitwise equal to an undisturbed one."""
+    """The same script under --inprocess, a crash on one rank, then a Python hang, then a
+    device error (CUDA's sticky error, simulated): PP x DP restarts in its processes after
+    the first two and in new processes after the device error; TP x DP (gloo) says it
+    cannot and restarts in new processes each time at once, as without runtime.run (no
+    wait for ranks that cannot leave). Either way the run completes bitwise equal to an
+    undisturbed one. Then the job is preempted: it saves, is requeued and resumes, as a
+    job without runtime.run would."""
     root = isolate(monkeypatch, tmp_path, shared=True)
-    total = 20
+    total = 30
     extra = ("--inprocess", "--snapshot-every", "1", "--final-state", str(root / "final"),
-             "--fault", "crash@5:1:0", "--fault", "hang@10:2:1")
+             "--fault", "crash@5:1:0", "--fault", "hang@10:2:1",
+             "--fault", "device-error@14:3:2")
     spec = example_spec(root, name="layouts", total=total, save_every=EVERY,
                         step_sleep=0.1, layout=layout, launcher=launcher, extra=extra,
                         requeue={"max_crash_restarts": 2, "max_hangs": 2})
@@ -147,19 +157,34 @@ def test_other_layouts_restart_in_place_where_they_can_and_cold_where_not(
         "--steps", str(total), "--save-every", str(EVERY), "--seed", "11",
         "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--final-state", str(tmp_path / "ref")],
         env_for(tp=layout.get("tp", 1), pp=layout.get("pp", 1)), tmp_path / "ref.out")
+    steps = root / "loss.jsonl"
+    wait_until(lambda: any(r.get("attempt") == 3 and r["step"] >= 12 for r in records(steps)
+                           if "loss" in r), 240, "the last attempt's steps")
+    preempt(job)
     assert wait_done(job, 300) == "COMPLETED", (root / f"job-{job}.out").read_text()[-4000:]
     assert reference.wait(timeout=300) == 0, (tmp_path / "ref.out").read_text()[-3000:]
-    assert sacct_states(job) == ["COMPLETED"], "restarted inside the allocation"
     state = protocol.state_dir(root / "ckpt", job)
     lines = (state / protocol.LEDGER).read_text().splitlines()
     restarts = [dict(w.split("=", 1) for w in ln.split()[1:]) for ln in lines
                 if ln.startswith("restart ")]
     assert [(r["cause"], r.get("mode", "new")) for r in restarts] == [
         ("user_crash", "inprocess" if inprocess else "new"),
-        ("hang", "inprocess" if inprocess else "new")], lines
-    starts = events(root / "loss.jsonl", "start")
-    assert len({s["pid"] for s in starts}) == (1 if inprocess else 3), starts
+        ("hang", "inprocess" if inprocess else "new"), ("user_crash", "new")], lines
+    # one Slurm run until the preemption: the restarts were inside the allocation
+    assert [ln.split()[:2] for ln in lines if ln.startswith("requeue ")] == [
+        ["requeue", "cause=preemption"]], lines
+    starts = events(steps, "start")
+    assert [s["restart"] for s in starts].count(0) == 4, starts   # an attempt each
+    assert len({s["pid"] for s in starts}) == (3 if inprocess else 5), starts
+    # resumed from the emergency save of the step it was preempted in: no step lost
+    stop = events(steps, "stop")
+    assert len(stop) == 1 and starts[-1]["step"] == stop[0]["step"], (stop, starts)
+    assert {r["step"] for r in records(steps) if "loss" in r} == set(range(total))
     log = (root / f"job-{job}.out").read_text()
     assert ("no restarts in these processes: tp=2 on gloo" in log) is not inprocess, log[-3000:]
     assert "not every rank left" not in log, "no wait for ranks that cannot leave"
+    if inprocess:
+        assert "rank 3: a device error: this process cannot start another attempt" in log
+        assert "not restarting attempt 2 in its processes: a rank's process cannot (a " \
+               "device error)" in log, log[-3000:]
     assert bitwise_equal(final_state(root / "final", 4), final_state(tmp_path / "ref", 4))

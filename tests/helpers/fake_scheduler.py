@@ -99,6 +99,8 @@ class FakeStep:
     timed_out: bool = False                    # ...and did (their word: timeout)
     waited: bool = False                       # crash_at is a rank giving up in a collective
     frozen: int = -1                           # this rank answers no stack request
+    device_error: bool = False                 # crash_at is a device error (CUDA): the
+    #                                            rank says its process cannot go on
     first: int = field(init=False, default=0)  # the attempt the faults are planned for
 
     def __post_init__(self) -> None:
@@ -214,7 +216,9 @@ class FakeStep:
             gave_up = self.timed_out and rank != self.hung_rank
             phase = "restarting" if waiting or gave_up else \
                 "training" if self.done_steps else "startup"
-            extra = {"inprocess": 1} if self.kind.inprocess else {}
+            able = self.kind.inprocess and not (self.device_error and self.waiting == "crash"
+                                                and rank == 1)
+            extra = {"inprocess": 1} if able else {}
             if gave_up:
                 extra.update(failed="timeout", error="RuntimeError: Timed out waiting "
                              f"{self.collective_s * 1000:.0f}ms for recv operation to complete")

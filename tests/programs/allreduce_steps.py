@@ -8,6 +8,8 @@ checkpoint manager and resumes from the newest one. Faults are injected per in-p
                                     the all-reduce (the others wait inside theirs)
   --startup-hang RANK:ATTEMPT       that rank sleeps forever before init()
   --crash RANK:STEP:ATTEMPT         that rank raises in that step
+  --device-error RANK:STEP:ATTEMPT  that rank raises torch.AcceleratorError, as CUDA's sticky
+                                    errors do (a recorded message: there is no GPU here)
 
 Rank 0 appends JSON events to --events (start, step, done). --inprocess runs the loop
 under hpctrain.runtime.run: a crash or an interrupted hang restarts it in the same processes.
@@ -45,6 +47,7 @@ def main() -> None:
     ap.add_argument("--hang")
     ap.add_argument("--startup-hang")
     ap.add_argument("--crash")
+    ap.add_argument("--device-error")
     ap.add_argument("--inprocess", action="store_true",
                     help="run under hpctrain.runtime.run: restarts in these processes")
     args = ap.parse_args()
@@ -79,6 +82,8 @@ def train(ctx, args: argparse.Namespace) -> None:
         ctx.step = step
         if fault(args.crash, ctx.rank, attempt, step):
             raise RuntimeError(f"simulated crash at step {step}")
+        if fault(args.device_error, ctx.rank, attempt, step):
+            raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
         if fault(args.hang, ctx.rank, attempt, step):
             while True:   # a rank that never joins: everybody else hangs in all_reduce
                 time.sleep(3600)

@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hpctrain import protocol
 from hpctrain.commands.jobview import format_cause
 from hpctrain.protocol import read_record, write_record
-from hpctrain.runtime.crashrecord import crash_fields, lost_peer, timed_out, write_crash_record
+from hpctrain.runtime.crashrecord import (crash_fields, device_lost, lost_peer, timed_out,
+                                          write_crash_record)
 from hpctrain.runtime.exitrecord import previous_cause
 
 
@@ -65,6 +68,26 @@ def test_a_rank_that_gave_up_waiting_in_a_collective_says_so() -> None:
     assert lost_peer(closed) and not timed_out(closed) and "waited" not in fields(closed)
     assert not lost_peer(RuntimeError("simulated crash"))
     assert "waited" not in fields(ValueError("Timed out waiting for the user"))
+
+
+@pytest.mark.torch
+def test_a_device_error_is_told_from_other_errors() -> None:
+    """torch raises AcceleratorError for CUDA's errors (recorded message; no GPU here):
+    sticky, so the rank's process cannot start another attempt."""
+    import torch
+
+    illegal = torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+    assert device_lost(illegal)
+    assert device_lost(RuntimeError("CUDA error: uncorrectable ECC error encountered"))
+    try:
+        try:
+            raise illegal
+        except RuntimeError as inner:
+            raise ValueError("in the optimizer step") from inner
+    except ValueError as outer:
+        assert device_lost(outer)
+    assert not device_lost(RuntimeError("simulated crash"))
+    assert not device_lost(torch.cuda.OutOfMemoryError("CUDA out of memory."))  # not sticky
 
 
 def test_first_crash_wins_and_a_requeue_record_of_the_same_run_survives(

@@ -51,11 +51,14 @@ class StandIn:
                 self.interrupt()
                 interrupted = self.attempt
             if len(waiting) == self.world:
-                (self.state / p.EXIT).unlink(missing_ok=True)
+                # a rank whose process cannot start another attempt (a device error): stop
+                able = all(r.get("inprocess") == "1" for r in now)
+                if able:
+                    (self.state / p.EXIT).unlink(missing_ok=True)
                 self.attempt += 1
                 p.write_record(self.state / p.RESUME, {"run_id": "r1", "restart_count": 0,
                                                        "attempt": self.attempt,
-                                                       "action": "go"})
+                                                       "action": "go" if able else "stop"})
                 self.answered.append((self.attempt, time.time(),
                                       sorted(r.get("failed", "") for r in now)))
 
@@ -164,3 +167,42 @@ def test_the_interrupt_does_not_break_a_rank_already_leaving_on_its_own() -> Non
         attempts._on_signal(23, in_main)
     attempts._leaving = True
     attempts._on_signal(23, None)               # left: nothing to interrupt
+
+
+def test_a_device_error_ends_the_attempt_and_the_processes(tmp_path: Path) -> None:
+    """Rank 1 raises torch.AcceleratorError (CUDA's sticky error, a recorded message: no
+    GPU here): its progress record stops offering an attempt in its process, the stand-in
+    says stop, and both ranks leave with the exception for a restart in new processes."""
+    state, ckpt, log = tmp_path / "s", tmp_path / "ckpt", tmp_path / "events.jsonl"
+    state.mkdir()
+    ckpt.mkdir()
+    env = env_for(HPCTRAIN_STATE_DIR=str(state), HPCTRAIN_EXIT_FILE=str(state / p.EXIT),
+                  HPCTRAIN_HEARTBEAT_S="0.2", **RUN)
+    stand_in = StandIn(state, 2)
+    procs = start_ranks(PROGRAMS / "allreduce_steps.py", 2, env, tmp_path / "out.txt", (
+        "--inprocess", "--steps", "6", "--save-every", "2", "--step-sleep", "0.1",
+        "--ckpt-dir", str(ckpt), "--events", str(log), "--device-error", "1:3:0"))
+    try:
+        codes = wait_ranks(procs, timeout=90)
+    finally:
+        stand_in.done.set()
+    out = (tmp_path / "out.txt").read_text()
+    assert codes == [1, 1], out[-3000:]
+    ((_, _, words),) = stand_in.answered
+    assert words == ["crash", "peer"], out[-3000:]
+    assert "rank 1: a device error: this process cannot start another attempt" in out
+    assert "inprocess" not in records(state, 2)[1] and records(state, 2)[0]["inprocess"] == "1"
+    assert p.read_record(state / p.EXIT)["error"].startswith(
+        "AcceleratorError: CUDA error: an illegal memory access was encountered")
+
+
+def test_nccl_ends_a_failed_attempt_not_the_process() -> None:
+    """torch's default (TORCH_NCCL_ASYNC_ERROR_HANDLING=3) ends the process on a
+    collective's timeout; run() asks for 2 (abort the communicators, raise) unless the job
+    chose; gloo needs nothing."""
+    from hpctrain.runtime.restart import nccl_settings
+
+    assert nccl_settings("nccl", {}) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    assert nccl_settings("cpu:gloo,cuda:nccl", {}) == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    assert nccl_settings("nccl", {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}) == {}
+    assert nccl_settings("gloo", {}) == {}

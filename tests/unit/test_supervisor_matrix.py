@@ -255,6 +255,24 @@ def test_a_rank_that_cannot_leave_gets_a_restart_in_new_processes(
     assert "not every rank left attempt 0 in its process" in capsys.readouterr().err
 
 
+def test_a_device_error_restarts_in_new_processes_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 1's attempt failed of a CUDA error (sticky: its device context is unusable):
+    it says its process cannot start another attempt, so the ranks are told to stop at once
+    (no 15 s wait) and the step starts again in new processes, within the crash budget."""
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess",
+                                            steps=[{"crash_at": 3, "device_error": True}, {}],
+                                            budget=CRASH_ONCE)
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(asked(fake, "start_step")) == 2 and not asked(fake, "kill_steps")
+    assert len(ledger) == 1 and ledger[0].startswith("restart cause=user_crash ")
+    assert "mode=" not in ledger[0]
+    err = capsys.readouterr().err
+    assert "not restarting attempt 0 in its processes: a rank's process cannot (a device " \
+           "error)" in err, err
+    assert fake.started[1].started < 3 + 5, "no wait for ranks that cannot restart"
+
+
 def test_ranks_that_gave_up_in_a_collective_are_a_hang_of_the_one_they_waited_for(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """collective_timeout_s (5 s) < hang_timeout_s (10 s): rank 1 stops at step 3, rank 0
