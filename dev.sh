@@ -32,7 +32,7 @@ install() {
     # torch first, pinned: it is the CPU build on this machine; installing anything that
     # depends on torch before it would pull a multi-GB CUDA build.
     "$VENV/bin/python" -m pip install -q torch==2.13.0
-    "$VENV/bin/python" -m pip install -q -e ".[dev,deepspeed]"
+    "$VENV/bin/python" -m pip install -q -e ".[dev,deepspeed,lightning,transformers]"
     echo "$want" > "$stamp"
 }
 

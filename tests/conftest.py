@@ -20,6 +20,6 @@ from helpers.prereq import require
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    for module in ("torch", "deepspeed"):
+    for module in ("torch", "deepspeed", "lightning", "transformers"):
         if item.get_closest_marker(module) is not None:
             require(importlib.util.find_spec(module) is not None, f"python package {module!r}")

@@ -2,7 +2,7 @@
 
 A client sends one request, a JSON object on one line::
 
-    {"argv": ["status", "--json"], "client_version": "0.6.0"}
+    {"argv": ["status", "--json"], "client_version": "0.7.0"}
     {"ping": true}                    # is a server there, and which code does it run?
     {"stop": true}                    # end the server (Cluster.close)
 

@@ -24,10 +24,10 @@ from hpctrain.runtime.causes import (
     ExitCause,
     cause_of_exit_code,
 )
-from hpctrain.runtime.context import Context, init
+from hpctrain.runtime.context import Context, attach, init
 from hpctrain.runtime.environment import Environment, rank_to_coords
 from hpctrain.runtime.restart import Interrupted, run
 
 __all__ = ["CAUSES", "EXIT_COMPLETED", "EXIT_REQUEUE_PREEMPTION", "EXIT_REQUEUE_TIME_LIMIT",
            "REQUEUE_EXIT_CODES", "Context", "Environment", "ExitCause", "Interrupted",
-           "cause_of_exit_code", "init", "rank_to_coords", "run"]
+           "attach", "cause_of_exit_code", "init", "rank_to_coords", "run"]

@@ -40,7 +40,7 @@ DEFAULT_COLLECTIVE_S = 600.0
 class Context:
     """A training process's view of the job; built by :func:`init`."""
 
-    def __init__(self, env: Environment, device: torch.device, mesh: DeviceMesh,
+    def __init__(self, env: Environment, device: torch.device, mesh: DeviceMesh | None,
                  flag: StopFlag, exit: teardown.Teardown,
                  reporter: Reporter | None = None, attempt: int = 0) -> None:
         self.env = env
@@ -77,6 +77,10 @@ class Context:
 
     def group(self, dim: str) -> Any:
         """The process group of mesh dimension ``dim`` ("pp", "dp" or "tp")."""
+        if self.mesh is None:
+            raise RuntimeError("this Context was attached to a framework's process group "
+                               "(hpctrain.runtime.attach): it has no mesh; ask the framework "
+                               "for its groups")
         return self.mesh.get_group(dim)
 
     # -- progress -----------------------------------------------------------------------
@@ -108,9 +112,11 @@ class Context:
                                   self.env.restart_count, now=self.flag.received_at,
                                   end_time=self.env.job_end_time,
                                   lead_s=self.env.signal_lead_s, run_id=self.env.run_id).code
-        agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        code = int(agreed.item())
+        code = local
+        if dist.is_initialized():    # (attach() to a one-process run: no group to ask)
+            agreed = torch.tensor([local], dtype=torch.int64, device=self.device)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+            code = int(agreed.item())
         if code:
             self.stop_cause = BY_CODE[code].name
         return code != 0
@@ -143,7 +149,8 @@ class Context:
         from hpctrain.checkpoint.live import close_all
 
         close_all()
-        dist.barrier()
+        if dist.is_initialized():
+            dist.barrier()
         if self.is_main and self.env.exit_file:
             write_record(self.env.exit_file, {
                 "cause": row.name, "exit_code": row.exit_code, "requeue": 1,
@@ -281,6 +288,29 @@ def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
                                 world_size=parsed.world_size,
                                 timeout=setup.collective_timeout(timeout_s))
     return setup.context(owns, attempt=_int(environ.get(STEP_ATTEMPT)))
+
+
+def attach(*, signals: Iterable[int] | None = None,
+           env: Mapping[str, str] | None = None) -> Context:
+    """The runtime over a process group a framework made (Lightning, the Hugging Face
+    Trainer, Accelerate): stop signals routed to the flag, progress for the watchdog, the
+    exit records and :meth:`Context.stop_requested`'s agreement on the default group. It
+    makes no process group and no mesh (``ctx.group`` is unavailable) and leaves the
+    group's teardown to the framework; a one-process run needs no group. Signals as
+    :func:`init`."""
+    import torch.distributed as dist
+
+    grouped = dist.is_initialized()
+    setup = Setup.make(str(dist.get_backend()) if grouped else None, signals, env)
+    if not grouped and setup.env.world_size > 1:
+        raise RuntimeError(f"hpctrain.runtime.attach(): rank {setup.env.rank} of "
+                           f"{setup.env.world_size} has no torch.distributed process group yet; "
+                           "attach once the framework has set it up (its training has "
+                           "begun), or use hpctrain.runtime.init()")
+    exit = teardown.install(setup.reporter, setup.env.rank, owns_process_group=False)
+    setup.current = Context(setup.env, setup.device, None, setup.flag, exit, setup.reporter,
+                            _int(setup.environ.get(STEP_ATTEMPT)))
+    return setup.current
 
 
 def _int(raw: str | None) -> int:

@@ -64,6 +64,14 @@ class StopFlag:
                 self._previous[sig] = signal.signal(sig, self._handler)
         return self
 
+    def claim(self) -> None:
+        """Route the installed signals to the flag again: a framework that set its own
+        handlers after :meth:`install` (Lightning's SIGTERM handler, say) no longer gets
+        them. Main thread only; what was there before :meth:`install` is still restored
+        by :meth:`uninstall`."""
+        for sig in self._previous:
+            signal.signal(sig, self._handler)
+
     def uninstall(self) -> None:
         """Restore the handlers that were there before :meth:`install`."""
         for sig, previous in self._previous.items():

@@ -31,7 +31,7 @@ import pytest
 from hpctrain import protocol
 from hpctrain.slurm import client
 from helpers import admin
-from helpers.cluster import events, job_log, preempt, status, submit
+from helpers.cluster import events, job_log, preempt, send_user_signal, status, submit
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, sbatch, wait_done, wait_until
 from helpers.specs import spec_toml
@@ -285,22 +285,15 @@ def test_sites_that_send_the_jobs_signal_on_preemption(
     --signal (B:USR2, to the batch step only; the steps get nothing). The supervisor asks
     Slurm, finds PreemptTime, tells the ranks it is a preemption and passes the stop on."""
     root = isolate(monkeypatch, tmp_path, shared=True)
-    conf = Path(cluster.client_env()["SLURM_CONF"])
-    original = conf.read_text()
     kind = KINDS["runtime"]
     cmd = kind.command(root)
     cmd[cmd.index("--startup-sleep") + 1] = "0"
-    try:
-        admin.run(["tee", str(conf)], input=original + "SlurmctldParameters=preempt_send_user_signal\n")
-        admin.run(["scontrol", "reconfigure"])
+    with send_user_signal(Path(cluster.client_env()["SLURM_CONF"])):
         job = submit(root, spec_text(root, "send-user-signal", kind, cmd,
                                      requeue={"signal": "USR2"}))
         wait_until(lambda: len(events(root, "step")) >= 2, 180, f"2 steps of job {job}")
         preempt(job)
         assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
-    finally:
-        admin.run(["tee", str(conf)], input=original)
-        admin.run(["scontrol", "reconfigure"])
     text = job_log(root, job)
     assert "caught SIGUSR2 (preemption); asking the training step to stop" in text, text
     stop, starts = events(root, "stop"), events(root, "start")

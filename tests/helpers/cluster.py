@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hpctrain.slurm import client
+from helpers import admin
 from helpers.slurm import sbatch, wait_done
 
 
@@ -49,3 +52,19 @@ def preempt(job: str) -> None:
     urgent = sbatch("-p", "urgent", f"--nodelist={node}", "--gres=gpu:2", "-o", "/dev/null",
                     "--wrap", "sleep 1")
     assert wait_done(urgent, 120) == "COMPLETED"
+
+
+@contextmanager
+def send_user_signal(conf: Path) -> Iterator[None]:
+    """The site setting ``SlurmctldParameters=preempt_send_user_signal`` while the block
+    runs (Slurm 22.05 reads it there): on a preemption GraceTime starts with the job's
+    --signal to the batch step, and the steps get no SIGTERM of Slurm's."""
+    original = conf.read_text()
+    try:
+        admin.run(["tee", str(conf)],
+                  input=original + "SlurmctldParameters=preempt_send_user_signal\n")
+        admin.run(["scontrol", "reconfigure"])
+        yield
+    finally:
+        admin.run(["tee", str(conf)], input=original)
+        admin.run(["scontrol", "reconfigure"])

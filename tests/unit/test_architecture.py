@@ -50,6 +50,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     # the batch step: asks Slurm through hpctrain.slurm, knows the runtime's exit causes
     "hpctrain.supervisor": SHARED | {"hpctrain.slurm", "hpctrain.runtime"},
     "hpctrain.slurm": {"hpctrain.errors"},
+    # in the job, inside a framework's loop: the runtime attached to the framework's group
+    "hpctrain.integrations": {"hpctrain.runtime", "torch", "lightning", "transformers"},
     # ---- the login node ---------------------------------------------------------------
     # the spec checks the watchdog's timeouts against the defaults the supervisor applies
     "hpctrain.spec": {"hpctrain.errors", "hpctrain.mesh", "hpctrain.access",
@@ -74,7 +76,8 @@ MAY_IMPORT: dict[str, set[str]] = {
                                    "hpctrain.remote", "hpctrain.cli", "click", "jinja2",
                                    "torch"},
 }
-THIRD_PARTY = ("torch", "numpy", "submitit", "jinja2", "click", "safetensors", "deepspeed")
+THIRD_PARTY = ("torch", "numpy", "submitit", "jinja2", "click", "safetensors", "deepspeed",
+               "lightning", "transformers")
 
 # pure: no subprocess, no environment reads (files are read where the docstring says so)
 PURE = ("hpctrain.spec.model", "hpctrain.spec.checks", "hpctrain.spec.layout",
@@ -318,6 +321,14 @@ def test_runtime_and_checkpoint_in_use_load_no_login_side_code() -> None:
         "import torch.distributed.device_mesh")
     assert "hpctrain.checkpoint.manager" in mods  # the probe did load it
     assert outside(mods, "hpctrain.runtime", "hpctrain.checkpoint") == []
+
+
+def test_the_integrations_package_imports_no_framework() -> None:
+    """``import hpctrain.integrations`` is free; each framework's module imports only its
+    own framework, when the script imports that module."""
+    mods = loaded_after("import hpctrain.integrations")
+    assert not {"torch", "lightning", "transformers"} & mods
+    assert outside(mods, "hpctrain.integrations") == []
 
 
 def test_function_wrapper_loads_no_login_side_code() -> None:

@@ -65,16 +65,19 @@ ROWS = [
      ("requeue", "preemption", 0)),
     ("send_user_signal: USR2 to the batch step, the runtime saved (75)",
      dict(view=PREEMPTING, caught=caught("USR2"), status=75), ("requeue", "preemption", 0)),
-    # --- row 3: exit 0 without preemption is never requeued --------------------------------
-    ("the step finished", dict(status=0), ("finish", "completed", 0)),
-    ("the step finished right after a caught time-limit warning",
-     dict(status=0, caught=caught("USR2")), ("finish", "completed", 0)),
-    # --- row 4: a cancellation is never undone ---------------------------------------------
+    # --- row 3: a cancellation is never undone ---------------------------------------------
     ("scancel: TERM to the batch step, the ranks died of it", dict(view=CANCELLED, status=143,
                                                                    caught=caught("TERM")),
      ("finish", "cancelled", 143)),
+    ("scancel: Lightning's SIGTERM handling stopped the run early and exited 0 (seen on "
+     "the devcluster)", dict(view=CANCELLED, status=0, caught=caught("TERM")),
+     ("finish", "cancelled", 1)),
     ("scancel after the time-limit warning was caught",
      dict(view=CANCELLED, status=76, caught=caught("USR2", "TERM")), ("finish", "cancelled", 76)),
+    # --- row 4: exit 0 without preemption is never requeued --------------------------------
+    ("the step finished", dict(status=0), ("finish", "completed", 0)),
+    ("the step finished right after a caught time-limit warning",
+     dict(status=0, caught=caught("USR2")), ("finish", "completed", 0)),
     # --- rows 5 and 7: the time limit --------------------------------------------------------
     ("the time limit itself: TIMEOUT, TERM to everyone",
      dict(view=TIMED_OUT, status=143, caught=caught("TERM")), ("requeue", "time_limit", 0)),

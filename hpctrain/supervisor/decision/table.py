@@ -8,8 +8,9 @@ rows, in order (the first that matches decides):
 ==  ================================================  ==============  =====================
 1   Slurm already requeued this run (Restarts > ours)  as Slurm saw it  leave it to Slurm
 2   Slurm is preempting it (PreemptTime set)           preemption      requeue, any exit code
-3   the step exited 0                                  completed       finish (exit 0)
-4   Slurm ended the run (scancel, an admin)            cancelled       finish, never undone
+3   Slurm ended the run (scancel, an admin), even if   cancelled       finish, never undone
+    the step then exited 0 (it stopped early)
+4   the step exited 0                                  completed       finish (exit 0)
 5   Slurm's time limit was reached (Reason=TimeLimit)  time_limit      requeue
 6   every rank's script returned and its saves are     completed       finish (exit 0), the
     durable (its own word), then a rank died of a                      death named
@@ -92,11 +93,11 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     names = [c.name for c in f.caught]
     if event == "preemption":
         return "preemption", "Slurm is preempting the job (PreemptTime is set)"
-    if f.status == 0:
-        return "completed", "the training step exited 0"
-    if event == "ended":
+    if event == "ended":   # a script that stops on the signal and exits 0 stopped early
         return "cancelled", f"Slurm ended the job ({f.view.state if f.view else ''}, " \
                             "no preemption or time limit: scancel or an admin)"
+    if f.status == 0:
+        return "completed", "the training step exited 0"
     if event == "time_limit":
         return "time_limit", "the job reached its time limit"
     death = death_at_exit(f)

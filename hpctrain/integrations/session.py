@@ -1,0 +1,60 @@
+"""What every integration does around a framework's training loop, framework-free: the
+runtime attached to the framework's process group, the step boundaries reported, the stop
+agreed at a boundary, and the exit the supervisor requeues.
+
+The watchdog sees a batch as ``training`` and everything between two batches (the
+framework's periodic checkpoint, an evaluation, logging) as ``between-steps``, which is
+allowed the whole hang timeout: a derived timeout of ten steps' time is meant for steps.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+from hpctrain.runtime import Context, attach
+from hpctrain.runtime.context import BETWEEN_STEPS
+
+
+class Session:
+    """The runtime's side of one framework's training run (one per process)."""
+
+    def __init__(self) -> None:
+        self.ctx: Context | None = None
+
+    def start(self) -> Context:
+        """Attach to the framework's process group (once: a second fit reuses it)."""
+        if self.ctx is None:
+            self.ctx = attach()
+        return self.ctx
+
+    def claim_signals(self) -> None:
+        """The stop signals go to hpctrain's flag, not to handlers the framework set since
+        (Lightning's SIGTERM handler would end the run without a save)."""
+        self.start().flag.claim()
+
+    def step_begins(self, step: int) -> None:
+        ctx = self.start()
+        ctx.step = step
+        if ctx.reporter is not None and ctx.reporter.phase == BETWEEN_STEPS:
+            ctx.reporter.set_phase("training")
+
+    def step_ends(self) -> bool:
+        """A step boundary, on every rank: True on all ranks when the job must stop (any
+        rank got a stop signal). Collective."""
+        ctx = self.start()
+        stop = ctx.stop_requested()
+        if ctx.reporter is not None and not stop:
+            ctx.reporter.set_phase(BETWEEN_STEPS)
+        return stop
+
+    def saving(self) -> None:
+        """The framework's emergency save begins (:meth:`leave` follows it): the watchdog
+        allows it the save timeout and ``report`` counts it as saving."""
+        ctx = self.start()
+        if ctx.reporter is not None:
+            ctx.reporter.set_phase("saving")
+
+    def leave(self, step: int) -> NoReturn:
+        """After the framework's emergency save, on every rank: the exit the supervisor
+        requeues (:meth:`hpctrain.runtime.Context.exit_for_requeue`)."""
+        self.start().exit_for_requeue(step)

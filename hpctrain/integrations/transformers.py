@@ -1,0 +1,58 @@
+"""hpctrain for the Hugging Face Trainer: ``Trainer(..., callbacks=[HpctrainCallback()])``.
+
+Run with ``launcher = "torchrun"``. The callback
+
+- reports each optimizer step to the supervisor's watchdog (a hung rank is found and the
+  step restarted in the allocation; ``status`` shows the step; ``report`` the goodput);
+- on any stop (preemption, the time-limit warning, a ``scancel``: under torchrun every rank
+  gets SIGTERM) agrees with the other ranks at the step's end, has the Trainer save its own
+  checkpoint of that step (``checkpoint-N`` in ``output_dir``, no evaluation first), and
+  leaves once it is saved so that the supervisor requeues;
+- works with the process group the Trainer (Accelerate) makes (no second one).
+
+The next run resumes with the Trainer's own line::
+
+    from transformers.trainer_utils import get_last_checkpoint
+    trainer.train(resume_from_checkpoint=get_last_checkpoint(args.output_dir))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from hpctrain.integrations.session import Session
+
+__all__ = ["HpctrainCallback"]
+
+
+class HpctrainCallback(TrainerCallback):
+    """hpctrain's runtime for a Hugging Face ``Trainer`` (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._session = Session()
+        self._stopping = False
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState,
+                       control: TrainerControl, **kwargs: Any) -> None:
+        self._session.start()
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState,
+                      control: TrainerControl, **kwargs: Any) -> None:
+        self._session.step_begins(state.global_step)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: Any) -> None:
+        if self._session.step_ends():
+            # the Trainer saves right after this event; no evaluation before it
+            self._stopping = True
+            self._session.saving()
+            control.should_save = True
+            control.should_evaluate = False
+            control.should_training_stop = True
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        if self._stopping:
+            self._session.leave(state.global_step)
