@@ -28,6 +28,11 @@ def events(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
+# The word of a rank freed from a collective by its peer's failure: gloo's "Connection
+# closed by peer" or the supervisor's interrupt, whichever reaches it first (CI saw both).
+FREED = ("peer", "interrupted")
+
+
 class StandIn:
     """The supervisor's side of in-process restarts, no more: when a rank of the current
     attempt says it failed, every rank is asked to leave it (``interrupt``); once every
@@ -99,10 +104,11 @@ def test_a_crash_and_a_hang_restart_in_the_same_processes(tmp_path: Path) -> Non
     # three attempts in one process each: the same pid, resumed where the last save was
     assert [s["attempt"] for s in starts] == [0, 1, 2] and len({s["pid"] for s in starts}) == 1
     assert [s["step"] for s in starts] == [0, 2, 4]
-    # attempt 0: rank 1 crashed, its peer was freed (it lost its peer: not a crash of its
-    # own); attempt 1: every rank interrupted
+    # attempt 0: rank 1 crashed, its peer was freed: it lost its peer or was interrupted
+    # first, whichever came sooner (not a crash of its own); attempt 1: every rank interrupted
     (_, _, first), (_, _, second) = stand_in.answered
-    assert first == ["crash", "peer"] and second == ["interrupted", "interrupted"]
+    assert first[0] == "crash" and first[1] in FREED, first
+    assert second == ["interrupted", "interrupted"]
     # every step of the last attempt ran; the program checked w == 8 * 2 on every rank
     assert [e["step"] for e in found if e["event"] == "step" and e["attempt"] == 2] == \
         [4, 5, 6, 7]
@@ -189,7 +195,9 @@ def test_a_device_error_ends_the_attempt_and_the_processes(tmp_path: Path) -> No
     out = (tmp_path / "out.txt").read_text()
     assert codes == [1, 1], out[-3000:]
     ((_, _, words),) = stand_in.answered
-    assert words == ["crash", "peer"], out[-3000:]
+    # Rank 0 either sees its peer's socket close first or the stand-in's interrupt first
+    # (CI saw both): either word is true, neither is a crash of its own.
+    assert words[0] == "crash" and words[1] in FREED, (words, out[-3000:])
     assert "rank 1: a device error: this process cannot start another attempt" in out
     assert "inprocess" not in records(state, 2)[1] and records(state, 2)[0]["inprocess"] == "1"
     assert p.read_record(state / p.EXIT)["error"].startswith(
