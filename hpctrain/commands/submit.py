@@ -124,7 +124,17 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "gpus_per_node": plan.gpus_per_node, "launcher": plan.launcher,
             "tasks_per_node": plan.tasks_per_node, "procs_per_task": plan.procs_per_task,
             "world": plan.world, "tp": plan.tp, "dp": plan.dp, "pp": plan.pp,
-            "time_s": plan.time_s}
+            "time_s": plan.time_s, "spare_nodes": plan.spare_nodes,
+            "job_nodes": plan.job_nodes}
+
+
+def spare_cost(plan: Any) -> str:
+    """What [elastic] spare nodes cost: their GPUs are allocated, idle, the whole job."""
+    gpus = plan.spare_nodes * plan.gpus_per_node
+    upto = f", up to {gpus * plan.time_s / 3600:.1f} GPU-h per run" if plan.time_s else ""
+    return (f"spare nodes: {plan.spare_nodes} held for a lost one ({gpus} GPU(s) idle until "
+            f"then: {plan.spare_nodes / plan.job_nodes:.0%} of the job's GPU-hours{upto}); "
+            f"the job asks Slurm for {plan.job_nodes} node(s)")
 
 
 def plan_table(plan: Any, max_rows: int = 16) -> str:
@@ -136,6 +146,8 @@ def plan_table(plan: Any, max_rows: int = 16) -> str:
         f"layout: world={plan.world} = tp {plan.tp} x dp {plan.dp} x pp {plan.pp} "
         "(rank order: tp fastest, then dp, then pp)",
     ]
+    if plan.spare_nodes:
+        lines.insert(1, spare_cost(plan))
     rows = [[rank, plan.node_of(rank), *plan.coords(rank)] for rank in
             range(min(plan.world, max_rows))]
     lines.append(table(["rank", "node", "pp", "dp", "tp"], rows, right=range(5), gap=" "))

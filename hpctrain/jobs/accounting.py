@@ -18,7 +18,7 @@ from hpctrain.report.build import RunFacts
 from hpctrain.report.partition import RunRow, scope_of
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import (parse_elapsed, parse_kv_records, parse_sacct_parsable2,
-                                  parse_scontrol_config)
+                                  parse_scontrol_config, resized)
 from hpctrain.slurm.view import slurm_time
 
 RUN_FIELDS = "JobID,State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES"
@@ -32,13 +32,33 @@ def job_runs(*ids: str) -> dict[str, list[RunFacts]]:
         res = client.run(["sacct", "-X", "-D", "-P", "-j", ",".join(ids), "-o", RUN_FIELDS])
     except SlurmError as exc:
         raise ReportError(f"sacct could not report job(s) {','.join(ids)}: {exc}") from None
+    return runs_from_rows(parse_sacct_parsable2(res.stdout))
+
+
+def runs_from_rows(rows: list[dict[str, str]]) -> dict[str, list[RunFacts]]:
+    """sacct -X -D rows (oldest first) -> runs by job key. A resize is not a run: Slurm
+    closes a RESIZING row each time a node is taken from a running job ([elastic] spare
+    nodes) while the run goes on; it is folded into the row that follows (its start, its
+    nodes, the GPU-seconds of every segment)."""
     runs: dict[str, list[RunFacts]] = {}
-    for r in parse_sacct_parsable2(res.stdout):
-        mine = runs.setdefault(r["JobID"], [])
-        mine.append(RunFacts(restart=len(mine), state=r["State"].split()[0] if r["State"] else "",
-                             submit=slurm_time(r["Submit"]), start=slurm_time(r["Start"]),
-                             end=slurm_time(r["End"]), elapsed_s=float(r["ElapsedRaw"] or 0),
-                             nodes=r["NodeList"], gpus=gpus_of(r["AllocTRES"])))
+    held: dict[str, list[dict[str, str]]] = {}
+    for i, r in enumerate(rows):
+        state = r["State"].split()[0] if r["State"] else ""
+        following = next((x for x in rows[i + 1:] if x["JobID"] == r["JobID"]), None)
+        if resized(r, following):
+            held.setdefault(r["JobID"], []).append(r)
+            continue
+        if state == "RESIZING":   # the job's requeue closed it: sacct wrote no REQUEUED row
+            state = "REQUEUED"
+        segments = [*held.pop(r["JobID"], []), r]
+        first, mine = segments[0], runs.setdefault(r["JobID"], [])
+        elapsed = [float(x["ElapsedRaw"] or 0) for x in segments]
+        mine.append(RunFacts(restart=len(mine), state=state,
+                             submit=slurm_time(first["Submit"]), start=slurm_time(first["Start"]),
+                             end=slurm_time(r["End"]), elapsed_s=sum(elapsed),
+                             nodes=first["NodeList"], gpus=gpus_of(first["AllocTRES"]),
+                             gpu_s=sum(e * gpus_of(x["AllocTRES"])
+                                       for e, x in zip(elapsed, segments))))
     return runs
 
 

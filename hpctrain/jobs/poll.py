@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 from hpctrain.errors import SlurmError, SlurmNotFound
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import (SQUEUE_FORMAT, parse_elapsed, parse_sacct_parsable2,
-                                  parse_squeue)
+                                  parse_squeue, resized)
 from hpctrain.slurm.states import ENDED, UNKNOWN, State, from_slurm
 
 SACCT_FIELDS = ("JobID", "JobIDRaw", "State", "Elapsed", "Start", "End", "NodeList",
@@ -78,7 +78,9 @@ def _expand_ids(job_id: str) -> list[str]:
 def infos_from_sacct(rows: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
     """Fold ``sacct -X -D`` rows (oldest first) into one JobInfo per job id.
 
-    Every run but the last ended in a state whose cause counts as one requeue.
+    Every run but the last ended in a state whose cause counts as one requeue. A resize
+    is not a run (:func:`hpctrain.slurm.parse.resized`): a lost node was taken from the
+    running job ([elastic] spare nodes) and the run went on.
     """
     runs: dict[str, list[dict[str, str]]] = {}
     for rec in rows:
@@ -89,7 +91,9 @@ def infos_from_sacct(rows: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
     for jid, recs in runs.items():
         last = recs[-1]
         requeues: dict[str, int] = {}
-        for earlier in recs[:-1]:
+        for earlier, following in zip(recs, recs[1:]):
+            if resized(earlier, following):
+                continue
             cause = from_slurm(earlier["State"]).cause or "requeued"
             requeues[cause] = requeues.get(cause, 0) + 1
         state = from_slurm(last.get("State", ""))

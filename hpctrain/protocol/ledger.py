@@ -2,11 +2,14 @@
 
 The job supervisor keeps it in the job's state directory (``ledger``, see
 :mod:`hpctrain.protocol`). One line per requeue, per restart of the step inside the
-allocation, per node the job was told to avoid, and one when a limit ended the job::
+allocation, per node the job was told to avoid, per step placed on some of the
+allocation's nodes (``[elastic]`` spare nodes: the report counts its GPUs, not the
+spares'), and one when a limit ended the job::
 
     requeue cause=preemption restart_count=1 by=supervisor
     restart cause=hang restart_count=1 attempt=1
     exclude node=n2 cause=hang restart_count=1
+    step restart_count=1 attempt=1 nodes=n1,n3 gpus=4
     requeue cause=node_fail restart_count=2 by=slurm
     stop cause=preemption restart_count=2 limit=max_preemptions=1
 

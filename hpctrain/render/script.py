@@ -222,7 +222,8 @@ def sbatch_directives(spec: JobSpec, plan: LayoutPlan,
         raise TemplateError(f"{partition.source}: gpu_request={partition.gpu_request!r}: "
                             "use \"gpus-per-node\" or \"gres\"")
     opts: list[tuple[str, str | None]] = [
-        ("job-name", spec.name), ("partition", spec.partition), ("nodes", str(plan.nodes)),
+        ("job-name", spec.name), ("partition", spec.partition),
+        ("nodes", str(plan.job_nodes)),
         ("ntasks-per-node", str(plan.tasks_per_node)), gpus, ("time", spec.time)]
     for key, default in (("account", partition.default_account), ("qos", partition.default_qos),
                          ("constraint", partition.default_constraint),
@@ -275,6 +276,8 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.STARTUP_TIMEOUT_S, wd.startup_timeout_s),
         (protocol.SAVE_TIMEOUT_S, wd.save_timeout_s),
         (protocol.COLLECTIVE_TIMEOUT_S, wd.collective_timeout_s)) if value is not None]
+    if plan.spare_nodes:
+        pairs.append((protocol.SPARE_NODES, plan.spare_nodes))
     if ck.dir is not None:
         pairs.append((protocol.CKPT_DIR, ck.dir))
     if ck.access != "private":  # the manager's default; said only when it differs

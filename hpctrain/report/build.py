@@ -19,7 +19,10 @@ A restart in the allocation begins its attempt either in the running processes
 is the previous attempt's stopping plus its own start-up: from the last step before the
 failure to the first step after it.
 
-Goodput = kept GPU-time / allocated GPU-time (each run's elapsed time x its GPUs). A job
+Goodput = kept GPU-time / allocated GPU-time (each run's elapsed time x its GPUs; a run
+Slurm took a lost node from counts each part with its own GPUs). Step time counts the GPUs
+the step ran on: with ``[elastic]`` spare nodes (the ledger's ``step`` lines) the spares'
+idle GPUs are allocated, not kept, so goodput includes what they cost. A job
 whose script does not use hpctrain.runtime has no history: its runs, causes and times
 are still reported, its goodput is unknown.
 """
@@ -45,6 +48,11 @@ class RunFacts:
     elapsed_s: float
     nodes: str
     gpus: int
+    gpu_s: float | None = None   # when the run's GPUs changed (Slurm took a lost node)
+
+    @property
+    def allocated_gpu_s(self) -> float:
+        return self.gpu_s if self.gpu_s is not None else self.elapsed_s * self.gpus
 
 
 @dataclass
@@ -80,6 +88,12 @@ class RunReport:
     gpus: int
     cause: str
     attempts: list[Attempt] = field(default_factory=list)
+    step_gpus: int = 0    # the GPUs the step ran on, when fewer ([elastic] spares idle)
+
+    @property
+    def working_gpus(self) -> int:
+        """The GPUs the run's step time counts: the step's, never more than allocated."""
+        return min(self.step_gpus, self.gpus) if self.step_gpus else self.gpus
 
 
 @dataclass
@@ -137,8 +151,8 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
     for run in reports:
         for att in run.attempts:
             for cat, sec in att.seconds.items():
-                gpu_s[cat] += sec * run.gpus
-    allocated = sum(r.elapsed_s * r.gpus for r in reports)
+                gpu_s[cat] += sec * run.working_gpus
+    allocated = sum(r.allocated_gpu_s for r in runs)
     gpu_s["other"] = max(0.0, allocated - sum(v for k, v in gpu_s.items() if k != "other"))
     completions = [e for e in events if e.get("event") == "step"]
     points = [(e["t"], e["step"] if isinstance(e.get("step"), int) else e.get("n", 0),
@@ -169,8 +183,11 @@ def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Ma
                     and f.get("restart_count") == str(run.restart + 1)), "")
     cause = requeue or (final_cause if run is runs[-1] else "") or run.state.lower()
     attempts[-1].cause = cause
+    step_gpus = next((int(f["gpus"]) for k, f in ledger if k == "step"
+                      and f.get("restart_count") == str(run.restart)
+                      and f.get("gpus", "").isdigit()), 0)
     return RunReport(run.restart, run.state, queue_s, run.elapsed_s, run.nodes, run.gpus,
-                     cause, attempts)
+                     cause, attempts, step_gpus)
 
 
 def _recoveries(attempts: Sequence[Attempt]) -> None:

@@ -73,8 +73,10 @@ def aggregate(partition: str, since: str, rows: Sequence[RunRow],
                 if kind == "requeue" and fields.get("cause"):
                     requeues[fields["cause"]] = requeues.get(fields["cause"], 0) + 1
             continue
-        runs = [r for r in rows if r.job == job]
-        for run in runs[:-1]:   # every run but the last ended in a requeue
+        # every run but the last ended in a requeue (a RESIZING row: Slurm took a lost
+        # node from a running job, and the run went on)
+        runs = [r for r in rows if r.job == job and r.state != "RESIZING"]
+        for run in runs[:-1]:
             cause = RUN_CAUSE.get(run.state, "requeued")
             requeues[cause] = requeues.get(cause, 0) + 1
     gpu_s: dict[str, float] = {}

@@ -59,7 +59,8 @@ class Environment:
         rank = _int(env, "RANK", _int(env, "SLURM_PROCID", 0))
         world = _int(env, "WORLD_SIZE", _int(env, "SLURM_NTASKS", 1))
         local_rank = _int(env, "LOCAL_RANK", _int(env, "SLURM_LOCALID", 0))
-        num_nodes = _int(env, "SLURM_JOB_NUM_NODES", _int(env, "SLURM_NNODES", 1))
+        # the step's nodes (SLURM_NNODES), not the job's: [elastic] spare nodes are not in it
+        num_nodes = _int(env, "SLURM_NNODES", _int(env, "SLURM_JOB_NUM_NODES", 1))
         local_world = _int(env, "LOCAL_WORLD_SIZE", _slurm_tasks_per_node(env, world, num_nodes))
         node_rank = _int(env, "GROUP_RANK", _int(env, "SLURM_NODEID", 0))
         if world < 1 or not 0 <= rank < world:

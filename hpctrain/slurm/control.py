@@ -119,6 +119,14 @@ def partition_nodes(partition: str, *, timeout: float = 5.0) -> list[str]:
     return sorted(set(res.stdout.split()))
 
 
+def shrink_job(key: str, nodes: list[str], *, timeout: float = 10.0) -> None:
+    """``scontrol update jobid=KEY NodeList=...``: the running job keeps only ``nodes``
+    (Slurm releases the others; sacct closes a RESIZING row). Done for a node found lost
+    before Slurm marks it DOWN, the job no longer holds it and is not ended NODE_FAIL."""
+    client.run(["scontrol", "update", f"jobid={key}", f"NodeList={','.join(nodes)}"],
+               timeout=timeout, retries=1)
+
+
 def set_excluded(key: str, nodes: list[str], *, timeout: float = 10.0, tries: int = 3) -> None:
     """``scontrol update jobid=KEY ExcNodeList=...`` on a job that is pending again (Slurm
     refuses it for a running job). Called from the batch step right after a requeue, it

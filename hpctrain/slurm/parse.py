@@ -58,6 +58,15 @@ SQUEUE_FIELDS = ("JobIDRaw", "JobID", "State", "Elapsed", "AllocNodes", "NodeLis
 SQUEUE_FORMAT = "%A|%i|%T|%M|%D|%N|%r|%j"
 
 
+def resized(row: dict[str, str], following: dict[str, str] | None) -> bool:
+    """Is this ``sacct -X -D`` row (of one job, oldest first) a resize, not the end of a
+    run? A node taken from a running job ([elastic] spare nodes) closes a RESIZING row, and
+    the next row starts when it ended. A RESIZING row the job's requeue closed has its next
+    row start later (seen on the devcluster: sacct writes no REQUEUED row then)."""
+    return (row.get("State", "").split()[:1] == ["RESIZING"] and following is not None
+            and following.get("Start") == row.get("End"))
+
+
 def parse_squeue(text: str) -> list[dict[str, str]]:
     """Parse ``squeue -h -r -o SQUEUE_FORMAT`` output into dicts keyed like sacct's fields.
 

@@ -36,6 +36,12 @@ class LayoutPlan:
     procs_per_task: int      # processes each task starts: gpus_per_node for torchrun, else 1
     partition: str
     time_s: int | None       # None: no time limit
+    spare_nodes: int = 0     # held beyond ``nodes`` for a lost one ([elastic])
+
+    @property
+    def job_nodes(self) -> int:
+        """The nodes the job asks Slurm for: the step's and the spares."""
+        return self.nodes + self.spare_nodes
 
     world = property(lambda self: self.layout.world)
     tp = property(lambda self: self.layout.tp)
@@ -69,15 +75,20 @@ def plan_layout(spec: JobSpec, partition: Partition) -> LayoutPlan:
         raise LayoutError(f"gpus_per_node={gpn} exceeds partition {partition.name!r}'s "
                           f"{partition.gpus_per_node} GPUs per node: use gpus_per_node <= "
                           f"{partition.gpus_per_node}")
-    if partition.max_nodes is not None and spec.nodes > partition.max_nodes:
-        raise LayoutError(f"nodes={spec.nodes} exceeds partition {partition.name!r}'s "
-                          f"max_nodes={partition.max_nodes}: use nodes <= {partition.max_nodes}")
+    spares = spec.elastic.spare_nodes
+    if partition.max_nodes is not None and spec.nodes + spares > partition.max_nodes:
+        with_spares = f" + elastic.spare_nodes={spares}" if spares else ""
+        fix = "nodes + elastic.spare_nodes" if spares else "nodes"
+        raise LayoutError(f"nodes={spec.nodes}{with_spares} exceeds partition "
+                          f"{partition.name!r}'s max_nodes={partition.max_nodes}: use "
+                          f"{fix} <= {partition.max_nodes}")
     time_s = _check_time(spec, partition)
     layout = _check_layout(spec, gpn)
     per_node = 1 if spec.run.launcher == "torchrun" else gpn
     return LayoutPlan(layout=layout, nodes=spec.nodes, gpus_per_node=gpn,
                       launcher=spec.run.launcher, tasks_per_node=per_node,
-                      procs_per_task=gpn // per_node, partition=partition.name, time_s=time_s)
+                      procs_per_task=gpn // per_node, partition=partition.name, time_s=time_s,
+                      spare_nodes=spares)
 
 
 def _check_time(spec: JobSpec, partition: Partition) -> int | None:

@@ -23,6 +23,7 @@ from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_name,
                                   check_sbatch_option, check_signal, check_table, check_text,
                                   closest, slurm_time_seconds)
 from hpctrain.spec.container import ContainerSpec, Mount
+from hpctrain.spec.elastic import ElasticSpec
 from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
@@ -248,7 +249,8 @@ class WatchdogSpec:
 
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
-             "requeue": RequeueSpec, "watchdog": WatchdogSpec, "container": ContainerSpec}
+             "requeue": RequeueSpec, "watchdog": WatchdogSpec, "container": ContainerSpec,
+             "elastic": ElasticSpec}
 _DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
 
 
@@ -276,6 +278,7 @@ class JobSpec:
     requeue: RequeueSpec = RequeueSpec()
     watchdog: WatchdogSpec = WatchdogSpec()
     container: ContainerSpec | None = None   # run the step in a container (docs/containers.md)
+    elastic: ElasticSpec = ElasticSpec()     # spare nodes for a lost one
     sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     # ---- construction ------------------------------------------------------------------

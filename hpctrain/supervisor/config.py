@@ -30,7 +30,7 @@ class Config:
     base: str                  # where the state directory lives: checkpoint dir, else submit dir
     submission: str = ""       # hpctrain submit's id for this submission, if it made one
     early: tuple[Caught, ...] = ()
-    where: str = ""
+    where: str = ""            # "4 rank(s) on {nodes}, rendezvous n1:20714": see where_on
     signal_lead_s: int = 0     # --signal=B:SIG@lead: the warning comes lead s before the end
     limits: Limits = Limits()  # the hang watchdog's timeouts ([watchdog])
     max_step_restarts: int = 2  # in-allocation restarts for the whole job
@@ -43,6 +43,12 @@ class Config:
     health_check_timeout_s: int = 120
     container: dict | None = None        # the step's container (HPCTRAIN_CONTAINER), if any
     submit_dir: str = ""                 # SLURM_SUBMIT_DIR: mounted into a container
+    spare_nodes: int = 0                 # [elastic]: nodes held to replace a lost one
+    batch_node: str = ""                 # SLURMD_NODENAME: where this supervisor runs
+
+    def where_on(self, nodes: str) -> str:
+        """Where the step runs, for the job log: its ranks on ``nodes``, the rendezvous."""
+        return self.where.replace("{nodes}", nodes)
 
     @property
     def step_signal(self) -> str:
@@ -97,8 +103,9 @@ class Config:
             health_check=parse_argv(env, p.HEALTH_CHECK),
             health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S, 120),
             container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
-            where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on "
-                  f"{env.get('SLURM_JOB_NODELIST', '?')}, rendezvous "
+            spare_nodes=_int(env, p.SPARE_NODES, 0),
+            batch_node=env.get("SLURMD_NODENAME", ""),
+            where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on {{nodes}}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")
 
 

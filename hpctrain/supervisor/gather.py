@@ -10,11 +10,13 @@ import signal
 from types import FrameType
 from typing import Any
 
+from hpctrain import hostlist
 from hpctrain import protocol as p
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Caught, Facts, InPlace, slurm_event
 from hpctrain.supervisor.diagnosis import diagnose
+from hpctrain.supervisor.elastic import step_nodes
 from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.scheduler import Scheduler, answered
@@ -35,6 +37,8 @@ class Gather:
         self.pending: list[Caught] = []        # appended to by the signal handler only
         self.hang: Hang | None = None          # what the watchdog found in this attempt
         self.requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
+        self.on: list[str] = []                # [elastic]: the nodes the step runs on
+        self.lost: tuple[str, ...] = ()        # ...and those of them found lost
 
     # ---- stop signals ----------------------------------------------------------------------
     def handler(self, signum: int, frame: FrameType | None) -> None:
@@ -73,7 +77,7 @@ class Gather:
         cfg, state = self.cfg, self.state
         view = self.ask(ASK_DEADLINE_S)
         # (a hang's step was killed by the supervisor itself: nothing for Slurm to add)
-        if status != 0 and not self.caught and self.hang is None and \
+        if status != 0 and not self.caught and self.hang is None and not self.lost and \
                 slurm_event(view, cfg.restart_count) == "running":
             end = self.slurm.monotonic() + SETTLE_S
             while self.slurm.monotonic() < end and not self.take_signals():
@@ -86,10 +90,10 @@ class Gather:
             run_state = states[cfg.restart_count] if len(states) > cfg.restart_count else None
             notice = state.read(p.STOP, cfg.restart_count).get("cause")
         ledger = state.ledger()
+        inplace = self.allocation(view, ledger.step_restarts) if status else InPlace()
         return self.facts(view, status, record=record, run_state=run_state, notice=notice,
-                          restarts=ledger.restarts,
-                          inplace=self.allocation(view, ledger.step_restarts) if status
-                          else InPlace(),
+                          restarts=ledger.restarts, inplace=inplace,
+                          lost=self.lost_nodes(view) if status else (),
                           finish=watch.finish(),
                           failure=diagnose(log, cfg.launcher, record) if status else None)
 
@@ -101,16 +105,48 @@ class Gather:
         view = self.ask()
         record = self.state.read(p.EXIT, cfg.restart_count)
         ledger = self.state.ledger()
+        # (the same processes on the same nodes: a spare cannot stand in for a bad one)
         return self.facts(view, 1, record=record, restarts=ledger.restarts,
-                          inplace=self.allocation(view, ledger.step_restarts),
+                          inplace=self.allocation(view, ledger.step_restarts, spares=False),
                           failure=diagnose("", cfg.launcher, record))
 
-    def allocation(self, view: JobView | None, used: int) -> InPlace:
+    def allocation(self, view: JobView | None, used: int, spares: bool = True) -> InPlace:
         """The facts an in-place restart is judged by: ranks that froze in the hang (their
-        nodes are bad), else the nodes Slurm calls unhealthy, and the time left."""
+        nodes are bad), else the nodes Slurm calls unhealthy, the time left, and with spare
+        nodes how many good ones the allocation keeps."""
         cfg, hang = self.cfg, self.hang
         frozen = hang.frozen_nodes if hang is not None else ()
         self.bad.note({node: "hang" for node in frozen})
         left = view.end_time - self.slurm.time() if view and view.end_time else None
-        return InPlace(cfg.max_step_restarts, used, frozen,
-                       {} if frozen else self.bad.check(view), left, cfg.signal_lead_s)
+        unhealthy = {} if frozen else self.bad.check(view)
+        healthy = None
+        if cfg.spare_nodes and spares:
+            healthy = len([n for n in self.allocated(view) if n not in self.bad.found])
+        return InPlace(cfg.max_step_restarts, used, frozen, unhealthy, left, cfg.signal_lead_s,
+                       healthy, cfg.nodes)
+
+    # ---- spare nodes ([elastic]) -------------------------------------------------------------
+    def allocated(self, view: JobView | None) -> list[str]:
+        """The job's nodes now: a lost one was taken from it (:mod:`.spares`)."""
+        return hostlist.expand(view.node_list if view is not None and view.node_list
+                               else self.cfg.nodelist)
+
+    def place(self, view: JobView | None) -> list[str] | None:
+        """The nodes the next step runs on (the batch node first, bad ones left out); None
+        when too few good ones are left."""
+        cfg = self.cfg
+        self.on = step_nodes(self.allocated(view), list(self.bad.found), cfg.batch_node,
+                             cfg.nodes) or []
+        self.lost = ()
+        return self.on or None
+
+    def lost_nodes(self, view: JobView | None) -> tuple[str, ...]:
+        """The step's nodes lost, once it ended: found silent while it ran, or since then
+        taken from the job by Slurm or called unhealthy by it (only with spare nodes: without
+        them Slurm requeues a job that lost a node)."""
+        if not self.cfg.spare_nodes:
+            return ()
+        now = set(self.allocated(view))
+        gone = [n for n in self.on if n not in now or self.bad.found.get(n) == "node_fail"]
+        self.bad.note({n: "node_fail" for n in gone if n not in self.bad.found})
+        return tuple(dict.fromkeys((*self.lost, *gone)))

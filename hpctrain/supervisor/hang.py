@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
+from hpctrain.supervisor.elastic import silent_nodes
 from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
@@ -45,6 +46,7 @@ class Watch:
         self.output_at: float | None = None
         self._next = slurm.monotonic() + LOOK_S
         self._next_failed = 0.0
+        self._next_silent = 0.0
         self.clock = StepClock()     # the step time: a hang timeout left out follows it
 
     def records(self) -> dict[int, dict[str, str]]:
@@ -69,6 +71,14 @@ class Watch:
         """This attempt's progress records by rank, parsed."""
         parsed = (RankProgress.parse(record) for record in self.records().values())
         return {rec.rank: rec for rec in parsed if rec is not None}
+
+    def silent(self, nodes: list[str]) -> tuple[str, ...]:
+        """[elastic] At most every LOOK_S: the step's ``nodes`` whose every rank went
+        silent (a lost node, :func:`hpctrain.supervisor.elastic.silent_nodes`)."""
+        if not nodes or self.slurm.monotonic() < self._next_silent:
+            return ()
+        self._next_silent = self.slurm.monotonic() + LOOK_S
+        return silent_nodes(self.records(), nodes, self.slurm.time(), self.limits.beat_s)
 
     def failed(self) -> dict[int, dict[str, str]]:
         """At most every FAILED_LOOK_S: this attempt's ranks whose attempt failed in their

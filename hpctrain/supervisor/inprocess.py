@@ -102,6 +102,10 @@ class InProcess:
             if len(records) == watch.world and all(r.get("phase") == "restarting"
                                                    for r in records.values()):
                 return True
+            # [elastic] the missing ranks' node is gone: they never will
+            if self.cfg.spare_nodes and (lost := watch.silent(self.seen.on)):
+                say(f"the ranks on {','.join(lost)} went silent: no attempt in place")
+                return False
             self.slurm.sleep(ARRIVE_POLL_S)
         say(f"not every rank left attempt {watch.attempt} in its process within "
             f"{ARRIVE_S:.0f} s: restarting in new processes")

@@ -56,6 +56,11 @@ class Recorder:
         self.state.append_ledger(line("stop", cause=cause, restart_count=self.restart_count,
                                       limit=limit))
 
+    def placed(self, attempt: int, nodes: list[str], gpus: int) -> None:
+        """The step of ``attempt`` runs on ``nodes`` only ([elastic]: the spares idle)."""
+        self.state.append_ledger(line("step", restart_count=self.restart_count,
+                                      attempt=attempt, nodes=",".join(nodes), gpus=gpus))
+
     def excluded(self, node: str, why: str) -> None:
         """The job will not run on ``node`` again."""
         self.state.append_ledger(line("exclude", node=node, cause=why,

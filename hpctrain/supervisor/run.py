@@ -40,6 +40,7 @@ from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.recorder import Recorder
 from hpctrain.supervisor.scheduler import Scheduler, Slurm, StepProcess
+from hpctrain.supervisor.spares import Spares
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import step_env
 from hpctrain.supervisor.watchdog import Hang
@@ -63,6 +64,7 @@ class Supervisor:
         self.inprocess = InProcess(cfg, slurm, self.state, self.seen, self.actor)
         self._forwarded = False
         self._acted: Decision | None = None     # a requeue made before the step ended
+        self.spares = Spares(cfg, slurm, self.seen, self.bad, self.books)
 
     def install(self) -> None:
         """Slurm's stop signals to the batch step are noted, not fatal."""
@@ -121,24 +123,21 @@ class Supervisor:
             say(note)
         attempt = 0
         while True:
-            if cfg.health_check:
-                failed = self.bad.run_check(cfg.health_check, cfg.nodes,
-                                            cfg.health_check_timeout_s)
-                if failed:
-                    leave_out = self.bad.to_exclude(view)
-                    return self.actor.act(health_check(failed, leave_out), seen.facts(view),
-                                          leave_out=leave_out, node=",".join(failed))
+            if cfg.health_check and (code := self.check_health(view)) is not None:
+                return code
             offset = log_size(logfile) if logfile else 0
             after = f", after a {last_cause}" if last_cause else ""
             again = f", in-place restart {attempt}" if attempt else ""
-            say(f"starting the training step of job {cfg.key}: {cfg.where}, "
+            placed, where = self.spares.place(argv, view, attempt)
+            say(f"starting the training step of job {cfg.key}: {where}, "
                 f"restart {cfg.restart_count}{again}{after}")
-            step = self.slurm.start_step(argv, step_env(cfg, self.state, view, last_cause,
-                                                        attempt))
+            step = self.slurm.start_step(placed, step_env(cfg, self.state, view, last_cause,
+                                                          attempt))
             watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
                           attempt, logs, cfg.nodes)
             status, seen.hang, attempt = self.supervise(step, watch)
-            say(f"training step exited with status {status}")
+            say(f"training step exited with status {status}" if not seen.lost else
+                f"training step left behind on the lost node(s) {','.join(seen.lost)}")
             facts = seen.at_end(status, watch, log_segment(logfile, offset)
                                 if status and logfile else "")
             if self._acted is not None:
@@ -150,6 +149,20 @@ class Supervisor:
             attempt += 1
             last_cause = decision.cause
             self.actor.restart_in_place(decision, facts, attempt, diagnosis, seen.hang)
+            view = facts.view or view    # Slurm's newest word on the allocation's nodes
+
+    def check_health(self, view: JobView | None) -> int | None:
+        """The partition's health check before each step. None to go on: it passed, or
+        (spare nodes) enough good nodes are left for the step without the failed ones;
+        else the batch step's exit code once the job is requeued without them, or ended."""
+        cfg = self.cfg
+        count = len(self.seen.allocated(view)) if cfg.spare_nodes else cfg.nodes
+        failed = self.bad.run_check(cfg.health_check, count, cfg.health_check_timeout_s)
+        if not failed or (cfg.spare_nodes and self.seen.place(view) is not None):
+            return None
+        leave_out = self.bad.to_exclude(view)
+        return self.actor.act(health_check(failed, leave_out), self.seen.facts(view),
+                              leave_out=leave_out, node=",".join(failed))
 
     def supervise(self, step: StepProcess, watch: Watch) -> tuple[int, Hang | None, int]:
         """Wait for the step, passing stop signals on, watching for a hang and restarting
@@ -162,6 +175,8 @@ class Supervisor:
                 self.on_stop(caught, step)
             if status is not None:   # a rank that gave up in a collective: a hang elsewhere
                 return status, watch.gave_up() if status else None, watch.attempt
+            if self.cfg.spare_nodes and (lost := watch.silent(self.seen.on)):
+                return self.spares.abandon(step, lost), None, watch.attempt
             failed = watch.failed()
             # ranks that gave up waiting in a collective: a hang of those they waited for
             hang = watch.waited_for(failed) if failed else None

@@ -20,19 +20,21 @@ def example_spec(root: Path, *, name: str, total: int, save_every: int, step_sle
                  time: str = "00:20:00", signal_lead_s: int = 60,
                  extra: tuple[str, ...] = (), script: str = "train_gpt.py",
                  layout: dict[str, int] | None = None, env: dict[str, str] | None = None,
-                 requeue: dict[str, int] | None = None, launcher: str = "torchrun") -> str:
+                 requeue: dict[str, int] | None = None, launcher: str = "torchrun",
+                 partition: str = "debug", **sections: dict) -> str:
     """The job spec (TOML text) for ``total`` steps of an example script, seed 11, on
-    2 nodes x 2 fake GPUs; ``layout`` defaults to tp=2 (x dp=2)."""
+    2 nodes x 2 fake GPUs; ``layout`` defaults to tp=2 (x dp=2); ``sections`` adds
+    further ones (``elastic={"spare_nodes": 1}``)."""
     cmd = [sys.executable, str(EXAMPLES / script), "--steps", str(total),
            "--save-every", str(save_every), "--seed", "11", "--step-sleep", str(step_sleep),
            "--ckpt-dir", str(root / "ckpt"), "--log-file", str(root / "loss.jsonl"), *extra]
     return spec_toml(
-        name=name, partition="debug", nodes=2, gpus_per_node=2, time=time,
+        name=name, partition=partition, nodes=2, gpus_per_node=2, time=time,
         output=f"{root}/job-%j.out", workdir=str(root), layout=layout or {"tp": 2},
         run={"launcher": launcher, "command": cmd,
              "env": {"OMP_NUM_THREADS": "1", **(env or {})}},
         requeue={"max_requeues": 3, **(requeue or {}), "signal": "USR2",
-                 "signal_lead_s": signal_lead_s})
+                 "signal_lead_s": signal_lead_s}, **sections)
 
 
 def submit_example(root: Path, spec: str) -> str:

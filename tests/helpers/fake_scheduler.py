@@ -377,6 +377,9 @@ class FakeSlurm:
     def set_excluded(self, key: str, nodes: list[str]) -> None:
         self.calls.append(("set_excluded", ",".join(nodes)))
 
+    def shrink_job(self, key: str, nodes: list[str]) -> None:
+        self.calls.append(("shrink_job", ",".join(nodes)))
+
     def node_states(self, nodes: list[str]) -> dict[str, str]:
         return {n: self.node_state.get(n, "IDLE") for n in nodes}
 

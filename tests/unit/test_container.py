@@ -160,7 +160,7 @@ def test_pyxis_flags(tmp_path: Path) -> None:
             "--container-mounts=/lustre:/lustre,/ds:/ds:ro,/ck/c:/ck/c,"
             '"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR" --container-workdir="$SLURM_SUBMIT_DIR" '
             "--no-container-mount-home --container-readonly "
-            "--container-env=NCCL_DEBUG,WANDB_PROJECT --nodes=2 --ntasks-per-node=1") in line
+            "--container-env=NCCL_DEBUG,WANDB_PROJECT --nodes=2 --ntasks=2 --ntasks-per-node=1") in line
 
 
 def test_apptainer_wrap(tmp_path: Path) -> None:

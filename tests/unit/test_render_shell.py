@@ -111,7 +111,7 @@ def test_hostile_arguments_reach_every_launcher_verbatim(tmp_path: Path, launche
     srun_argv = run.nul_list("srun.argv")
     assert srun_argv[-len(args):] == args
     if launcher == "torchrun":
-        assert srun_argv[3:6] == ["python3", "-m", "torch.distributed.run"]
+        assert srun_argv[4:7] == ["python3", "-m", "torch.distributed.run"]
         assert "--rdzv_endpoint=n1:24242" in srun_argv   # first node, port from the job id
     else:
         assert run.nul_list("command.argv") == args

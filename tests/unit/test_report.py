@@ -226,3 +226,40 @@ def test_a_restart_that_failed_before_its_first_step_counts_in_the_next_ones_rec
     assert failed.steps == 0 and failed.recovery_s is None
     assert resumed.recovery_s == pytest.approx(6.0)          # 115 -> 121 (step 4 took 1 s)
     assert len(r.restarts("inprocess")) == 2 and r.recoveries("inprocess") == [6.0]
+
+
+def test_a_run_slurm_resized_is_one_run_with_the_gpu_seconds_of_each_part() -> None:
+    """sacct -X -D of a job with a spare node ([elastic]) as the devcluster recorded it: n2
+    taken from the running job (a RESIZING row; the next starts as it ends), then n3 (no
+    spare left: the job requeued, which closed the second RESIZING row), then completed.
+    Two runs; the first held 6 GPUs, then 4."""
+    from hpctrain.jobs.accounting import runs_from_rows
+
+    def row(state: str, start: str, end: str, elapsed: int, nodes: str, gpus: int) -> dict:
+        return {"JobID": "733", "State": state, "Submit": "2026-11-26T03:39:00",
+                "Start": f"2026-11-26T{start}", "End": f"2026-11-26T{end}",
+                "ElapsedRaw": str(elapsed), "NodeList": nodes,
+                "AllocTRES": f"cpu={gpus},gres/gpu={gpus},node={gpus // 2}"}
+
+    runs = runs_from_rows([row("RESIZING", "03:39:05", "03:39:19", 14, "n[1-3]", 6),
+                           row("RESIZING", "03:39:19", "03:39:36", 17, "n[1,3]", 4),
+                           row("COMPLETED", "03:40:50", "03:40:59", 9, "n[1-3]", 6)])["733"]
+    assert [(r.restart, r.state, r.nodes, r.gpus, r.elapsed_s) for r in runs] == [
+        (0, "REQUEUED", "n[1-3]", 6, 31.0), (1, "COMPLETED", "n[1-3]", 6, 9.0)]
+    assert runs[0].allocated_gpu_s == 14 * 6 + 17 * 4
+    assert build("733", runs, [], []).allocated_gpu_s == 14 * 6 + 17 * 4 + 9 * 6
+
+
+def test_the_step_time_of_a_job_with_spares_counts_the_steps_gpus() -> None:
+    """A spare node's GPUs are allocated and idle: the ledger's ``step`` line says the
+    step ran on 4 of the 6 GPUs, and kept time counts those 4."""
+    run = RunFacts(restart=0, state="COMPLETED", submit=0.0, start=100.0, end=200.0,
+                   elapsed_s=100.0, nodes="n[1-3]", gpus=6)
+    history = [{"restart": 0, "attempt": 0, "event": "step", "step": i, "t": 110.0 + 10 * i}
+               for i in range(9)]
+    plain = build("7", [run], [], history)
+    spared = build("7", [run], [("step", {"restart_count": "0", "attempt": "0",
+                                          "nodes": "n1,n2", "gpus": "4"})], history)
+    assert spared.runs[0].working_gpus == 4 and plain.runs[0].working_gpus == 6
+    assert spared.allocated_gpu_s == plain.allocated_gpu_s == 600
+    assert spared.goodput == pytest.approx(plain.goodput * 4 / 6)

@@ -62,6 +62,9 @@ SACCT = """JobID|JobIDRaw|State|Elapsed|Start|End|NodeList|AllocNodes|ExitCode|R
 9|9|FAILED|00:00:01|2026-11-21T04:51:00|2026-11-21T04:51:01|n1|1|1:0|None|boom
 20_[3-5%2]|20|PENDING|00:00:00|Unknown|Unknown|None assigned|0|0:0|JobArrayTaskLimit|sw
 20_0|21|COMPLETED|00:00:01|2026-11-21T04:52:00|2026-11-21T04:52:01|n1|1|0:0|None|sw
+733|733|RESIZING|00:00:14|2026-11-26T03:39:05|2026-11-26T03:39:19|n[1-3]|3|0:0|None|el
+733|733|RESIZING|00:00:17|2026-11-26T03:39:19|2026-11-26T03:39:36|n[1,3]|2|0:0|None|el
+733|733|COMPLETED|00:00:09|2026-11-26T03:40:50|2026-11-26T03:40:59|n[1-3]|3|0:0|None|el
 """
 
 
@@ -79,6 +82,10 @@ def test_sacct_records_fold_into_one_info_per_job_with_requeues_by_cause() -> No
     # a pending array's range line becomes one PENDING info per task
     assert [infos[f"20_{i}"].state.name for i in (3, 4, 5)] == ["PENDING"] * 3
     assert infos["20_0"].raw_id == "21" and infos["20_0"].state.name == "COMPLETED"
+    # [elastic] spare nodes, as the devcluster recorded it: n2 taken from the running job
+    # (a RESIZING row, the next starting as it ended: the run went on), then n3, and the
+    # job requeued (its RESIZING row is the run's last: sacct wrote no REQUEUED row)
+    assert infos["733"].requeues == {"requeued": 1}
 
 
 def test_squeue_format_is_parsed_into_the_same_infos() -> None:

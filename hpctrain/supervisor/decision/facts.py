@@ -41,14 +41,21 @@ class InPlace:
     unhealthy: Mapping[str, str] = field(default_factory=dict)  # node -> Slurm's state
     left_s: float | None = None                      # seconds left of the allocation
     lead_s: int = 0                                  # the time-limit warning's lead
+    healthy: int | None = None   # [elastic]: the allocation's good nodes (spares included)
+    needed: int = 0              # ...and how many the step runs on
 
     @property
     def obstacle(self) -> str:
         """What forbids a restart here ('' when nothing does): ranks that stopped
-        answering, then a node Slurm calls unhealthy, then too little time left."""
-        if self.frozen:
+        answering, then a node Slurm calls unhealthy (with spare nodes: too few good nodes
+        left for the step instead), then too little time left."""
+        if self.healthy is not None:    # spare nodes: a bad node is left out, if one is left
+            if self.healthy < self.needed:
+                return f"{self.healthy} good node(s) left of the {self.needed} the step " \
+                       "needs: no spare node is left"
+        elif self.frozen:
             return f"rank(s) on {','.join(self.frozen)} stopped answering"
-        if self.unhealthy:
+        elif self.unhealthy:
             return "node(s) " + ", ".join(f"{n} {s}" for n, s in self.unhealthy.items())
         if self.left_s is not None and self.left_s < self.lead_s + MIN_LEFT_S:
             return f"only {max(self.left_s, 0):.0f} s of the allocation left"
@@ -85,6 +92,7 @@ class Facts:
     restarts: Mapping[str, int] = field(default_factory=dict)  # in-place restarts by cause
     inplace: InPlace = InPlace()
     finish: Finish | None = None                # the ranks' own last word (runtime scripts)
+    lost: tuple[str, ...] = ()                  # the step's nodes lost ([elastic])
     failure: Diagnosis | None = None            # the first failure, as the launcher told it
 
 

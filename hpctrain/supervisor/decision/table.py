@@ -19,6 +19,9 @@ rows, in order (the first that matches decides):
 7   the batch step caught the requeue signal           time_limit      requeue
 8   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
     (Slurm unreachable: cause ``unknown``, finish)
+8b  a node of the step was lost (its ranks went        node_fail       restart in place on a
+    silent, and it was taken from the job)                             spare, else requeue
+                                                                       (max_node_failures)
 9   the watchdog stopped a hung step                   hang            restart in place, else
                                                                        requeue (max_hangs)
 10  the runtime asked for a requeue (75/76, record;    its cause       requeue
@@ -111,6 +114,9 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     if stops:
         return "cancelled", f"caught SIG{stops[0]} without a preemption, time limit or " \
                             "cancellation in Slurm: a stop request"
+    if f.lost:
+        return "node_fail", f"node(s) {','.join(f.lost)} of the step were lost (its ranks " \
+                            "went silent, or the node left the job)"
     if f.hang:
         return "hang", f"the watchdog stopped the hung step: {f.hang}"
     word = runtime_word(f.record, f.status)
@@ -119,6 +125,10 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     if f.status is None:
         return "unknown", "the training step did not run"
     return "user_crash", f"the training step failed ({signal_name(f.status)})"
+
+
+IN_PLACE = ("hang", "user_crash", "node_fail")      # causes restarted in the allocation
+COUNTED_IN_PLACE = ("user_crash", "node_fail")     # ...whose limit counts those restarts
 
 
 def decide(f: Facts) -> Decision:
@@ -133,19 +143,21 @@ def decide(f: Facts) -> Decision:
     if cause in ("cancelled", "unknown") or (cause == "user_crash" and
                                              f.budget.limit_of(cause) == ("max_crash_restarts", 0)):
         return Decision("finish", cause, step_code or 1, why)
-    if cause == "user_crash":
-        # a crash's limit counts every recovery from a crash, in place or by requeue
+    if cause in COUNTED_IN_PLACE:
+        # a crash's (a lost node's) limit counts every recovery from it, in place or by
+        # requeue: a crash loop, a node after node, ends at its limit either way
         count = f.requeues.get(cause, 0) + f.restarts.get(cause, 0) + 1
         limit = over_limit(f.budget, cause, count, 0)
         if limit is not None:
             return Decision("stop", cause, step_code or 1, why, limit=limit,
                             detail=limit_text(limit, cause, count, f.restart_count))
-    if cause in ("hang", "user_crash") and f.inplace.allowed:
+    if cause in IN_PLACE and f.inplace.allowed:
+        spare = " on a spare node" if cause == "node_fail" else ""
         return Decision("restart", cause, 0, why,
                         detail=f"in-place restart {f.inplace.used + 1} of "
-                               f"max_step_restarts={f.inplace.max}")
+                               f"max_step_restarts={f.inplace.max}{spare}")
     count = f.requeues.get(cause, 0) + 1
-    if cause == "user_crash":
+    if cause in COUNTED_IN_PLACE:
         count += f.restarts.get(cause, 0)
     restart = counted(f.restart_count + 1, f.requeues)
     limit = over_limit(f.budget, cause, count, restart)
@@ -153,6 +165,6 @@ def decide(f: Facts) -> Decision:
         return Decision("stop", cause, step_code or 1, why, limit=limit,
                         detail=limit_text(limit, cause, count, restart))
     detail = budget_text(f.budget, cause, count, restart)
-    if cause in ("hang", "user_crash") and f.inplace.max:
+    if cause in IN_PLACE and f.inplace.max:
         detail += f"; not in place: {f.inplace.why_not()}"
     return Decision("requeue", cause, 0, why, detail=detail)

@@ -1,0 +1,32 @@
+"""``[elastic]``: spare nodes a job holds so that a lost node costs a restart inside the
+allocation, not a requeue (docs/fault-recovery.md, "A lost node and a spare")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.errors import SpecError
+from hpctrain.spec.checks import check_table
+
+MAX_SPARES = 64
+
+
+@dataclass(frozen=True)
+class ElasticSpec:
+    """``spare_nodes``: nodes the job asks for beyond ``nodes`` and keeps idle; the step
+    runs on ``nodes`` of them. When one of the step's nodes is lost, the supervisor starts
+    the step again on the others and a spare (same world size, same layout), in the same
+    allocation. Spares cost their GPU-hours for the whole job (``plan``, ``report``)."""
+
+    spare_nodes: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "ElasticSpec":
+        d = check_table(data, "elastic", cls)
+        spares = d.get("spare_nodes", 0)
+        if isinstance(spares, bool) or not isinstance(spares, int) or \
+                not 0 <= spares <= MAX_SPARES:
+            raise SpecError(f"elastic.spare_nodes={spares!r} must be a whole number 0.."
+                            f"{MAX_SPARES} (nodes held for a lost one; 1 is the usual)")
+        return cls(spare_nodes=spares)

@@ -1,0 +1,66 @@
+"""Spare nodes (``[elastic] spare_nodes``): which of the allocation's nodes the training step
+runs on, and how a lost one is told from its ranks' silence. Pure; the supervisor asks Slurm
+and acts (:mod:`hpctrain.supervisor.run`).
+
+Seen on the devcluster (Slurm 22.05, SlurmdTimeout=10): a node killed under a running step
+is "not responding" after about 16 s and DOWN after about 29 s, when Slurm ends the run
+NODE_FAIL. The step's ranks report their heartbeat every 2 s, so a node whose every rank
+went silent is found in seconds instead, and taken from the job (``scontrol update
+NodeList``) before Slurm marks it DOWN: the job then runs on. A new step on the other nodes
+and a spare starts at once with ``srun --overlap``: without it, it waits ("Requested nodes
+are busy") for the old step, which lingers until Slurm marks the lost node DOWN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from hpctrain.supervisor.watchdog import RankProgress
+
+SILENT_BEATS = 3        # a rank missing this many heartbeats in a row is silent...
+SILENT_MIN_S = 6.0      # ...and for at least this long
+FINAL_PHASES = ("exiting", "exited", "restarting")   # a rank that said its last word
+
+
+def step_nodes(allocation: Sequence[str], bad: Sequence[str], batch_node: str,
+               needed: int) -> list[str] | None:
+    """The ``needed`` nodes the step runs on: the allocation's, in its order, without the
+    bad ones, the batch node first (it hosts the rendezvous and the supervisor); None when
+    too few are left (no spare left: the job must be requeued)."""
+    good = [n for n in allocation if n not in set(bad)]
+    if batch_node in good:
+        good.remove(batch_node)
+        good.insert(0, batch_node)
+    return good[:needed] if len(good) >= needed else None
+
+
+def with_nodes(argv: Sequence[str], nodes: Sequence[str]) -> list[str]:
+    """The launcher's argv with the step placed on ``nodes``: ``--nodelist`` and
+    ``--overlap`` (a step that lost a node lingers until Slurm marks it DOWN, holding its
+    CPUs) after the first ``srun``."""
+    args = list(argv)
+    at = args.index("srun") + 1 if "srun" in args else None
+    if at is None:
+        return args
+    return args[:at] + [f"--nodelist={','.join(nodes)}", "--overlap"] + args[at:]
+
+
+def silent_nodes(records: Mapping[int, Mapping[str, str]], nodes: Sequence[str], now: float,
+                 beat_s: float) -> tuple[str, ...]:
+    """The step's nodes every one of whose ranks went silent: no heartbeat for
+    SILENT_BEATS beats (at least SILENT_MIN_S) and no last word (exiting, exited, waiting
+    to restart), while some rank elsewhere still beats or has left its word. A node without
+    any record is not judged (its ranks may not have started)."""
+    by_node: dict[str, list[RankProgress]] = {}
+    for raw in records.values():
+        rec = RankProgress.parse(raw)
+        if rec is not None and rec.node in nodes:
+            by_node.setdefault(rec.node, []).append(rec)
+    quiet = max(SILENT_BEATS * beat_s, SILENT_MIN_S)
+
+    def silent(rec: RankProgress) -> bool:
+        return rec.phase not in FINAL_PHASES and now - rec.beat_at > quiet
+
+    lost = tuple(n for n, recs in by_node.items() if all(map(silent, recs)))
+    heard = any(not silent(r) for n, recs in by_node.items() if n not in lost for r in recs)
+    return lost if heard else ()
