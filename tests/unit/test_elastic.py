@@ -37,6 +37,7 @@ def test_the_job_asks_for_the_spares_and_the_step_for_its_own_nodes() -> None:
     # 22.05 left the job running empty on the other nodes)
     assert "#SBATCH --nodes=3\n" in script and "--no-kill" not in script
     assert "export HPCTRAIN_SPARE_NODES=1\n" in script
+    assert "(2 node(s) x 2 GPU(s) + 1 spare node(s))" in script
     # the step says its size in full: srun would take SLURM_NTASKS=6 from the job
     assert "srun --nodes=2 --ntasks=4 --ntasks-per-node=2 " in script
     plain = render_script(spec())
