@@ -144,6 +144,11 @@ def format_text(r: Report) -> str:
         "after)" if (times := r.recoveries(mode)) else "") for mode in HOW if r.restarts(mode)]
     if restarts:
         lines.append(f"  restarts in the allocation: {'; '.join(restarts)}")
+    if r.spare_gpu_s or r.spare_restarts:
+        share = f"{r.spare_gpu_s / r.allocated_gpu_s:.1%} of" if r.allocated_gpu_s else "of"
+        lines.append(f"  spare nodes: held {r.spare_gpu_s:.0f} GPU-s idle ({share} the "
+                     f"allocation); {r.spare_restarts} lost node(s) replaced by a spare in "
+                     "the allocation (each a requeue without one)")
     if r.note:
         lines.append(f"  the work was done, then: {r.note}")
     if r.goodput is None:

@@ -108,6 +108,8 @@ class Report:
     known: bool                           # rank 0's history was there
     points: list[tuple[float, int, bool]] = field(default_factory=list)  # (t, step, kept)
     note: str = ""        # what the last run's verdict adds: "rank 1 then died at exit (...)"
+    spare_gpu_s: float = 0.0   # [elastic]: GPU-seconds the spare nodes held idle
+    spare_restarts: int = 0    # ...and the node losses recovered on one, in the allocation
 
     def restarts(self, mode: str) -> list[Attempt]:
         """The attempts a restart in the allocation began the ``mode`` way ("inprocess",
@@ -153,13 +155,17 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
             for cat, sec in att.seconds.items():
                 gpu_s[cat] += sec * run.working_gpus
     allocated = sum(r.allocated_gpu_s for r in runs)
+    spare = sum(max(0.0, r.allocated_gpu_s - r.elapsed_s * rep.working_gpus)
+                for r, rep in zip(runs, reports) if rep.step_gpus)
     gpu_s["other"] = max(0.0, allocated - sum(v for k, v in gpu_s.items() if k != "other"))
     completions = [e for e in events if e.get("event") == "step"]
     points = [(e["t"], e["step"] if isinstance(e.get("step"), int) else e.get("n", 0),
                kept_at.get(_step_id(e)) == e["t"]) for e in completions]
     return Report(job, reports, allocated, gpu_s, kept_steps=len(kept_at),
                   lost_steps=len(completions) - len(kept_at), step_s=step_s,
-                  known=bool(completions), points=points, note=note)
+                  known=bool(completions), points=points, note=note, spare_gpu_s=spare,
+                  spare_restarts=sum(1 for k, f in ledger
+                                     if k == "restart" and f.get("cause") == "node_fail"))
 
 
 def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mapping[str, str]]],

@@ -4,6 +4,7 @@ whose history is written out here: a hang restarted in place, then a preemption.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import pytest
@@ -263,3 +264,24 @@ def test_the_step_time_of_a_job_with_spares_counts_the_steps_gpus() -> None:
     assert spared.runs[0].working_gpus == 4 and plain.runs[0].working_gpus == 6
     assert spared.allocated_gpu_s == plain.allocated_gpu_s == 600
     assert spared.goodput == pytest.approx(plain.goodput * 4 / 6)
+
+
+def test_the_report_says_what_the_spares_held_idle_and_what_they_replaced() -> None:
+    """A job with a spare node that lost n2 at t=60 s: 6 GPUs for 60 s (4 at work), then
+    4 after the node was taken from the job; one restart on the spare."""
+    from hpctrain.commands.report import format_text
+
+    run = RunFacts(restart=0, state="COMPLETED", submit=0.0, start=100.0, end=200.0,
+                   elapsed_s=100.0, nodes="n[1-3]", gpus=6, gpu_s=60 * 6 + 40 * 4)
+    ledger = [("step", {"restart_count": "0", "attempt": "0", "gpus": "4"}),
+              ("restart", {"cause": "node_fail", "restart_count": "0", "attempt": "1",
+                           "at": "165"}),
+              ("step", {"restart_count": "0", "attempt": "1", "gpus": "4"})]
+    history = [{"restart": 0, "attempt": 0, "event": "step", "step": i, "t": 110.0 + 10 * i}
+               for i in range(5)]
+    r = build("7", [run], ledger, history)
+    assert (r.spare_gpu_s, r.spare_restarts) == (120.0, 1)
+    assert "spare nodes: held 120 GPU-s idle (23.1% of the allocation); 1 lost node(s) " \
+           "replaced by a spare in the allocation" in format_text(r)
+    plain = build("7", [replace(run, gpus=4, gpu_s=None)], [], history)
+    assert "spare nodes" not in format_text(plain)
