@@ -14,6 +14,10 @@ keep proving it):
 - node loss: the ranks there die at once, the others fail in their collective, and srun
   waits for the tasks it cannot hear from; ``DETECT_S`` later Slurm marks the node
   ``DOWN*``, the step ends, and Slurm requeues the job;
+- the loss of one node of several (``lose:n2``, [elastic] spare nodes): the ranks there
+  stop their heartbeat, the others wait in their collective (still beating), srun waits;
+  ``DETECT_S`` later Slurm marks the node ``DOWN*`` and ends the run NODE_FAIL unless the
+  node was taken from the job (``shrink_job``) first: then only the step on it ends;
 - a controller that does not answer (``outage``): every call fails "Unable to contact slurm
   controller" for a while.
 
@@ -101,10 +105,15 @@ class FakeStep:
     frozen: int = -1                           # this rank answers no stack request
     device_error: bool = False                 # crash_at is a device error (CUDA): the
     #                                            rank says its process cannot go on
+    nodes: Sequence[str] = ("n1",)             # where its ranks run (srun --nodelist)
+    lost_on: set[str] = field(default_factory=set)   # its nodes lost: their ranks are silent
     first: int = field(init=False, default=0)  # the attempt the faults are planned for
 
     def __post_init__(self) -> None:
         self.attempt = self.first = int(self.env[p.STEP_ATTEMPT])
+
+    def node_of(self, rank: int) -> str:
+        return self.nodes[rank * len(self.nodes) // self.fake.world]
 
     def signal(self, sig: str) -> None:
         """A signal to every rank (Slurm's, or the supervisor's scancel --signal)."""
@@ -117,6 +126,8 @@ class FakeStep:
         """Play the step forward to the stand-in's clock."""
         if self.status is not None or self.lost:
             return
+        if self.lost_on:   # the others wait for the lost ranks in a collective, beating
+            return self.write_progress()
         if self.waiting:
             return self.wait_for_the_word()
         elapsed = self.fake.now - self.started
@@ -212,6 +223,8 @@ class FakeStep:
         self.answer_stacks()
         changed = self.started + self.done_steps * self.step_s
         for rank in range(self.fake.world):
+            if self.node_of(rank) in self.lost_on:
+                continue                                # gone with its node: no heartbeat
             waiting = self.waiting and rank != self.stuck   # stuck: still "training"
             gave_up = self.timed_out and rank != self.hung_rank
             phase = "restarting" if waiting or gave_up else \
@@ -226,7 +239,7 @@ class FakeStep:
                 extra.update(failed=self.waiting, error="RuntimeError: simulated crash")
             p.write_record(p.rank_file(self.env[p.STATE_DIR], p.PROGRESS, rank), {
                 "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],
-                "attempt": self.attempt, "rank": rank, "node": "n1",
+                "attempt": self.attempt, "rank": rank, "node": self.node_of(rank),
                 "step": self.done_steps, "boundaries": self.done_steps, "phase": phase,
                 "changed_at": f"{self.fake.wall(changed):.3f}",
                 "beat_at": f"{self.fake.wall(self.fake.now):.3f}", **extra})
@@ -245,7 +258,8 @@ class FakeSlurm:
     """Slurm, the step and the clock, as one :class:`hpctrain.supervisor.scheduler.Scheduler`.
 
     ``events``: (seconds after the start, what) with what one of ``preempt``, ``warn``,
-    ``scancel``, ``time_limit``, ``node_loss``; ``steps``: how each start of the step goes
+    ``scancel``, ``time_limit``, ``node_loss``, ``lose:NODE`` (one node of ``nodes``, the
+    allocation); ``steps``: how each start of the step goes
     (keyword arguments of :class:`FakeStep`, one dict per start; the last one repeats)."""
 
     kind: Kind
@@ -262,13 +276,16 @@ class FakeSlurm:
     started: list[FakeStep] = field(default_factory=list)
     batch: Callable[[int, object], None] | None = None   # the supervisor's signal handler
     node_state: dict[str, str] = field(default_factory=lambda: {"n1": "ALLOCATED"})
+    nodes: Sequence[str] = ("n1",)      # the allocation ([elastic]: the spares included)
     _due: list[tuple[float, str]] = field(default_factory=list)
     _down_until: float | None = None
 
     def __post_init__(self) -> None:
         self.view = JobView("42", "RUNNING", "None", self.restart_count, None,
-                            T0 + 3600, True, std_err=str(self.log_path), node_list="n1",
-                            partition="debug", num_nodes=1)
+                            T0 + 3600, True, std_err=str(self.log_path),
+                            node_list=",".join(self.nodes), partition="debug",
+                            num_nodes=len(self.nodes))
+        self.node_state = {**{n: "ALLOCATED" for n in self.nodes}, **self.node_state}
         self._due = sorted(self.events)
         self.sleep(0.0)    # what happened before the supervisor started (its set-up)
 
@@ -305,6 +322,20 @@ class FakeSlurm:
             if step is not None and step.status is None:
                 step.status = 1          # srun gives up on the lost tasks
             self._slurm_requeues()
+        elif what.startswith("lose:"):
+            node = what.split(":", 1)[1]
+            for running in self.started:
+                if running.status is None and node in running.nodes:
+                    running.lost_on.add(node)
+            self._due.append((self.now + DETECT_S, f"down:{node}"))
+        elif what.startswith("down:"):
+            node = what.split(":", 1)[1]
+            self.node_state[node] = "DOWN*"
+            for running in self.started:   # srun: "Node failure"
+                if running.status is None and node in running.lost_on:
+                    running.status = 1
+            if node in self.view.node_list.split(","):   # still the job's: NODE_FAIL
+                self._slurm_requeues()
         self._due.sort()
 
     def _slurm_requeues(self) -> None:
@@ -348,7 +379,8 @@ class FakeSlurm:
 
     def run_states(self, key: str) -> list[str]:
         self.calls.append(("run_states",))
-        return ["NODE_FAIL" if self.node_state["n1"].startswith("DOWN") else "PREEMPTED"
+        down = any(state.startswith("DOWN") for state in self.node_state.values())
+        return ["NODE_FAIL" if down else "PREEMPTED"
                 if self.view.preempt_time else "REQUEUED"] * self.view.restarts
 
     def requeue(self, key: str) -> str:
@@ -362,11 +394,15 @@ class FakeSlurm:
         self.calls.append(("forbid_requeue",))
 
     def signal_steps(self, key: str, signal_name: str) -> None:
+        """``scancel --signal``: of the job (its newest step) or of one step (``42.1``)."""
         self.calls.append(("signal_steps", signal_name))
-        self._to_steps(self.started[-1] if self.started else None, signal_name)
+        _, _, number = key.partition(".")
+        target = self.started[int(number)] if number else \
+            self.started[-1] if self.started else None
+        self._to_steps(target, signal_name)
 
     def step_ids(self, key: str) -> list[str]:
-        return ["77.0"] if self.started and self.started[-1].status is None else []
+        return [f"42.{i}" for i, step in enumerate(self.started) if step.status is None]
 
     def kill_steps(self, key: str) -> list[str]:
         self.calls.append(("kill_steps",))
@@ -379,6 +415,7 @@ class FakeSlurm:
 
     def shrink_job(self, key: str, nodes: list[str]) -> None:
         self.calls.append(("shrink_job", ",".join(nodes)))
+        self.view = replace(self.view, node_list=",".join(nodes), num_nodes=len(nodes))
 
     def node_states(self, nodes: list[str]) -> dict[str, str]:
         return {n: self.node_state.get(n, "IDLE") for n in nodes}
@@ -392,7 +429,9 @@ class FakeSlurm:
 
     def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> FakeStep:
         plan = self.steps[min(len(self.started), len(self.steps) - 1)]
-        step = FakeStep(self, self.kind, dict(env), started=self.now, **plan)
+        placed = next((a.split("=", 1)[1].split(",") for a in argv
+                       if a.startswith("--nodelist=")), list(self.nodes[:1]))
+        step = FakeStep(self, self.kind, dict(env), started=self.now, nodes=placed, **plan)
         self.started.append(step)
-        self.calls.append(("start_step",))
+        self.calls.append(("start_step", *placed))
         return step

@@ -24,11 +24,12 @@ BUDGET = Budget(5, {"preemption": 5, "time_limit": 5, "node_fail": 3, "user_cras
 
 
 def supervise(tmp_path: Path, kind: str, *, events=(), steps=({},), restart_count: int = 0,
-              outage: tuple[str, float] | None = None, **cfg: object
-              ) -> tuple[int, FakeSlurm, dict[str, str], list[str]]:
+              outage: tuple[str, float] | None = None, allocation: tuple[str, ...] = ("n1",),
+              **cfg: object) -> tuple[int, FakeSlurm, dict[str, str], list[str]]:
     """One run of the supervisor: (its exit code, the stand-in, the verdict, the ledger)."""
     fake = FakeSlurm(KINDS[kind], tmp_path / "job.log", events, steps,
-                     restart_count=restart_count, outage=outage)
+                     restart_count=restart_count, outage=outage, nodes=allocation,
+                     world=int(cfg.get("world", 2)))  # type: ignore[call-overload]
     config = Config(**{**dict(
         argv=("launcher",), key="42", restart_count=restart_count, cluster="dev",
         launcher=KINDS[kind].launcher, requeue_signal="USR2", budget=BUDGET,
@@ -315,3 +316,60 @@ def test_a_rank_waited_for_that_does_not_answer_is_frozen_and_not_waited_for_aga
     assert asked(fake, "kill_steps") and len(asked(fake, "start_step")) == 1
     assert verdict["cause"] == "hang" and verdict["action"] == "requeue", verdict
     assert "rank 1: no stacks" in capsys.readouterr().err
+
+
+# ---- [elastic] spare nodes: 2 nodes x 2 ranks and a spare --------------------------------
+SPARES = dict(allocation=("n1", "n2", "n3"), spare_nodes=1, nodes=2, world=4,
+              nodelist="n1,n2,n3", job_nodes=3, batch_node="n1",
+              argv=("srun", "--nodes=2", "--ntasks=4", "python", "train.py"),
+              where="4 rank(s) on {nodes}, rendezvous n1:20042")
+
+
+@pytest.mark.parametrize("kind", ["runtime", "inprocess"])
+def test_a_lost_node_is_taken_from_the_job_and_replaced_by_the_spare(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """n2's ranks go silent at 5 s: found within the silence limit (3 beats, at least 6 s),
+    n2 taken from the job before Slurm would mark it DOWN (26 s), the step started again on
+    n1 and the spare n3, the job completes in the same run."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(5.0, "lose:n2")],
+                                            steps=[{"steps": 40}], **SPARES)
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    starts = asked(fake, "start_step")
+    assert starts == [("start_step", "n1", "n2"), ("start_step", "n1", "n3")]
+    assert asked(fake, "shrink_job") == [("shrink_job", "n1,n3")]
+    shrunk_at = fake.calls.index(("shrink_job", "n1,n3"))
+    assert shrunk_at < fake.calls.index(("start_step", "n1", "n3"))
+    assert fake.started[1].started - 5.0 < 10.0          # found and restarted in < 10 s
+    # Slurm marked n2 DOWN while the new step ran: no longer the job's, no NODE_FAIL
+    assert fake.view.restarts == 0 and fake.node_state["n2"] == "DOWN*"
+    assert [line.split()[0] for line in ledger] == ["step", "restart", "exclude", "step"]
+    assert "cause=node_fail" in ledger[1] and ledger[2].startswith("exclude node=n2 ")
+    assert "nodes=n1,n3 gpus=4" in ledger[3]
+    err = capsys.readouterr().err
+    assert "4 rank(s) on n1,n3 (spare: none)" in err, err
+
+
+def test_a_second_loss_without_a_spare_is_requeued_and_the_lost_nodes_never_return(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """n2, then n3 once the step runs there: no spare left, so the job is requeued (never
+    worse off than without spares); n2 is never placed again in the run."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, "runtime", events=[(5.0, "lose:n2"), (25.0, "lose:n3")],
+        steps=[{"steps": 60}], **SPARES)
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "requeue"), verdict
+    assert asked(fake, "start_step") == [("start_step", "n1", "n2"), ("start_step", "n1", "n3")]
+    assert asked(fake, "shrink_job") == [("shrink_job", "n1,n3"), ("shrink_job", "n1")]
+    assert fake.view.restarts == 1 and asked(fake, "requeue")
+    assert "no spare node is left" in verdict["detail"], verdict
+    assert "node_fail" in ledger[-1] and ledger[-1].startswith("requeue ")
+
+
+def test_without_a_heartbeat_a_lost_node_is_slurms_node_fail_as_without_spares(
+        tmp_path: Path) -> None:
+    """A plain torchrun script reports no progress: nothing is silent, Slurm marks n2 DOWN
+    26 s later and requeues the job itself (row 1), as it would without spares."""
+    code, fake, verdict, ledger = supervise(tmp_path, "torchrun",
+                                            events=[(5.0, "lose:n2")],
+                                            steps=[{"steps": 60}], **SPARES)
+    assert not asked(fake, "shrink_job") and fake.view.restarts == 1
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "leave"), verdict
