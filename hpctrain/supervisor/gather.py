@@ -141,9 +141,9 @@ class Gather:
         return self.on or None
 
     def lost_nodes(self, view: JobView | None) -> tuple[str, ...]:
-        """The step's nodes lost, once it ended: found silent while it ran, or since then
-        taken from the job by Slurm or called unhealthy by it (only with spare nodes: without
-        them Slurm requeues a job that lost a node)."""
+        """The step's nodes lost, once it ended: found silent while it ran, or no longer
+        in the job, or marked down by Slurm (only with spare nodes: without them Slurm
+        requeues a job that lost a node)."""
         if not self.cfg.spare_nodes:
             return ()
         now = set(self.allocated(view))

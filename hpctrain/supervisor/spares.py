@@ -79,7 +79,9 @@ class Spares:
         marking them DOWN no longer ends it. When Slurm refuses, the run ends NODE_FAIL and
         Slurm requeues it, as without spares."""
         view = self.seen.ask()
-        keep = [n for n in self.seen.allocated(view) if n not in lost]
+        # (without Slurm's view, the allocation at start: leave out every node lost since)
+        keep = [n for n in self.seen.allocated(view) if n not in lost
+                and self.bad.found.get(n) != "node_fail"]
         try:
             self.slurm.shrink_job(self.cfg.key, keep)
         except SlurmError as exc:
