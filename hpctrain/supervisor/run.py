@@ -137,7 +137,7 @@ class Supervisor:
                           attempt, logs, cfg.nodes)
             status, seen.hang, attempt = self.supervise(step, watch)
             say(f"training step exited with status {status}" if not seen.lost else
-                f"training step left behind on the lost node(s) {','.join(seen.lost)}")
+                f"training step ended: node(s) {','.join(seen.lost)} lost")
             facts = seen.at_end(status, watch, log_segment(logfile, offset)
                                 if status and logfile else "")
             if self._acted is not None:

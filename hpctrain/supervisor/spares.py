@@ -26,7 +26,6 @@ class Spares:
     def __init__(self, cfg: Config, slurm: Scheduler, seen: Gather, bad: BadNodes,
                  books: Recorder) -> None:
         self.cfg, self.slurm, self.seen, self.bad, self.books = cfg, slurm, seen, bad, books
-        self.abandoned: list[StepProcess] = []   # steps left behind on a lost node
         self.left_out: set[str] = set()          # bad nodes the step runs without
 
     def place(self, argv: Sequence[str], view: JobView | None,
@@ -56,9 +55,9 @@ class Spares:
     def abandon(self, step: StepProcess, lost: tuple[str, ...]) -> int:
         """Every rank of ``lost`` went silent: the node is gone. Before Slurm notices (it
         marks the node DOWN after SlurmdTimeout, about 30 s here, and ends the run
-        NODE_FAIL), take the node from the job; note it bad; kill the step's processes, and
-        leave the step's srun, which lingers until Slurm marks the node DOWN (the next
-        step runs with ``--overlap``). A failed step's status."""
+        NODE_FAIL), take the node from the job; note it bad; kill the step's processes and
+        its srun (the step may linger in Slurm: the next one runs with ``--overlap``). A
+        failed step's status."""
         say(f"lost node(s) {','.join(lost)}: every rank there stopped its heartbeat; ending "
             "the step without waiting for Slurm to notice")
         self.seen.lost = lost
@@ -71,7 +70,10 @@ class Spares:
             steps = []
         # scancel waits out MessageTimeout on the lost node: not on this thread
         threading.Thread(target=self._kill, args=(steps,), daemon=True).start()
-        self.abandoned.append(step)
+        # and the local srun: once the node is no longer the job's, Slurm never tells it
+        # the node failed, and it would wait for the lost tasks after the job ended (seen:
+        # orphaned sruns outliving their job on the devcluster)
+        step.kill_local("KILL")
         return 1
 
     def release(self, lost: tuple[str, ...]) -> None:

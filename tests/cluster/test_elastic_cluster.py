@@ -15,6 +15,7 @@ from the node's loss to the first resumed step, in the allocation.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -39,6 +40,19 @@ LOST, LAST = "n2", "n3"     # the step's second node, then the spare that replac
 def job_out(root: Path, job: str) -> str:
     path = root / f"job-{job}.out"
     return path.read_text(errors="replace")[-5000:] if path.exists() else "(no job output)"
+
+
+def sruns_of(root: Path) -> list[int]:
+    """The srun processes still running a command of this test's job (by its paths)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"srun") and any(str(root).encode() in a for a in argv):
+            found.append(int(pid))
+    return found
 
 
 def reference_run(tmp: Path) -> subprocess.Popen:
@@ -107,6 +121,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
                 ref.kill()
     out = job_out(root, job)
     assert state == "COMPLETED", out
+    assert not sruns_of(root), "an srun outlived its job"
     assert f"lost node(s) {LOST}" in out and "on n1,n3 (spare: none)" in out, out
     assert f"took {LOST} from the job: it keeps n1,n3" in out, out
     starts = events(log, "start")
