@@ -40,26 +40,33 @@ def runs_from_rows(rows: list[dict[str, str]]) -> dict[str, list[RunFacts]]:
     closes a RESIZING row each time a node is taken from a running job ([elastic] spare
     nodes) while the run goes on; it is folded into the row that follows (its start, its
     nodes, the GPU-seconds of every segment)."""
+    by_job: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        by_job.setdefault(r["JobID"], []).append(r)
     runs: dict[str, list[RunFacts]] = {}
-    held: dict[str, list[dict[str, str]]] = {}
-    for i, r in enumerate(rows):
-        state = r["State"].split()[0] if r["State"] else ""
-        following = next((x for x in rows[i + 1:] if x["JobID"] == r["JobID"]), None)
-        if resized(r, following):
-            held.setdefault(r["JobID"], []).append(r)
-            continue
-        if state == "RESIZING":   # the job's requeue closed it: sacct wrote no REQUEUED row
-            state = "REQUEUED"
-        segments = [*held.pop(r["JobID"], []), r]
-        first, mine = segments[0], runs.setdefault(r["JobID"], [])
-        elapsed = [float(x["ElapsedRaw"] or 0) for x in segments]
-        mine.append(RunFacts(restart=len(mine), state=state,
-                             submit=slurm_time(first["Submit"]), start=slurm_time(first["Start"]),
-                             end=slurm_time(r["End"]), elapsed_s=sum(elapsed),
-                             nodes=first["NodeList"], gpus=gpus_of(first["AllocTRES"]),
-                             gpu_s=sum(e * gpus_of(x["AllocTRES"])
-                                       for e, x in zip(elapsed, segments))))
+    for key, recs in by_job.items():
+        mine = runs[key] = []
+        segments: list[dict[str, str]] = []
+        for r, following in zip(recs, [*recs[1:], None]):
+            segments.append(r)
+            if not resized(r, following):
+                mine.append(_run(len(mine), segments))
+                segments = []
     return runs
+
+
+def _run(restart: int, segments: list[dict[str, str]]) -> RunFacts:
+    """One run from its sacct rows: the resizes it went through, then its end."""
+    first, last = segments[0], segments[-1]
+    state = last["State"].split()[0] if last["State"] else ""
+    if state == "RESIZING":   # the job's requeue closed it: sacct wrote no REQUEUED row
+        state = "REQUEUED"
+    elapsed = [float(x["ElapsedRaw"] or 0) for x in segments]
+    return RunFacts(restart=restart, state=state, submit=slurm_time(first["Submit"]),
+                    start=slurm_time(first["Start"]), end=slurm_time(last["End"]),
+                    elapsed_s=sum(elapsed), nodes=first["NodeList"],
+                    gpus=gpus_of(first["AllocTRES"]),
+                    gpu_s=sum(e * gpus_of(x["AllocTRES"]) for e, x in zip(elapsed, segments)))
 
 
 def partition_runs(partition: str, start: str) -> list[RunRow]:
