@@ -131,7 +131,7 @@ def live_progress(key: str, *bases: str) -> str:
     state = protocol.find_state_dir(key, *bases)
     if state is None:
         return ""
-    record = protocol.read_record(protocol.rank_file(state, protocol.PROGRESS, 0))
+    record = protocol.read_record(state / protocol.SUMMARY)
     if not record:
         return ""
     run = (int(record.get("restart_count") or 0), int(record.get("attempt") or 0))

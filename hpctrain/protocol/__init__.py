@@ -14,15 +14,17 @@ A job's state directory, on storage every node sees (``state_dir``)::
         stop       the supervisor's stop notice to the training processes (why a signal came)
         exit       the runtime's exit record (a requeue request, or a crash and its error)
         outcome    the supervisor's verdict on the last run (cause, action, rank, node, error)
-        progress/rank-N   each rank's progress: step, phase, heartbeat (the hang watchdog's)
-        dump       the supervisor's request for every rank's Python stacks (a hang)
-        stacks/rank-N     a rank's answer to it
-        interrupt  the supervisor's request that every rank leave its attempt (a hang,
-                   restarted in the same processes: hpctrain.runtime.run)
-        resume     its answer to ranks whose attempt failed: go on with the next attempt
-                   in the same processes, or stop
+        summary    rank 0's newest progress record, rewritten at most every 15 s by the
+                   supervisor (``hpctrain status``'s live line)
+        stacks/rank-N     a rank's Python stacks, asked for by the supervisor (a hang)
         history    rank 0's progress over time, one JSON line per step boundary and phase
                    change (``hpctrain report`` reads it)
+
+Each rank's progress (``progress/rank-N``: step, phase, heartbeat) and the supervisor's
+requests to the ranks (``dump``: every rank's stacks; ``interrupt``: leave the attempt;
+``resume``: go on with the next attempt in the same processes, or stop) live in a
+node-local directory and travel over the network (:mod:`hpctrain.protocol.channel`), not
+on shared storage; without a supervisor's channel they fall back to the state directory.
 
 The job key is the Slurm job id, or ``<array job id>_<task id>`` for an array task (the
 bare id of an array task can equal the array's id, which Slurm reads as every task).
@@ -98,6 +100,7 @@ def master_port(slurm_job_id: str | int | None) -> int:
 STATE_SUBDIR = (".hpctrain", "jobs")
 IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"
 PROGRESS, DUMP, STACKS, HISTORY = "progress", "dump", "stacks", "history"
+SUMMARY = "summary"
 INTERRUPT, RESUME = "interrupt", "resume"
 DEFAULT_HEARTBEAT_S = 2.0
 

@@ -1,7 +1,10 @@
 """Progress events: every rank says how far it got, locally, with no collective.
 
-A daemon thread rewrites ``<state dir>/progress/rank-N`` (:mod:`hpctrain.protocol`) every
-heartbeat: the step (``ctx.step = n``), how many step boundaries it reached (each
+A daemon thread rewrites ``progress/rank-N`` (:mod:`hpctrain.protocol`) in the node's own
+directory every heartbeat, and one rank per node relays the node's records to the
+supervisor over the network (:mod:`hpctrain.runtime.relay`): nothing of it touches shared
+storage. (Without a supervisor's channel the records go to the state directory.) A record
+says the step (``ctx.step = n``), how many step boundaries it reached (each
 ``stop_requested()`` call), the phase (``startup``, ``training``, ``loading``, ``saving``,
 ``exiting``, ``exited``), when any of them last changed, and the heartbeat itself; once the
 script's work has ended, how (``exit``) and whether its saves were durable (``flushed``).
@@ -9,12 +12,13 @@ The training loop only sets fields (no I/O on its path); the supervisor's hang w
 reads the files without torch.
 
 Rank 0 also keeps the history (``<state dir>/history``): one JSON line per step boundary
-and phase change, queued by the training loop (no I/O there) and appended by the thread,
-so ``hpctrain report`` can tell start-up, training, saving and lost work apart later.
+and phase change, queued by the training loop (no I/O there) and appended by the thread
+every HISTORY_S (and at the end), so ``hpctrain report`` can tell start-up, training,
+saving and lost work apart later: one shared-storage write per HISTORY_S, not per step.
 
-The same thread answers the supervisor's stack request (written when it sees a hang) with
-every thread's Python stack in ``stacks/rank-N``. It can while the main thread waits in a
-collective or a read (both release the GIL). A process frozen while holding the GIL, or
+The same thread answers the supervisor's stack request (relayed when it sees a hang) with
+every thread's Python stack in the state directory's ``stacks/rank-N``. It can while the
+main thread waits in a collective or a read (both release the GIL). A process frozen while holding the GIL, or
 stopped, answers nothing and its heartbeat ages: that is news to the supervisor too.
 """
 
@@ -34,8 +38,11 @@ from pathlib import Path
 
 from hpctrain import protocol as p
 from hpctrain.files import atomic_write
+from hpctrain.runtime.relay import Relay
+from hpctrain.runtime.relay import from_env as relay_from_env
 
 ANSWER_POLL_S = 0.5   # how often the thread looks for a stack request
+HISTORY_S = 10.0      # how often rank 0 appends its queued history lines
 
 _current: Reporter | None = None
 
@@ -45,10 +52,13 @@ class Reporter:
 
     def __init__(self, state_dir: str, rank: int, *, node: str = "", run_id: str = "",
                  restart_count: int = 0, attempt: int = 0,
-                 beat_s: float = p.DEFAULT_HEARTBEAT_S) -> None:
-        self.path = p.rank_file(state_dir, p.PROGRESS, rank)
+                 beat_s: float = p.DEFAULT_HEARTBEAT_S, relay: Relay | None = None) -> None:
+        # the record and the requests: in the node's directory when relayed
+        self.local = relay.local if relay is not None else Path(state_dir)
+        self.relay = relay
+        self.path = p.rank_file(self.local, p.PROGRESS, rank)
         self.stacks = p.rank_file(state_dir, p.STACKS, rank)
-        self.dump = Path(state_dir) / p.DUMP
+        self.dump = self.local / p.DUMP
         self.beat_s = beat_s
         self.ident = {"run_id": run_id, "restart_count": restart_count, "attempt": attempt,
                       "rank": rank, "node": node, "pid": os.getpid()}
@@ -95,7 +105,7 @@ class Reporter:
         case the process dies in what follows (:mod:`hpctrain.runtime.teardown`)."""
         self.exit = word
         self.set_phase("exiting")
-        self.write()
+        self.write(urgent=True)
 
     def exited(self, flushed: bool) -> None:
         """Nothing of the job's work is left in this process (``flushed``: every save was
@@ -107,6 +117,8 @@ class Reporter:
         if self._thread.is_alive():   # its last beat must not land after this record
             self._thread.join(timeout=2.0)
         self.write()
+        if self.relay is not None:
+            self.relay.flush()        # the node's records out; another rank relays the rest
         self.drain()
 
     def new_attempt(self, attempt: int) -> None:
@@ -114,18 +126,21 @@ class Reporter:
         self.ident["attempt"] = attempt
         self.step, self.boundaries, self.failed, self.error = None, 0, "", ""
         self.set_phase("startup")
-        self.write()
+        self.write(urgent=True)
 
     def fail(self, word: str, error: str) -> None:
         """This attempt failed (``crash``, ``hang``); the rank waits for the supervisor's
         word on the next one (phase ``restarting``). Said at once."""
         self.failed, self.error = word, error
         self.set_phase("restarting")
-        self.write()
+        self.write(urgent=True)
 
     def _note(self, **event: object) -> None:
         if self.history is not None:   # deque.append is atomic: no lock on the loop's path
-            self._events.append({"t": round(time.time(), 3), **event})
+            # stamped now: lines wait up to HISTORY_S, and the attempt may change meanwhile
+            self._events.append({"restart": self.ident["restart_count"],
+                                 "attempt": self.ident["attempt"],
+                                 "t": round(time.time(), 3), **event})
 
     # ---- the thread ----------------------------------------------------------------------
     def start(self) -> Reporter:
@@ -135,13 +150,41 @@ class Reporter:
             pass   # storage trouble must not stop training: writes are retried each beat
         self._note(event="phase", phase=self.phase)
         atexit.register(self.drain)   # a normal exit (or exit_for_requeue) keeps the tail
+        if self.relay is not None:
+            atexit.register(self.leave_node)
         self.write()
         self._thread.start()
         return self
 
     def close(self) -> None:
         self._stop.set()
+        if self.relay is not None:
+            self.relay.release()
         self.drain()
+
+    def leave_node(self) -> None:
+        """At the process's exit: once its last word is sent (by itself as the node's relay
+        now), its record leaves the node directory, and the last rank to leave takes the
+        directory with it. A record another rank's relay has yet to send stays (it sends
+        it within ANSWER_POLL_S), as does a killed process's: node memory, which a reboot
+        (or Slurm's per-job /dev/shm) clears."""
+        assert self.relay is not None
+        sent = self.relay.flush()
+        self.relay.close()
+        if not sent:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+            self.path.parent.rmdir()           # fails while another rank's record is there
+            for leftover in self.local.iterdir():
+                leftover.unlink()
+            self.local.rmdir()
+        except OSError:
+            pass
+
+    def request_path(self, name: str) -> Path:
+        """Where the supervisor's request ``name`` (``resume``) reaches this rank."""
+        return self.local / name
 
     def drain(self) -> None:
         """Append the queued history lines (rank 0)."""
@@ -149,9 +192,7 @@ class Reporter:
             return
         lines = []
         while self._events:
-            lines.append(json.dumps({"restart": self.ident["restart_count"],
-                                     "attempt": self.ident["attempt"],
-                                     **self._events.popleft()}))
+            lines.append(json.dumps(self._events.popleft()))
         try:
             with open(self.history, "a", encoding="utf-8") as fh:
                 fh.write("\n".join(lines) + "\n")
@@ -170,18 +211,28 @@ class Reporter:
             record.update(failed=self.failed, error=self.error)
         return record
 
-    def write(self) -> None:
+    def write(self, urgent: bool = False) -> None:
+        """Rewrite the record; ``urgent``: when this rank relays its node, send the news
+        now (else the node's relay sees it within ANSWER_POLL_S)."""
+        record = self.record()
         try:
-            p.write_record(self.path, self.record())
+            p.write_record(self.path, record)
         except OSError:
-            pass   # the shared file system hiccups: the next beat tries again
+            pass   # the file system hiccups: the next beat tries again
+        if urgent and self.relay is not None and self.relay.held:
+            self.relay.tick()      # this rank relays its node: the news goes out now
 
     def _loop(self) -> None:
         next_beat = time.monotonic() + self.beat_s
+        next_history = time.monotonic() + HISTORY_S
         while not self._stop.wait(min(ANSWER_POLL_S, self.beat_s)):
+            if self.relay is not None:
+                self.relay.tick()
             self._answer()
             self._interrupt()
-            self.drain()
+            if time.monotonic() >= next_history:
+                self.drain()
+                next_history = time.monotonic() + HISTORY_S
             if time.monotonic() >= next_beat:
                 self.write()
                 next_beat = time.monotonic() + self.beat_s
@@ -249,8 +300,10 @@ def start_from_env(env: Mapping[str, str], rank: int, node: str | None) -> Repor
         beat, attempt, restart = p.DEFAULT_HEARTBEAT_S, 0, 0
     if _current is not None:
         _current.close()
-    _current = Reporter(state, rank, node=node or "", run_id=env.get(p.RUN_ID, ""),
-                        restart_count=restart, attempt=attempt, beat_s=beat).start()
+    run_id = env.get(p.RUN_ID, "")
+    relay = relay_from_env(env, run_id, restart, node or "", beat)
+    _current = Reporter(state, rank, node=node or "", run_id=run_id, restart_count=restart,
+                        attempt=attempt, beat_s=beat, relay=relay).start()
     return _current
 
 

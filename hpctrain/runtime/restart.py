@@ -225,7 +225,9 @@ class _Attempts:
 
     def resumed(self, ctx: Context) -> bool:
         """Wait for the supervisor's word on the next attempt: True for go."""
-        path = os.path.join(self.state, p.RESUME)
+        reporter = self.setup.reporter
+        path = reporter.request_path(p.RESUME) if reporter is not None else \
+            os.path.join(self.state, p.RESUME)
         want = {"run_id": ctx.env.run_id or "", "restart_count": str(ctx.restart_count),
                 "attempt": str(self.attempt + 1)}
         end = time.monotonic() + RESUME_WAIT_S

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
 from hpctrain.slurm.view import JobView
+from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Decision, Facts
 from hpctrain.supervisor.diagnosis import Diagnosis
@@ -27,8 +28,9 @@ class Actor:
     """Acts on one run's decisions."""
 
     def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, books: Recorder,
-                 bad: BadNodes) -> None:
+                 bad: BadNodes, board: Board) -> None:
         self.cfg, self.slurm, self.state, self.books, self.bad = cfg, slurm, state, books, bad
+        self.board = board
 
     def act(self, d: Decision, facts: Facts | None, diagnosis: Diagnosis | None = None,
             leave_out: dict[str, str] | None = None, hang: Hang | None = None,
@@ -78,7 +80,8 @@ class Actor:
         self.books.restarted(d.cause, attempt, hang)
         self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
                            attempt=attempt)
-        self.state.clear(p.EXIT, p.STOP, p.DUMP)
+        self.state.clear(p.EXIT, p.STOP)
+        self.board.clear(p.DUMP)
 
     def resume(self, d: Decision, facts: Facts, attempt: int, hang: Hang | None) -> None:
         """Restart in the running processes (hpctrain.runtime.run): the ledger's restart
@@ -88,9 +91,11 @@ class Actor:
         self.books.restarted(d.cause, attempt, hang, mode="inprocess")
         self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
                            attempt=attempt, mode="inprocess")
-        self.state.clear(p.EXIT, p.STOP, p.DUMP, p.INTERRUPT)
-        self.state.write(p.RESUME, {"restart_count": self.cfg.restart_count,
-                                    "attempt": attempt, "action": "go"})
+        self.state.clear(p.EXIT, p.STOP)
+        self.board.clear(p.DUMP, p.INTERRUPT)
+        self.board.request(p.RESUME, {"run_id": self.state.run_id,
+                                      "restart_count": self.cfg.restart_count,
+                                      "attempt": attempt, "action": "go"})
 
     def exclude(self, view: JobView | None, nodes: dict[str, str]) -> None:
         if nodes and view is not None:

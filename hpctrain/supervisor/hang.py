@@ -1,5 +1,5 @@
-"""The supervisor's hang watchdog at work: read the ranks' progress (or the job log's
-growth), judge it (:mod:`hpctrain.supervisor.watchdog`, pure), and when the step is
+"""The supervisor's hang watchdog at work: read the ranks' progress (from the progress
+board, :mod:`hpctrain.supervisor.board`; or the job log's growth), judge it (:mod:`hpctrain.supervisor.watchdog`, pure), and when the step is
 hung collect every rank's Python stacks into the job log, name the rank(s) that stopped
 first, and kill the step so it can be restarted.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
+from hpctrain.supervisor.board import SUMMARY_S, Board
 from hpctrain.supervisor.elastic import silent_nodes
 from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
@@ -28,6 +29,7 @@ FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are look
 SETTLE_S, MAX_SETTLE_S = 1.0, 5.0   # ranks timing out in a collective: wait for the rest
 KILL_WAIT_S = 60.0      # how long a killed step may take to end
 STACK_LINES = 60        # lines of one rank's stacks printed into the job log
+FINISH_WAIT_S = 0.5     # the ranks' last words, sent as the step ended, still arriving
 FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: one line each)
 
 
@@ -36,8 +38,8 @@ class Watch:
 
     def __init__(self, slurm: Scheduler, state: StateDir, limits: Limits, world: int,
                  restart_count: int, attempt: int, logs: tuple[str, ...],
-                 nodes: int = 1) -> None:
-        self.slurm = slurm
+                 nodes: int, board: Board) -> None:
+        self.slurm, self.board = slurm, board
         self.state, self.limits, self.world, self.nodes = state, limits, world, nodes
         self.restart_count, self.attempt = restart_count, attempt
         self.started_at = slurm.time()
@@ -47,18 +49,13 @@ class Watch:
         self._next = slurm.monotonic() + LOOK_S
         self._next_failed = 0.0
         self._next_silent = 0.0
+        self._next_summary, self._summary = 0.0, ""
         self.clock = StepClock()     # the step time: a hang timeout left out follows it
 
     def records(self) -> dict[int, dict[str, str]]:
-        """This attempt's progress records by rank, as written."""
+        """This attempt's progress records by rank, as the ranks sent them."""
         out = {}
-        folder = self.state.file(p.PROGRESS)
-        try:
-            files = list(folder.iterdir())
-        except OSError:
-            return {}
-        for path in files:
-            record = p.read_record(path)
+        for record in self.board.records().values():
             if record.get("run_id") != self.state.run_id or \
                     record.get("restart_count") != str(self.restart_count) or \
                     record.get("attempt") != str(self.attempt) or \
@@ -86,7 +83,7 @@ class Watch:
         if self.slurm.monotonic() < self._next_failed:
             return {}
         self._next_failed = self.slurm.monotonic() + FAILED_LOOK_S
-        return {r: rec for r, rec in self.records().items() if rec.get("phase") == "restarting"}
+        return self.failed_now()
 
     def inprocess(self) -> bool:
         """Can every rank of this attempt start its next one in its own process?"""
@@ -97,14 +94,41 @@ class Watch:
     def next(self) -> Watch:
         """The watch of the next attempt, in the same step (an in-process restart)."""
         watch = Watch(self.slurm, self.state, self.limits, self.world, self.restart_count,
-                      self.attempt + 1, self.logs, self.nodes)
+                      self.attempt + 1, self.logs, self.nodes, self.board)
         # the same processes: the same pace, the same pauses
         watch.clock = StepClock(known=self.clock.step_s(), longest_s=self.clock.longest_s)
         return watch
 
+    def summarize(self) -> None:
+        """At most every SUMMARY_S, rank 0's newest record into the state directory's
+        ``summary``, when it changed: ``hpctrain status``'s live line, the one file this
+        channel writes to shared storage."""
+        if self.slurm.monotonic() < self._next_summary:
+            return
+        self._next_summary = self.slurm.monotonic() + SUMMARY_S
+        record = self.records().get(0)
+        if not record:
+            return
+        shown = {k: v for k, v in record.items() if k != "beat_at"}
+        text = repr(sorted(shown.items()))
+        if text != self._summary:
+            try:
+                self.state.write(p.SUMMARY, shown)
+                self._summary = text
+            except (OSError, ValueError):
+                pass      # status then shows the previous line; training goes on
+
     def finish(self) -> Finish:
-        """What the ranks said as they left (the decision's row 6)."""
-        return Finish.from_records(self.records(), self.world)
+        """What the ranks said as they left (the decision's row 6). A rank's last word
+        travels by UDP beside its exit: while one is still "exiting", wait a moment for
+        its "exited" (FINISH_WAIT_S) rather than judge without it."""
+        end = self.slurm.monotonic() + FINISH_WAIT_S
+        records = self.records()
+        while any(r.get("phase") == "exiting" for r in records.values()) and \
+                self.slurm.monotonic() < end:
+            self.slurm.sleep(0.05)
+            records = self.records()
+        return Finish.from_records(records, self.world)
 
     def _log_sizes(self) -> tuple[int, ...]:
         sizes = []
@@ -138,18 +162,18 @@ class Watch:
         """The failed ranks of this attempt all gave up waiting in a collective: the hang
         of the ranks they waited for, said in the job log with those ranks' stacks. None
         when a rank failed on its own (a crash)."""
-        if not waited(rec.get("failed", "") for rec in failed.values()):
+        words = {rec.get("failed", "") for rec in failed.values()}
+        if words <= {"peer"}:
+            # only ranks whose peer left: that peer's own word (a crash, or a timeout in a
+            # collective) decides, and it may still be on its way (a node's relay sends
+            # within half a second)
+            self.settle(len(failed))
+            words = {rec.get("failed", "") for rec in self.failed_now().values()}
+        if not waited(words):
             return None
         # the others' timeouts run out within moments of the first: let them, so that
         # only the ranks nobody else waits with are named
-        settled, seen = self.slurm.monotonic() + SETTLE_S, len(failed)
-        end = self.slurm.monotonic() + MAX_SETTLE_S
-        while self.slurm.monotonic() < min(settled, end) and seen < self.world:
-            self.slurm.sleep(FAILED_LOOK_S / 2)
-            now_failed = sum(rec.get("phase") == "restarting"
-                             for rec in self.records().values())
-            if now_failed > seen:
-                settled, seen = self.slurm.monotonic() + SETTLE_S, now_failed
+        self.settle(len(failed))
         hang = waited_for(self.records(), self.world, self.slurm.time(), self.limits.beat_s,
                           self.limits.collective_s)
         if hang is None:
@@ -168,6 +192,21 @@ class Watch:
                     (*hang.frozen_nodes, *mute))))
         return hang
 
+    def failed_now(self) -> dict[int, dict[str, str]]:
+        """This attempt's failed ranks (waiting for the word), by rank, as of now."""
+        return {r: rec for r, rec in self.records().items() if rec.get("phase") == "restarting"}
+
+    def settle(self, seen: int) -> None:
+        """Wait until no other rank has failed for SETTLE_S (at most MAX_SETTLE_S, or until
+        every rank has): failures of one attempt come within moments of each other."""
+        settled = self.slurm.monotonic() + SETTLE_S
+        end = self.slurm.monotonic() + MAX_SETTLE_S
+        while self.slurm.monotonic() < min(settled, end) and seen < self.world:
+            self.slurm.sleep(FAILED_LOOK_S / 2)
+            now_failed = len(self.failed_now())
+            if now_failed > seen:
+                settled, seen = self.slurm.monotonic() + SETTLE_S, now_failed
+
     def gave_up(self) -> Hang | None:
         """The step ended failed because a rank gave up waiting in a collective (without
         in-process restarts): the hang of the ranks it waited for, said in the job log.
@@ -184,8 +223,9 @@ class Watch:
         """Ask ranks for their stacks (the runtime's progress thread answers) and wait up
         to ``wait_s`` for the answers: {rank: stacks}."""
         seq = f"{self.slurm.time():.3f}"
-        self.state.write(p.DUMP, {"restart_count": self.restart_count,
-                                  "attempt": self.attempt, "seq": seq})
+        self.board.request(p.DUMP, {"run_id": self.state.run_id,
+                                    "restart_count": self.restart_count,
+                                    "attempt": self.attempt, "seq": seq})
         end = self.slurm.monotonic() + wait_s
         answers: dict[int, str] = {}
         while self.slurm.monotonic() < end and len(answers) < len(ranks):

@@ -89,9 +89,10 @@ class InProcess:
 
     def interrupt(self, watch: Watch) -> None:
         """Ask every rank of the attempt to leave it, wherever it waits."""
-        self.state.write(p.INTERRUPT, {"restart_count": self.cfg.restart_count,
-                                       "attempt": watch.attempt,
-                                       "seq": f"{self.slurm.time():.3f}"})
+        self.actor.board.request(p.INTERRUPT, {"run_id": self.state.run_id,
+                                               "restart_count": self.cfg.restart_count,
+                                               "attempt": watch.attempt,
+                                               "seq": f"{self.slurm.time():.3f}"})
 
     def arrive(self, step: StepProcess, watch: Watch) -> bool:
         """Wait until every rank of the attempt waits for the word; False when one does not
@@ -122,5 +123,6 @@ class InProcess:
                       else "not every rank could")
         say(f"not restarting attempt {watch.attempt} in its processes: {why}")
         self._stopped, self._stopped_at = watch.attempt, self.slurm.monotonic()
-        self.state.write(p.RESUME, {"restart_count": self.cfg.restart_count,
-                                    "attempt": watch.attempt + 1, "action": "stop"})
+        self.actor.board.request(p.RESUME, {"run_id": self.state.run_id,
+                                            "restart_count": self.cfg.restart_count,
+                                            "attempt": watch.attempt + 1, "action": "stop"})

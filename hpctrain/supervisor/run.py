@@ -27,6 +27,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor import container
 from hpctrain.supervisor.actor import Actor
+from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import (Caught, Decision, decide, decide_before_start,
                                           health_check, missing_requeues, needs_sacct,
@@ -60,7 +61,8 @@ class Supervisor:
                             max(cfg.nodes, cfg.job_nodes))
         self.books = Recorder(self.state, cfg.key, cfg.restart_count, slurm.time)
         self.seen = Gather(cfg, slurm, self.state, self.bad)
-        self.actor = Actor(cfg, slurm, self.state, self.books, self.bad)
+        self.board = Board()      # the ranks' progress, over the network
+        self.actor = Actor(cfg, slurm, self.state, self.books, self.bad, self.board)
         self.inprocess = InProcess(cfg, slurm, self.state, self.seen, self.actor)
         self._forwarded = False
         self._acted: Decision | None = None     # a requeue made before the step ended
@@ -132,9 +134,9 @@ class Supervisor:
             say(f"starting the training step of job {cfg.key}: {where}, "
                 f"restart {cfg.restart_count}{again}{after}")
             step = self.slurm.start_step(placed, step_env(cfg, self.state, view, last_cause,
-                                                          attempt))
+                                                          attempt, self.board.env()))
             watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
-                          attempt, logs, cfg.nodes)
+                          attempt, logs, cfg.nodes, self.board)
             status, seen.hang, attempt = self.supervise(step, watch)
             say(f"training step exited with status {status}" if not seen.lost else
                 f"training step ended: node(s) {','.join(seen.lost)} lost")
@@ -175,6 +177,7 @@ class Supervisor:
                 self.on_stop(caught, step)
             if status is not None:   # a rank that gave up in a collective: a hang elsewhere
                 return status, watch.gave_up() if status else None, watch.attempt
+            watch.summarize()
             if self.cfg.spare_nodes and (lost := watch.silent(self.seen.on)):
                 return self.spares.abandon(step, lost), None, watch.attempt
             failed = watch.failed()

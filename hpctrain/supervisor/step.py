@@ -16,9 +16,10 @@ from hpctrain.supervisor.statedir import StateDir
 
 
 def step_env(cfg: Config, state: StateDir, view: JobView | None, last_cause: str | None,
-             attempt: int = 0) -> dict[str, str]:
+             attempt: int = 0, channel: Mapping[str, str] | None = None) -> dict[str, str]:
     """The step's environment: the batch step's, plus what the ranks read (the protocol's
-    files, the run id, the restart count and in-place attempt, the stop signals)."""
+    files, the run id, the restart count and in-place attempt, the stop signals, and
+    ``channel``: how to reach the supervisor's progress board)."""
     env = {k: v for k, v in os.environ.items() if k != p.EARLY_SIGNALS}
     env.update({p.STATE_DIR: str(state.path), p.EXIT_FILE: str(state.file(p.EXIT)),
                 p.STOP_FILE: str(state.file(p.STOP)), p.RUN_ID: state.run_id,
@@ -27,6 +28,7 @@ def step_env(cfg: Config, state: StateDir, view: JobView | None, last_cause: str
                 p.STOP_SIGNALS: ",".join(dict.fromkeys((cfg.requeue_signal, "TERM"))),
                 # submitit's in-task handler (function jobs) takes the same signal
                 "SUBMITIT_PREEMPT_SIGNAL": cfg.requeue_signal})
+    env.update(channel or {})
     if last_cause:
         env[p.LAST_EXIT_CAUSE] = last_cause
     if not env.get("SLURM_JOB_END_TIME") and view is not None and view.end_time:

@@ -37,6 +37,8 @@ from pathlib import Path
 
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
+from hpctrain.protocol import channel
+from hpctrain.runtime.relay import Relay
 from hpctrain.slurm.view import JobView
 
 T0 = 1_800_000_000.0   # the stand-in's wall clock at its start
@@ -108,12 +110,31 @@ class FakeStep:
     nodes: Sequence[str] = ("n1",)             # where its ranks run (srun --nodelist)
     lost_on: set[str] = field(default_factory=set)   # its nodes lost: their ranks are silent
     first: int = field(init=False, default=0)  # the attempt the faults are planned for
+    relays: dict[str, Relay] = field(default_factory=dict)   # each node's, the product's own
 
     def __post_init__(self) -> None:
         self.attempt = self.first = int(self.env[p.STEP_ATTEMPT])
 
     def node_of(self, rank: int) -> str:
         return self.nodes[rank * len(self.nodes) // self.fake.world]
+
+    def relay(self, node: str) -> Relay:
+        """Node ``node``'s relay (the runtime's, sending every tick: the stand-in's beats
+        are its progress writes) to the supervisor's progress board, over real UDP."""
+        if node not in self.relays:
+            env = {**self.env, channel.LOCAL_DIR: str(self.fake.log_path.parent / "shm")}
+            local = channel.node_dir(env, self.env[p.RUN_ID], int(self.env[p.RESTART_COUNT]),
+                                     node)
+            addr = channel.address({**env, channel.HOST: "127.0.0.1"})
+            assert addr is not None, "the supervisor gave the step no progress channel"
+            self.relays[node] = Relay(local, addr, self.env[channel.TOKEN], node, beat_s=0.0)
+        return self.relays[node]
+
+    def relay_all(self) -> None:
+        """Each live node's relay: its records out, the supervisor's requests in."""
+        for node in dict.fromkeys(self.nodes):
+            if node not in self.lost_on and not self.lost:
+                self.relay(node).tick()
 
     def signal(self, sig: str) -> None:
         """A signal to every rank (Slurm's, or the supervisor's scancel --signal)."""
@@ -173,7 +194,8 @@ class FakeStep:
         """The supervisor's record ``name`` when it is for this attempt's successor (resume)
         or this attempt (interrupt), else {}."""
         want = self.attempt + 1 if name == p.RESUME else self.attempt
-        record = p.read_record(Path(self.env[p.STATE_DIR]) / name)
+        self.relay_all()
+        record = p.read_record(self.relay(self.nodes[0]).local / name)
         return record if record.get("attempt") == str(want) and \
             record.get("run_id") == self.env[p.RUN_ID] else {}
 
@@ -237,12 +259,14 @@ class FakeStep:
                              f"{self.collective_s * 1000:.0f}ms for recv operation to complete")
             elif waiting:
                 extra.update(failed=self.waiting, error="RuntimeError: simulated crash")
-            p.write_record(p.rank_file(self.env[p.STATE_DIR], p.PROGRESS, rank), {
+            local = self.relay(self.node_of(rank)).local
+            p.write_record(p.rank_file(local, p.PROGRESS, rank), {
                 "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],
                 "attempt": self.attempt, "rank": rank, "node": self.node_of(rank),
                 "step": self.done_steps, "boundaries": self.done_steps, "phase": phase,
                 "changed_at": f"{self.fake.wall(changed):.3f}",
                 "beat_at": f"{self.fake.wall(self.fake.now):.3f}", **extra})
+        self.relay_all()
 
     # ---- what the supervisor calls ------------------------------------------------------
     def poll(self) -> int | None:
@@ -429,6 +453,9 @@ class FakeSlurm:
 
     def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> FakeStep:
         plan = self.steps[min(len(self.started), len(self.steps) - 1)]
+        for ended in self.started:      # its processes are gone, and their relay locks
+            for relay in ended.relays.values():
+                relay.close()
         placed = next((a.split("=", 1)[1].split(",") for a in argv
                        if a.startswith("--nodelist=")), list(self.nodes[:1]))
         step = FakeStep(self, self.kind, dict(env), started=self.now, nodes=placed, **plan)

@@ -228,7 +228,9 @@ def test_a_crash_past_its_budget_ends_the_job_as_before(tmp_path: Path) -> None:
     code, fake, verdict, ledger = supervise(tmp_path, "inprocess", steps=[{"crash_at": 3}])
     assert (code, verdict["cause"], verdict["action"]) == (1, "user_crash", "finish")
     assert (verdict["rank"], verdict["error"]) == ("1", "RuntimeError: simulated crash")
-    assert p.read_record(p.state_dir(tmp_path, "42") / p.RESUME)["action"] == "stop"
+    # the word reached the ranks through their node's relay (the state dir holds none)
+    assert fake.started[-1].asked(p.RESUME)["action"] == "stop"
+    assert not (p.state_dir(tmp_path, "42") / p.RESUME).exists()
     assert ledger == [] and len(asked(fake, "start_step")) == 1
 
 
@@ -373,3 +375,14 @@ def test_without_a_heartbeat_a_lost_node_is_slurms_node_fail_as_without_spares(
                                             steps=[{"steps": 60}], **SPARES)
     assert not asked(fake, "shrink_job") and fake.view.restarts == 1
     assert (verdict["cause"], verdict["action"]) == ("node_fail", "leave"), verdict
+
+
+def test_the_live_summary_for_status_is_rank_0s_record_and_no_progress_file_is_shared(
+        tmp_path: Path) -> None:
+    """The progress came over the channel; the state directory (shared storage) holds
+    only the supervisor's summary of rank 0 for `hpctrain status`, no per-rank files."""
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", steps=[{"steps": 30}])
+    state = p.state_dir(tmp_path, "42")
+    summary = p.read_record(state / p.SUMMARY)
+    assert summary["rank"] == "0" and summary["phase"] in {"startup", "training"}, summary
+    assert not (state / p.PROGRESS).exists()

@@ -1,0 +1,182 @@
+"""A rank's end of the progress channel (:mod:`hpctrain.protocol.channel`). On the one
+rank per node that holds the node directory's lock, the relay: the node's records to the
+supervisor once a heartbeat, and at once when one of them says something new (an attempt
+failed, a rank's work ended); the supervisor's requests into the node directory. A rank
+whose work is over sends the node's records one last time if nobody else can
+(:meth:`Relay.flush`). Called from the progress thread, and at a rank's exit.
+
+One datagram per node, even when every rank of it ends at once: 8,192 ranks' last words
+arrive as 1,024 messages, not 8,192 (a burst the supervisor's receive buffer must hold).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from hpctrain import access
+from hpctrain import protocol as p
+from hpctrain.protocol import channel
+
+LOCK = "relay.lock"
+REQUEST_NAMES = (p.DUMP, p.INTERRUPT, p.RESUME)
+
+
+class Relay:
+    """One rank's link to the supervisor (``addr``, checked by ``token``) through its node's
+    directory ``local`` (the ranks' records in ``progress/``, the requests beside them)."""
+
+    def __init__(self, local: Path, addr: tuple[str, int], token: str, node: str,
+                 beat_s: float) -> None:
+        self.local, self.addr, self.token, self.node = local, addr, token, node
+        self.beat_s = beat_s
+        self.sock = channel.udp_socket()
+        self._lock_fd: int | None = None
+        self._next_send = 0.0
+        self._written: dict[str, dict[str, str]] = {}
+        self._said: tuple = ()     # what the node's records last said (beats aside)
+        self._lock = threading.Lock()    # the progress thread's ticks and a rank's urgent one
+        self.sent = 0          # datagrams sent (the traffic figures in docs/scale.md)
+
+    @property
+    def held(self) -> bool:
+        return self._lock_fd is not None
+
+    def tick(self) -> None:
+        """Take the relay role when nobody on the node holds it; as the relay, write the
+        requests that came, and send the node's records once a beat or when one of them
+        says something new."""
+        with self._lock:
+            self._tick()
+
+    def _tick(self) -> None:
+        if not self.held:
+            self._take()
+            if not self.held:
+                return
+        self._receive()
+        records = self.node_records()
+        said = news(records)
+        now = time.monotonic()
+        if now >= self._next_send or said != self._said:
+            self._next_send, self._said = now + self.beat_s, said
+            self._send_records(records)
+
+    def flush(self) -> bool:
+        """This rank's work is over: send the node's records now if this rank is (or can
+        become) the relay, then give the role up; True when it sent them. Otherwise a
+        relay still working elsewhere on the node sends them at its next tick; the last
+        rank to leave always can."""
+        with self._lock:
+            if not self.held:
+                self._take()
+            sent = self.held
+            if sent:
+                self._receive()
+                self._send_records(self.node_records())
+            self.release()
+            return sent
+
+    def node_records(self) -> list[dict[str, str]]:
+        """Every record in the node directory."""
+        records = []
+        try:
+            files = list((self.local / p.PROGRESS).iterdir())
+        except OSError:
+            files = []
+        for path in files:
+            if not path.name.startswith("."):      # atomic_write's temporary files
+                record = p.read_record(path)
+                if record:
+                    records.append(record)
+        return records
+
+    def release(self) -> None:
+        """Give the relay role up (this rank's work is over): another rank takes it."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)     # closing the descriptor drops the lock
+            self._lock_fd = None
+
+    def close(self) -> None:
+        self.release()
+        self.sock.close()
+
+    # ---- inside ----------------------------------------------------------------------------
+    def _take(self) -> None:
+        try:
+            self.local.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.local / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return
+        self._lock_fd, self._next_send = fd, 0.0
+
+    def _receive(self) -> None:
+        while True:
+            try:
+                data, _ = self.sock.recvfrom(channel.MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return      # e.g. ECONNREFUSED reported for an earlier send: nothing to read
+            message = channel.decode(self.token, data)
+            if message is None or message.get("kind") != channel.REQUESTS:
+                continue
+            for name, fields in (message.get("requests") or {}).items():
+                if name in REQUEST_NAMES and isinstance(fields, dict) and \
+                        self._written.get(name) != fields:
+                    try:
+                        p.write_record(self.local / name, fields)
+                        self._written[name] = fields
+                    except (OSError, ValueError):
+                        pass     # the reply to the next beat brings it again
+
+    def _send_records(self, records: list[dict[str, str]]) -> None:
+        if records:
+            self._send(channel.records_messages(self.token, self.node, records, relay=True))
+
+    def _send(self, datagrams: list[bytes]) -> None:
+        for data in datagrams:
+            try:
+                self.sock.sendto(data, self.addr)
+                self.sent += 1
+            except OSError:
+                pass    # the supervisor is gone or the network hiccups: the next beat
+
+
+NEWS = ("rank", "restart_count", "attempt", "phase", "failed", "exit", "flushed", "inprocess")
+
+
+def news(records: list[dict[str, str]]) -> tuple:
+    """What the records say that the supervisor must hear at once (not steps or beats)."""
+    return tuple(sorted(tuple(r.get(k, "") for k in NEWS) for r in records))
+
+
+def from_env(env: Mapping[str, str], run_id: str, restart_count: int, node: str,
+             beat_s: float) -> Relay | None:
+    """The rank's relay when the supervisor gave a channel (port and token); else None:
+    the progress records stay in the state directory, as without a supervisor."""
+    addr, token = channel.address(env), env.get(channel.TOKEN, "")
+    if addr is None or not token:
+        return None
+    local = channel.node_dir(env, run_id, restart_count, node)
+    # /dev/shm is everyone's: a directory a neighbour planted under this user's name
+    # could feed the ranks forged requests
+    why = access.own_dir(local.parent, 0o700) or access.own_dir(local, 0o700)
+    if why:
+        print(f"hpctrain: not relaying progress through {local}: {why}; writing it to the "
+              "job's state directory instead", file=sys.stderr, flush=True)
+        return None
+    try:
+        return Relay(local, addr, token, node, beat_s)
+    except OSError:
+        return None

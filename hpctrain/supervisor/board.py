@@ -1,0 +1,143 @@
+"""The supervisor's end of the progress channel (:mod:`hpctrain.protocol.channel`): a UDP
+port the nodes' relays send the ranks' records to, the newest record of each rank kept in
+memory, and the supervisor's requests to the ranks (stacks, leave the attempt, go on)
+pushed to every relay and repeated in the reply to each of its messages while they stand.
+
+Its work per look is one datagram per node per heartbeat, whatever the ranks per node; no
+file on shared storage is read or written for it. ``hpctrain status`` gets its live line
+from a summary the supervisor writes every SUMMARY_S
+(:meth:`hpctrain.supervisor.hang.Watch.summarize`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import select
+import socket
+import threading
+from typing import Any
+
+from hpctrain.protocol import channel
+
+BUFFER = 8 << 20      # receive buffer: a burst of every rank's last word (8,192 x ~300 B)
+SUMMARY_S = 15.0      # how often the live summary for `hpctrain status` may be rewritten
+
+
+class Board:
+    """The ranks' newest records, as their relays sent them."""
+
+    def __init__(self) -> None:
+        self.token = secrets.token_hex(16)
+        self.sock = channel.udp_socket(("0.0.0.0", 0), BUFFER)
+        self.port = self.sock.getsockname()[1]
+        self._latest: dict[int, dict[str, str]] = {}
+        self._relays: set[tuple[str, int]] = set()
+        self._requests: dict[str, dict[str, str]] = {}
+        self.received = 0       # datagrams taken (the traffic figures in docs/scale.md)
+        # a thread takes datagrams as they come, so a burst (every node's last word at
+        # once) is not left to overflow the socket's buffer between the supervisor's looks
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._listen, name="hpctrain-board",
+                                        daemon=True)
+        self._thread.start()
+
+    def env(self) -> dict[str, str]:
+        """What the step's ranks need to reach the board."""
+        return {channel.PORT: str(self.port), channel.TOKEN: self.token}
+
+    def records(self) -> dict[int, dict[str, str]]:
+        """Every rank's newest record (any run or attempt: the caller picks), by rank."""
+        self.drain()
+        with self._lock:
+            return dict(self._latest)
+
+    def drain(self) -> None:
+        """Take every datagram waiting; answer a relay's with the standing requests."""
+        with self._lock:
+            self._drain()
+
+    def _listen(self) -> None:
+        while not self._closed.is_set():
+            try:
+                ready, _, _ = select.select([self.sock], [], [], 0.5)
+            except (OSError, ValueError):
+                return      # closed
+            if ready:
+                self.drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data, sender = self.sock.recvfrom(channel.MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            message = channel.decode(self.token, data)
+            if message is None or message.get("kind") != channel.RECORDS:
+                continue
+            self.received += 1
+            self._take(message.get("records") or [])
+            if message.get("relay"):
+                self._relays.add(sender)
+                if self._requests:
+                    self._send(sender)
+
+    def request(self, name: str, fields: dict[str, Any]) -> None:
+        """Stand request ``name`` (``dump``, ``interrupt``, ``resume``) and push it to every
+        node's relay now; it is repeated in the reply to each relay message until cleared."""
+        with self._lock:
+            self._requests[name] = {k: str(v) for k, v in fields.items()}
+            for relay in self._relays:
+                self._send(relay)
+
+    def clear(self, *names: str) -> None:
+        with self._lock:
+            for name in names:
+                self._requests.pop(name, None)
+
+    def buffer_bytes(self) -> int:
+        """The receive buffer the kernel granted (net.core.rmem_max caps the ask)."""
+        return self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=2.0)
+        self.sock.close()
+
+    def _take(self, records: list[Any]) -> None:
+        for record in records:
+            if not isinstance(record, dict) or not str(record.get("rank", "")).isdigit():
+                continue
+            rank = int(record["rank"])
+            known = self._latest.get(rank)
+            # datagrams may come out of order (a relay's beat after the rank's own word)
+            if known is None or _beat(record) >= _beat(known) or \
+                    _newer_attempt(record, known):
+                self._latest[rank] = record
+
+    def _send(self, relay: tuple[str, int]) -> None:
+        try:
+            self.sock.sendto(channel.encode(self.token, channel.REQUESTS,
+                                            requests=self._requests), relay)
+        except OSError:
+            pass     # the relay's next message brings another reply
+
+
+def _beat(record: dict[str, str]) -> float:
+    try:
+        return float(record.get("beat_at") or 0)
+    except ValueError:
+        return 0.0
+
+
+def _newer_attempt(record: dict[str, str], known: dict[str, str]) -> bool:
+    """A record of a later run or attempt than the one kept (a clock step backwards
+    must not hide a new attempt's word)."""
+    def key(r: dict[str, str]) -> tuple[int, int]:
+        try:
+            return int(r.get("restart_count") or 0), int(r.get("attempt") or 0)
+        except ValueError:
+            return 0, 0
+    return key(record) > key(known)

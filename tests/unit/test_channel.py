@@ -1,0 +1,167 @@
+"""The progress channel (hpctrain.protocol.channel): the ranks' records reach the
+supervisor's board over real UDP through one relay per node, the supervisor's requests
+reach the ranks through the node directory, and nothing is written to the state directory
+while a job trains."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from hpctrain import protocol as p
+from hpctrain.protocol import channel
+from hpctrain.runtime import progress
+from hpctrain.runtime.relay import Relay
+from hpctrain.supervisor.board import Board
+
+
+def wait_for(check, timeout: float = 5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError("not within the timeout")
+
+
+def relay_for(board: Board, tmp_path: Path, node: str, beat_s: float = 0.0) -> Relay:
+    env = {**board.env(), channel.LOCAL_DIR: str(tmp_path / "shm")}
+    addr = channel.address(env)
+    assert addr == ("127.0.0.1", board.port)
+    return Relay(channel.node_dir(env, "r1", 0, node), addr, board.token, node, beat_s)
+
+
+def record(rank: int, node: str, **extra: object) -> dict[str, object]:
+    return {"run_id": "r1", "restart_count": 0, "attempt": 0, "rank": rank, "node": node,
+            "step": 3, "phase": "training", "beat_at": f"{time.time():.3f}", **extra}
+
+
+def test_a_message_needs_the_jobs_token_and_a_sane_body() -> None:
+    data = channel.encode("secret", channel.RECORDS, node="n1", records=[])
+    assert channel.decode("secret", data)["node"] == "n1"
+    assert channel.decode("other", data) is None
+    assert channel.decode("", channel.encode("", channel.RECORDS)) is None
+    assert channel.decode("secret", b"not zlib") is None
+
+
+def test_a_node_with_many_ranks_is_split_into_datagrams_that_fit() -> None:
+    rows = [record(r, "n1", error="x" * 200) for r in range(130)]
+    grams = channel.records_messages("t", "n1", rows, relay=True)
+    assert len(grams) == 3 and all(len(g) < channel.MAX_DATAGRAM for g in grams)
+    ranks = [int(r["rank"]) for g in grams for r in channel.decode("t", g)["records"]]
+    assert ranks == list(range(130))
+
+
+def test_the_address_is_slurms_launch_node_unless_the_site_says(tmp_path: Path) -> None:
+    env = {channel.PORT: "4000", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
+    assert channel.address(env) == ("10.0.0.7", 4000)
+    assert channel.address({**env, channel.HOST: "ib0-host"}) == ("ib0-host", 4000)
+    assert channel.address({}) is None
+    here = channel.node_dir({channel.LOCAL_DIR: str(tmp_path)}, "r/1", 2, "n../x")
+    assert here.parent == tmp_path / f"hpctrain-{os.getuid()}" and "/" not in here.name
+
+
+def test_one_datagram_per_node_brings_every_ranks_record(tmp_path: Path) -> None:
+    board = Board()
+    relays = [relay_for(board, tmp_path, f"n{i}") for i in range(2)]
+    for i, relay in enumerate(relays):
+        for rank in range(4 * i, 4 * i + 4):
+            p.write_record(p.rank_file(relay.local, p.PROGRESS, rank), record(rank, f"n{i}"))
+        relay.tick()
+    records = wait_for(lambda: len(board.records()) == 8 and board.records())
+    assert sorted(records) == list(range(8)) and records[5]["node"] == "n1"
+    assert board.received == 2 and [r.sent for r in relays] == [1, 1]
+
+
+def test_one_relay_per_node_and_another_takes_over_when_it_leaves(tmp_path: Path) -> None:
+    board = Board()
+    first, second = relay_for(board, tmp_path, "n1"), relay_for(board, tmp_path, "n1")
+    p.write_record(p.rank_file(first.local, p.PROGRESS, 0), record(0, "n1"))
+    first.tick()
+    second.tick()
+    assert first.held and not second.held and (first.sent, second.sent) == (1, 0)
+    first.release()          # its rank's work is over (or its process died)
+    second.tick()
+    assert second.held and second.sent == 1
+
+
+def test_requests_reach_the_node_directory_and_are_repeated_until_cleared(
+        tmp_path: Path) -> None:
+    board = Board()
+    relay = relay_for(board, tmp_path, "n1")
+    p.write_record(p.rank_file(relay.local, p.PROGRESS, 0), record(0, "n1"))
+    relay.tick()
+    wait_for(board.records)
+    board.request(p.DUMP, {"run_id": "r1", "restart_count": 0, "attempt": 0, "seq": "1.5"})
+    wait_for(lambda: (relay.tick(), (relay.local / p.DUMP).exists())[1])
+    assert p.read_record(relay.local / p.DUMP)["seq"] == "1.5"
+    (relay.local / p.DUMP).unlink()           # lost: the reply to the next beat brings it
+    relay._written.clear()
+    relay.tick()
+    wait_for(lambda: (board.drain(), relay.tick(), (relay.local / p.DUMP).exists())[2])
+    board.clear(p.DUMP)
+    board.request(p.RESUME, {"run_id": "r1", "restart_count": 0, "attempt": 1,
+                             "action": "go"})
+    wait_for(lambda: (relay.tick(), (relay.local / p.RESUME).exists())[1])
+
+
+def test_a_forged_or_stale_record_does_not_replace_a_newer_one(tmp_path: Path) -> None:
+    board = Board()
+    relay = relay_for(board, tmp_path, "n1")
+
+    def send(token: str, *records: dict) -> None:
+        relay._send(channel.records_messages(token, "n1", list(records), relay=False))
+    send(board.token, record(0, "n1", beat_at="200.0", phase="exited"))
+    wait_for(board.records)
+    send(board.token, record(0, "n1", beat_at="100.0", phase="training"))   # late
+    send("not-the-token", record(1, "n1"))
+    time.sleep(0.2)
+    assert board.records()[0]["phase"] == "exited" and 1 not in board.records()
+
+
+def test_a_ranks_reporter_sends_through_the_channel_and_leaves_shared_storage_alone(
+        tmp_path: Path) -> None:
+    """The runtime's own reporter, started as in a job: its beats reach the board, its
+    urgent word at once, and the state directory (shared storage) gets no progress."""
+    board = Board()
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {p.STATE_DIR: str(state), p.RUN_ID: "r1", p.HEARTBEAT_S: "0.2",
+           channel.LOCAL_DIR: str(tmp_path / "shm"), **board.env()}
+    reporter = progress.start_from_env(env, 3, "n1")
+    try:
+        assert reporter is not None and reporter.relay is not None
+        reporter.set_step(7)
+        reporter.boundary()
+        got = wait_for(lambda: board.records().get(3, {}).get("step") == "7" and board.records())
+        assert got[3]["phase"] == "training"
+        reporter.fail("crash", "RuntimeError: boom")      # news: sent before the next beat
+        wait_for(lambda: board.records()[3].get("failed") == "crash")
+        board.request(p.RESUME, {"run_id": "r1", "restart_count": 0, "attempt": 1,
+                                 "action": "go"})
+        wait_for(lambda: p.read_record(reporter.request_path(p.RESUME)).get("action"))
+        assert sorted(x.name for x in state.iterdir()) == []
+    finally:
+        reporter.exited(True)
+        reporter.leave_node()
+    assert board.records()[3]["phase"] == "exited"
+    assert not reporter.local.exists()        # the last rank took the node directory along
+
+
+def test_a_node_directory_others_may_write_in_is_not_used(
+        tmp_path: Path, capsys) -> None:
+    """/dev/shm is everyone's: a folder under this user's name that others may write in
+    (planted) could feed the ranks forged requests. Progress then goes to the state dir."""
+    from hpctrain.runtime.relay import from_env
+    board = Board()
+    env = {**board.env(), channel.LOCAL_DIR: str(tmp_path / "shm")}
+    planted = channel.node_dir(env, "r1", 0, "n1").parent
+    planted.mkdir(parents=True)
+    planted.chmod(0o777)
+    assert from_env(env, "r1", 0, "n1", 2.0) is None
+    assert "every user may write in it" in capsys.readouterr().err
+    planted.chmod(0o700)
+    relay = from_env(env, "r1", 0, "n1", 2.0)
+    assert relay is not None and relay.local.stat().st_mode & 0o777 == 0o700
