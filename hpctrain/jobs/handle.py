@@ -104,9 +104,17 @@ class Job(JobHandle):
             else self.entry.log
         return Path(expand_pattern(pattern, self.job_id, rank, self.name, raw_id))
 
+    def _readable_log(self, rank: int | None) -> Path:
+        if not self.entry.log:
+            # an entry written by hand or by a tool that left it out: Path("") is the cwd
+            raise JobError(f"job {self.job_id}: the job index has no log path for it; look "
+                           f"in its job folder {self.folder} or Slurm's StdOut "
+                           f"(`scontrol show job {self.job_id}`)")
+        return self.log_path(rank, self._raw_id())
+
     def logs(self, rank: int | None = None) -> str:
         """The job's output so far ('' before it starts)."""
-        path = self.log_path(rank, self._raw_id())
+        path = self._readable_log(rank)
         try:
             text = path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
@@ -118,7 +126,7 @@ class Job(JobHandle):
                idle: Callable[[float], None] = time.sleep) -> Iterator[str]:
         """Yield the log's lines as they are written, until the job has ended. ``idle``
         waits between polls (the CLI's also notices that its reader has gone)."""
-        path = self.log_path(rank, self._raw_id())
+        path = self._readable_log(rank)
         pos, partial, last_check = 0, "", 0.0
         while True:
             chunk = ""

@@ -76,3 +76,13 @@ def test_log_paths_and_patterns(tmp_path: Path) -> None:
     shared = "0: a\n1: b\n0: c\nplain\n"
     assert filter_rank(shared, 0) == "0: a\n0: c\nplain\n"
     assert filter_rank("no labels\n", 1) == "no labels\n"
+
+
+def test_logs_of_an_entry_without_a_log_path_is_a_clear_error(tmp_path: Path) -> None:
+    """An index entry with no log path (written by hand or another tool): an error naming
+    the job and where to look, not an IsADirectoryError on the working directory."""
+    from hpctrain.errors import JobError
+    from hpctrain.jobs.handle import Job
+    job = Job(JobEntry("77", "a", "script", str(tmp_path)))
+    with pytest.raises(JobError, match="job 77: the job index has no log path"):
+        job.logs()
