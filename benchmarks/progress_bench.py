@@ -21,12 +21,9 @@ Figures are medians of --repeats; ratios are against the baseline of the same ru
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import os
 import socket
 import statistics
-import struct
 import sys
 import tempfile
 import time
@@ -34,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))    # the inotify counter the cluster tests use
 
 from hpctrain import protocol as p  # noqa: E402
 from hpctrain.protocol import channel  # noqa: E402
@@ -41,40 +39,9 @@ from hpctrain.runtime.progress import Reporter  # noqa: E402
 from hpctrain.runtime.relay import Relay  # noqa: E402
 from hpctrain.supervisor.board import Board  # noqa: E402
 from hpctrain.supervisor.watchdog import Limits, RankProgress, assess  # noqa: E402
+from helpers.inotify import Inotify  # noqa: E402
 
 RANKS_PER_NODE = 8
-IN_ALL = 0x00000FFF & ~0x00000001 & ~0x00000010   # every event but IN_ACCESS, IN_CLOSE_NOWRITE
-
-
-class Inotify:
-    """Counts inotify events under a directory tree (new subdirectories are watched too)."""
-
-    def __init__(self, top: Path) -> None:
-        self.libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        self.fd = self.libc.inotify_init1(os.O_NONBLOCK)
-        self.count, self.paths = 0, {}
-        for folder, dirs, _ in os.walk(top):
-            self.watch(Path(folder))
-
-    def watch(self, folder: Path) -> None:
-        wd = self.libc.inotify_add_watch(self.fd, str(folder).encode(), IN_ALL)
-        if wd >= 0:
-            self.paths[wd] = folder
-
-    def read(self) -> int:
-        try:
-            data = os.read(self.fd, 1 << 20)
-        except BlockingIOError:
-            return self.count
-        at = 0
-        while at < len(data):
-            wd, mask, _, size = struct.unpack_from("iIII", data, at)
-            name = data[at + 16: at + 16 + size].rstrip(b"\0").decode()
-            at += 16 + size
-            self.count += 1
-            if mask & 0x40000000 and mask & 0x100:   # IN_ISDIR | IN_CREATE
-                self.watch(self.paths.get(wd, Path("/")) / name)
-        return self.count
 
 
 def file_events(seconds: float, channel_on: bool, beat_s: float) -> float:

@@ -43,6 +43,7 @@ from hpctrain.runtime.relay import from_env as relay_from_env
 
 ANSWER_POLL_S = 0.5   # how often the thread looks for a stack request
 HISTORY_S = 10.0      # how often rank 0 appends its queued history lines
+LEAVE_WAIT_S = 1.0    # how long a leaving rank waits for the node's relay role
 
 _current: Reporter | None = None
 
@@ -116,7 +117,7 @@ class Reporter:
         self._stop.set()
         if self._thread.is_alive():   # its last beat must not land after this record
             self._thread.join(timeout=2.0)
-        self.write()
+        self.write(urgent=True)
         if self.relay is not None:
             self.relay.flush()        # the node's records out; another rank relays the rest
         self.drain()
@@ -163,24 +164,19 @@ class Reporter:
         self.drain()
 
     def leave_node(self) -> None:
-        """At the process's exit: once its last word is sent (by itself as the node's relay
-        now), its record leaves the node directory, and the last rank to leave takes the
-        directory with it. A record another rank's relay has yet to send stays (it sends
-        it within ANSWER_POLL_S), as does a killed process's: node memory, which a reboot
-        (or Slurm's per-job /dev/shm) clears."""
+        """At the process's exit: once its last word is sent (by itself as the node's relay:
+        it waits up to LEAVE_WAIT_S for the role), its record leaves the node directory with
+        those of ranks whose processes are gone, and the last rank to leave takes the
+        directory along. A record a working relay has yet to send stays (it sends it
+        within ANSWER_POLL_S); a node whose ranks were all killed keeps its directory, in
+        node memory that a reboot (or Slurm's per-job /dev/shm) clears."""
         assert self.relay is not None
-        sent = self.relay.flush()
+        end = time.monotonic() + LEAVE_WAIT_S
+        while not (sent := self.relay.flush()) and time.monotonic() < end:
+            time.sleep(0.05)    # another rank flushes as it leaves: the role is free soon
         self.relay.close()
-        if not sent:
-            return
-        try:
-            self.path.unlink(missing_ok=True)
-            self.path.parent.rmdir()           # fails while another rank's record is there
-            for leftover in self.local.iterdir():
-                leftover.unlink()
-            self.local.rmdir()
-        except OSError:
-            pass
+        if sent:
+            remove_node_dir(self.local, self.path)
 
     def request_path(self, name: str) -> Path:
         """Where the supervisor's request ``name`` (``resume``) reaches this rank."""
@@ -212,15 +208,15 @@ class Reporter:
         return record
 
     def write(self, urgent: bool = False) -> None:
-        """Rewrite the record; ``urgent``: when this rank relays its node, send the news
-        now (else the node's relay sees it within ANSWER_POLL_S)."""
+        """Rewrite the record; ``urgent``: also send it to the supervisor now, from this
+        process (the node's relay sends it too, within ANSWER_POLL_S)."""
         record = self.record()
         try:
             p.write_record(self.path, record)
         except OSError:
             pass   # the file system hiccups: the next beat tries again
-        if urgent and self.relay is not None and self.relay.held:
-            self.relay.tick()      # this rank relays its node: the news goes out now
+        if urgent and self.relay is not None:
+            self.relay.send_own(record)    # the news goes out now, whoever relays the node
 
     def _loop(self) -> None:
         next_beat = time.monotonic() + self.beat_s
@@ -283,6 +279,34 @@ class Reporter:
             label = "main thread" if ident == main else f"thread {names.get(ident, ident)}"
             parts.append(f"--- {label} ---\n" + "".join(traceback.format_stack(frame)))
         return "".join(parts)
+
+
+def remove_node_dir(local: Path, own: Path) -> None:
+    """Remove ``own`` record and those of processes that are gone from node directory
+    ``local``; then, when no record is left, the directory itself."""
+    records = local / p.PROGRESS
+    try:
+        own.unlink(missing_ok=True)
+        for path in records.iterdir():
+            pid = p.read_record(path).get("pid", "")
+            if pid.isdigit() and not _alive(int(pid)):
+                path.unlink(missing_ok=True)
+        records.rmdir()                        # fails while a live rank's record is there
+        for leftover in local.iterdir():
+            leftover.unlink()
+        local.rmdir()
+    except OSError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def start_from_env(env: Mapping[str, str], rank: int, node: str | None) -> Reporter | None:

@@ -5,8 +5,11 @@ failed, a rank's work ended); the supervisor's requests into the node directory.
 whose work is over sends the node's records one last time if nobody else can
 (:meth:`Relay.flush`). Called from the progress thread, and at a rank's exit.
 
-One datagram per node, even when every rank of it ends at once: 8,192 ranks' last words
-arrive as 1,024 messages, not 8,192 (a burst the supervisor's receive buffer must hold).
+News a rank must not leave to another process (its attempt failed, its work ended) it
+also sends itself, one datagram (:meth:`Relay.send_own`): srun ends a step's other tasks
+the moment one fails, and the node's relay may be among them. That is one datagram per
+rank when every rank ends at once (8,192 x ~300 B at the end of an 8,192-rank job: the
+supervisor's receive buffer must hold the burst, docs/scale.md).
 """
 
 from __future__ import annotations
@@ -46,6 +49,14 @@ class Relay:
     @property
     def held(self) -> bool:
         return self._lock_fd is not None
+
+    def send_own(self, record: Mapping[str, object]) -> None:
+        """This rank's own record, straight to the supervisor: news that must not depend
+        on another process (the node's relay may die with its rank a moment later, as
+        srun ends a step's other tasks when one fails)."""
+        with self._lock:
+            self._send(channel.records_messages(self.token, self.node, [record],
+                                                relay=False))
 
     def tick(self) -> None:
         """Take the relay role when nobody on the node holds it; as the relay, write the

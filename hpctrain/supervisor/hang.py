@@ -22,7 +22,7 @@ from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, StepClock, assess,
                                           culprits, gave_up, innermost, node_of,
-                                          waited, waited_for)
+                                          ranks_text, waited, waited_for)
 
 LOOK_S = 1.0            # how often progress is looked at
 FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are looked for
@@ -272,7 +272,7 @@ class Watch:
                 hang = replace(hang, ranks=ranks, why=why, nodes=nodes) if ranks else hang
         if hang.ranks:
             where = f" on {','.join(hang.nodes)}" if hang.nodes else ""
-            say(f"HANG: stopped first: rank(s) {','.join(map(str, hang.ranks))}{where} "
+            say(f"HANG: stopped first: rank(s) {ranks_text(hang.ranks)}{where} "
                 f"({hang.why})")
         return hang
 

@@ -168,7 +168,7 @@ class Hang:
     def text(self) -> str:
         """``no progress in phase training for 11 s (limit 10 s); stopped first: rank(s) 3
         on n1 (behind the other ranks)``."""
-        who = f"; stopped first: rank(s) {_ranks(self.ranks)}" if self.ranks else ""
+        who = f"; stopped first: rank(s) {ranks_text(self.ranks)}" if self.ranks else ""
         where = f" on {','.join(self.nodes)}" if self.nodes else ""
         why = f" ({self.why})" if self.why and self.ranks else ""
         if self.phase == "exited":
@@ -182,8 +182,22 @@ class Hang:
                 f"(limit {self.limit_s:.0f} s){who}{where}{why}")
 
 
-def _ranks(ranks: tuple[int, ...]) -> str:
-    return ",".join(map(str, ranks))
+def ranks_text(ranks: tuple[int, ...]) -> str:
+    """``0,1,5`` or, for runs of three and more, ``0-4094,4096``: at 8,192 ranks the
+    ranks waiting for a hung one fit in a log line."""
+    parts: list[str] = []
+    ordered = sorted(set(ranks))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        if j - i >= 2:
+            parts.append(f"{ordered[i]}-{ordered[j]}")
+        else:
+            parts.extend(map(str, ordered[i:j + 1]))
+        i = j + 1
+    return ",".join(parts)
 
 
 def assess(progress: Mapping[int, RankProgress], world: int, started_at: float, now: float,
@@ -364,6 +378,6 @@ def culprits(stacks: Mapping[int, str], world: int, known: set[int] | None = Non
     if waiting and outside:
         where = innermost(stacks[outside[0]])
         return outside, ("not in a collective while rank(s) "
-                         f"{_ranks(tuple(sorted(waiting)))} wait in one"
+                         f"{ranks_text(tuple(waiting))} wait in one"
                          + (f"; rank {outside[0]} is at {where}" if where else ""))
     return (), ""

@@ -202,7 +202,7 @@ def test_the_rank_outside_the_collective_is_the_culprit() -> None:
     assert "time.sleep" in main_stack(SLEEPING) and "pin_memory" not in main_stack(SLEEPING)
     assert innermost(SLEEPING) == 'File "train.py", line 38, in main'
     ranks, why = culprits({0: WAITING, 1: WAITING, 2: WAITING, 3: SLEEPING}, 4)
-    assert ranks == (3,) and "while rank(s) 0,1,2 wait in one" in why and "line 38" in why
+    assert ranks == (3,) and "while rank(s) 0-2 wait in one" in why and "line 38" in why
 
 
 def test_a_rank_that_reported_but_did_not_answer_is_the_culprit() -> None:
@@ -407,3 +407,11 @@ def test_srun_names_every_node_where_the_check_failed() -> None:
            "srun: error: n4: task 3: Exited with exit code 2\n"
            "srun: error: n1: task 0: Killed\n")
     assert [(f["node"], f["tasks"]) for f in srun_failures(out)] == [("n2", "1"), ("n4", "3")]
+
+
+def test_rank_lists_in_the_log_fold_runs_so_thousands_fit_a_line() -> None:
+    from hpctrain.supervisor.watchdog import ranks_text
+    assert ranks_text((0, 1, 3)) == "0,1,3"
+    assert ranks_text((5, 0, 1, 2, 7, 8, 9, 10)) == "0-2,5,7-10"
+    assert ranks_text(tuple(r for r in range(8192) if r != 4095)) == "0-4094,4096-8191"
+    assert ranks_text(()) == ""
