@@ -45,8 +45,10 @@ HANG_TIMEOUT_S, HANG_STEP, STEPS, STEP_S = 10, 10, 80, 0.5
 
 
 def run(*argv: str, timeout: float = 600) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=True,
-                          timeout=timeout).stdout
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    if res.returncode:
+        raise SystemExit(f"{' '.join(argv[:5])}: exit {res.returncode}: {res.stderr[-3000:]}")
+    return res.stdout
 
 
 def hpctrain(*argv: str, timeout: float = 900) -> str:
@@ -92,6 +94,21 @@ def spec_text(root: Path, nodes: int, per_node: int) -> str:
         "watchdog": {"hang_timeout_s": HANG_TIMEOUT_S}}).to_toml()
 
 
+def site_partitions(root: Path, nodes: int, gpus: int) -> Path:
+    """The sysadmin's side of the reshape: partition facts that say debug and urgent now
+    have ``nodes`` nodes of ``gpus`` GPUs (a site directory on HPCTRAIN_TEMPLATES shadows
+    the built-in)."""
+    site = root / "site-templates"
+    (site / "partitions").mkdir(parents=True)
+    builtin = ROOT / "templates" / "partitions"
+    for name in ("debug", "urgent"):
+        text = (builtin / f"{name}.toml").read_text()
+        text = re.sub(r"(?m)^max_nodes = \d+$", f"max_nodes = {nodes}", text)
+        text = re.sub(r"(?m)^gpus_per_node = \d+$", f"gpus_per_node = {gpus}", text)
+        (site / "partitions" / f"{name}.toml").write_text(text)
+    return site
+
+
 def events(root: Path) -> list[dict]:
     path = root / "events.jsonl"
     if not path.exists():
@@ -102,6 +119,7 @@ def events(root: Path) -> list[dict]:
 def rehearse(nodes: int, per_node: int) -> dict:
     root = SHARED / f"rehearsal-{int(time.time())}"
     (root / "ckpt").mkdir(parents=True)
+    os.environ["HPCTRAIN_TEMPLATES"] = str(site_partitions(root, nodes, max(2, per_node)))
     (root / "job.toml").write_text(spec_text(root, nodes, per_node))
     counter = Inotify(root / "ckpt")
     t_submit = time.time()

@@ -254,8 +254,8 @@ class Watch:
         if progress:
             # only ranks that reported can answer (the progress thread does)
             stacks = self.collect_stacks(sorted(progress), max(3 * self.limits.beat_s, 5.0))
-            print_stacks(stacks, self.world, hang.ranks)
             ranks, why = culprits(stacks, self.world, known=set(progress))
+            print_stacks(stacks, self.world, ranks or hang.ranks)   # theirs whole, first
             if ranks:
                 mute = [r for r in ranks if r not in stacks]
                 frozen = tuple(progress[r].node for r in mute if progress[r].node)
@@ -266,8 +266,8 @@ class Watch:
         else:
             stacks = spy_stacks(self.slurm, key, self.nodes)
             if stacks:
-                print_stacks(stacks, self.world, ())
                 ranks, why = culprits(stacks, self.world, known=set(stacks))
+                print_stacks(stacks, self.world, ranks)
                 nodes = tuple(dict.fromkeys(n for r in ranks if (n := node_of(stacks[r]))))
                 hang = replace(hang, ranks=ranks, why=why, nodes=nodes) if ranks else hang
         if hang.ranks:
@@ -349,23 +349,27 @@ def parse_spy(text: str) -> dict[int, str]:
 def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...],
                  only_first: bool = False) -> None:
     """Every rank's stacks (``only_first``: the named ranks', the only ones asked) into
-    the job log: the named ranks first and whole (up to FULL_STACKS), the rest by their
-    innermost frame; and who did not answer."""
+    the job log: the named ranks first and whole (up to FULL_STACKS), the rest grouped by
+    their innermost frame, one line per frame (8,192 ranks waiting in one all-reduce are
+    one line); and who did not answer."""
     order = [*first, *(r for r in range(world) if r not in first and not only_first)]
-    shown = 0
+    shown, mute, at = 0, [], {}
     for rank in order:
         if rank not in stacks:
-            say(f"rank {rank}: no stacks (it did not answer: frozen holding the GIL, "
-                "stopped, or its node is gone)")
-            continue
-        if shown < FULL_STACKS:
+            mute.append(rank)
+        elif shown < FULL_STACKS:
             lines = stacks[rank].splitlines()
             text = "\n".join(lines[:STACK_LINES]) + ("\n  ..." if len(lines) > STACK_LINES
                                                      else "")
             print(f"hpctrain: ---- stacks of {text}", file=sys.stderr, flush=True)
             shown += 1
         else:
-            say(f"rank {rank}: at {innermost(stacks[rank]) or '?'}")
+            at.setdefault(innermost(stacks[rank]) or "?", []).append(rank)
+    for where, ranks in at.items():
+        say(f"rank {ranks_text(tuple(ranks))}: at {where}")
+    if mute:
+        say(f"rank {ranks_text(tuple(mute))}: no stacks (did not answer: frozen holding the "
+            "GIL, stopped, or the node is gone)")
 
 
 def kill(slurm: Scheduler, step: StepProcess, key: str) -> int:
