@@ -140,9 +140,8 @@ def main() -> int:
         t_row, text = timed(env, 1, "status", big["sweep_id"], "--json")
         row = next(r for r in json.loads(text)["jobs"] if r["job_id"] == task_id)
         out["status_of_preempted_point"] = {k: row.get(k) for k in ("state", "requeues")}
-    finally:
-        for sweep in sweeps:
-            hpctrain("cancel", sweep["sweep_id"], env=env)
+    finally:     # whatever was queued, also by a sweep that failed half-way
+        run("scancel", "--me", "--name=base,big")
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

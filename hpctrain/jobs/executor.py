@@ -24,11 +24,12 @@ import submitit
 from submitit.core.utils import JobPaths
 
 from hpctrain import access, protocol
-from hpctrain.errors import AccessError, SlurmError, SlurmNotFound
-from hpctrain.slurm import client
+from hpctrain.errors import AccessError, SlurmError, SlurmNotFound, SlurmTimeout
+from hpctrain.slurm import client, control
 from hpctrain.slurm.parse import parse_sbatch_parsable
 
 SBATCH_RETRIES = 2
+SBATCH_TIMEOUT_S = 30.0   # sbatch waits for the controller this long (then: Slurm's queue says)
 
 
 def submitit_command(python: str, folder: Path) -> list[str]:
@@ -94,11 +95,21 @@ class RenderedExecutor(submitit.SlurmExecutor):
             # sbatch passes its environment on: the job's supervisor finds this
             # submission's id there and never takes another job's state for its own
             res = client.run(["sbatch", "--parsable", *self.sbatch_args, str(tmp)],
-                             retries=SBATCH_RETRIES, idempotent=False,
+                             timeout=SBATCH_TIMEOUT_S, retries=SBATCH_RETRIES, idempotent=False,
                              env={protocol.SUBMISSION_ID: tmp_uuid}, umask=self.modes.umask)
         except SlurmNotFound:
             tmp.unlink(missing_ok=True)
             raise
+        except SlurmTimeout as exc:
+            # sbatch gave up waiting, not Slurm: the job may be queued all the same (a
+            # controller busy with a 10,000-point sweep). Slurm's queue says which.
+            job_id = control.queued_from(str(tmp))
+            if job_id is None:
+                tmp.unlink(missing_ok=True)
+                raise SlurmError(f"sbatch did not answer ({exc}) and Slurm's queue has no "
+                                 f"job from {tmp.name}: nothing was queued. Submit again "
+                                 "once `scontrol ping` answers quickly") from None
+            res = client.Result(("sbatch",), 0, job_id + "\n", "")
         except SlurmError as exc:
             tmp.unlink(missing_ok=True)
             raise SlurmError(f"Slurm refused the job: {refusal_message(str(exc))} "

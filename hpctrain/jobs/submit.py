@@ -314,10 +314,15 @@ def submit_sweep(spec: JobSpec, grid: Mapping[str, Sequence[str]], *,
                                     time_min=_minutes(spec), access_level=spec.run.access)
         try:
             sjob = executor.submit_script()
-        except SlurmError:
-            if arrays:  # keep what was queued visible: record it before failing
-                index.append(arrays)
-            raise
+        except SlurmError as exc:
+            if not arrays:
+                raise
+            index.append(arrays)   # keep what was queued visible: record it before failing
+            queued = chunk.offset
+            raise SlurmError(f"{exc}. The sweep is queued in part: points 0-{queued - 1} as "
+                             f"sweep {sweep_id} ({len(arrays)} arrays); points {queued}-"
+                             f"{len(points) - 1} are not. `hpctrain cancel {sweep_id}` and "
+                             "submit it again, or keep it and sweep the rest") from None
         sweep_id = sweep_id or sjob.job_id
         arrays.append(JobEntry(
             job_id=sjob.job_id, name=spec.name, kind="sweep", folder=str(sweep_dir),

@@ -158,3 +158,20 @@ def max_array_size(*, timeout: float = 10.0) -> int:
                                               timeout=timeout).stdout)
     value = config.get("MaxArraySize", "1001")
     return int(value) if value.isdigit() else 1001
+
+
+def queued_from(script: str, *, timeout: float = 30.0, wait_s: float = 2.0) -> str | None:
+    """The id of this user's queued job whose batch script is ``script`` (an absolute,
+    unique path), else None: the scheduler's word on an sbatch that timed out, which may
+    have queued its job all the same. Asked twice, ``wait_s`` apart: the controller may
+    still be handling that very request."""
+    for attempt in range(2):
+        res = client.run(["squeue", "-h", "--me", "-o", "%i|%o"], timeout=timeout,
+                         check=False)
+        for line in res.stdout.splitlines():
+            job, _, command = line.partition("|")
+            if command.strip() == script and job.strip():
+                return job.strip().split("_", 1)[0]     # an array: 123_[0-9%2] -> 123
+        if attempt == 0:
+            time.sleep(wait_s)
+    return None

@@ -182,3 +182,33 @@ def test_checkpointable_callable_is_checkpointed_requeued_and_resumes(
     assert runs[0] == 0 and len(runs) == 2 and 3 <= runs[1] < 16   # resumed, not restarted
     # the batch script's ledger names the cause (sacct alone would say REQUEUED)
     assert job.info().requeues == {"time_limit": 1}
+
+
+@pytest.mark.parametrize("queued", [True, False])
+def test_an_sbatch_that_times_out_is_settled_by_slurms_queue(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, queued: bool) -> None:
+    """sbatch gives up waiting for a busy controller (a 10,000-point sweep showed it): the
+    job may be queued all the same. The real sbatch, behind a wrapper slower than the
+    timeout (it queues the job, then keeps the answer back), or one that never reaches
+    Slurm: the first is found in Slurm's queue and recorded, the second said not queued."""
+    from hpctrain.jobs import executor, index
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    wrapper = tmp_path / "bin"
+    wrapper.mkdir()
+    real = "/usr/bin/sbatch" if queued else "true"
+    (wrapper / "sbatch").write_text(f'#!/bin/bash\n{real} "$@" >/dev/null\nsleep 5\n')
+    (wrapper / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper}:{os.environ['PATH']}")
+    monkeypatch.setattr(executor, "SBATCH_TIMEOUT_S", 1.0)
+    spec = JobSpec.load(write_spec(root / "slow.toml", name="slow", sbatch={"hold": True}))
+    if queued:
+        job = hpctrain.submit(spec)
+        try:
+            listed = client.run(["squeue", "-h", "-j", job.job_id, "-o", "%j"]).stdout
+            assert listed.strip() == "slow"
+            assert index.find(job.job_id) is not None
+        finally:
+            client.run(["scancel", job.job_id], check=False)
+    else:
+        with pytest.raises(SlurmError, match="nothing was queued"):
+            hpctrain.submit(spec)

@@ -101,3 +101,39 @@ def test_sweep_above_the_array_limit_is_split_and_chained(
     finally:
         assert cli.main(["cancel", sw.sweep_id]) == 0
     assert capsys.readouterr().out.split()[1:] == [a.job_id for a in sw.arrays]
+
+
+def test_a_sweep_queued_in_part_says_what_is_queued_and_records_it(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second array's sbatch fails (here: a wrapper around the real sbatch refuses
+    every call after the first): the error says which points are queued under which sweep
+    id, and the index has them, so `hpctrain cancel` reaches them."""
+    import os
+    import re
+
+    from hpctrain.errors import SlurmError
+    from hpctrain.jobs import index
+    from hpctrain.jobs.submit import submit_sweep
+    from hpctrain.spec.model import JobSpec
+
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    wrapper = tmp_path / "bin"
+    wrapper.mkdir()
+    (wrapper / "sbatch").write_text(
+        f'#!/bin/bash\nif [ -e {tmp_path}/once ]; then\n'
+        '  echo "sbatch: error: Batch job submission failed: Invalid account" >&2; exit 1\n'
+        f'fi\ntouch {tmp_path}/once\nexec /usr/bin/sbatch "$@"\n')
+    (wrapper / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper}:{os.environ['PATH']}")
+    spec = JobSpec.load(write_spec(root / "part.toml", name="part", sbatch={"hold": True}))
+    with pytest.raises(SlurmError) as err:
+        submit_sweep(spec, {"run.env.P": [str(i) for i in range(7)]}, max_parallel=2,
+                     array_limit=3)
+    found = re.search(r"queued in part: points 0-2 as sweep (\d+) \(1 arrays\); points 3-6 "
+                      r"are not\. `hpctrain cancel \1`", str(err.value))
+    assert found, str(err.value)
+    sweep_id = found[1]
+    try:
+        assert [m.job_id for m in index.sweep_members(sweep_id)] == [sweep_id]
+    finally:
+        assert cli.main(["cancel", sweep_id]) == 0
