@@ -108,40 +108,47 @@ def main() -> int:
         while True:
             text, _ = run("squeue", "-h", "-j", array, "-t", "RUNNING", "-o", "%i %N")
             running = [line.split() for line in text.splitlines() if "_" in line]
+            running = [(f"{array}_{i.split('_')[1]}", n) for i, n in running]
             if running:
                 break
             if time.time() > deadline:
                 raise SystemExit("no point of the big sweep started within 5 min")
             time.sleep(2)
-        task_id, node = running[0]
-        task = int(task_id.split("_")[1])
-        time.sleep(5)       # the point's supervisor has started its step
+        node = running[0][1]
+        on_node = sorted(t for t, n in running if n == node)
+        time.sleep(5)       # the points' supervisors have started their steps
         t_preempt = time.time()
         # one GPU: Slurm preempts one point of the node to free it, not the node's others
-        urgent, _ = run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={node}",
-                        "--gres=gpu:1", "-o", "/dev/null", "--wrap", "sleep 1")
-        while "REQUEUED" not in task_states(array, task):
+        run("sbatch", "--parsable", "-p", "urgent", f"--nodelist={node}", "--gres=gpu:1",
+            "-o", "/dev/null", "--wrap", "sleep 1")
+
+        def requeued_points() -> list[str]:
+            text, _ = run("sacct", "-n", "-P", "--duplicates", "-X", "-j", array,
+                          "-o", "JobID,State")
+            return sorted({line.split("|")[0] for line in text.splitlines()
+                           if line.endswith("|REQUEUED")})
+        while not (requeued := requeued_points()):
             if time.time() > t_preempt + 120:
-                raise SystemExit(f"point {task_id} was not requeued within 120 s")
+                raise SystemExit(f"no point on {node} ({on_node}) requeued within 120 s")
             time.sleep(1)
         out["preempt_to_requeued_s"] = round(time.time() - t_preempt, 1)
+        task_id = requeued[0]
+        task = int(task_id.split("_")[1])
         while task_states(array, task)[-1] not in ("RUNNING", "COMPLETED"):
             if time.time() > t_preempt + 600:
                 raise SystemExit(f"point {task_id} did not run again within 10 min")
             time.sleep(2)
         out["preempt_to_running_again_s"] = round(time.time() - t_preempt, 1)
-        text, _ = run("sacct", "-n", "-P", "--duplicates", "-X", "-j", array,
-                      "-o", "JobID,State")
-        requeued = sorted({line.split("|")[0] for line in text.splitlines()
-                           if line.endswith("|REQUEUED")})
+        out["points_on_the_node"] = on_node
         out["preempted_point"] = task_id
-        out["requeued_points"] = requeued
-        out["requeued_alone"] = requeued == [task_id]
+        out["requeued_points"] = requeued_points()
+        out["requeued_alone"] = out["requeued_points"] == [task_id]
         t_row, text = timed(env, 1, "status", big["sweep_id"], "--json")
         row = next(r for r in json.loads(text)["jobs"] if r["job_id"] == task_id)
         out["status_of_preempted_point"] = {k: row.get(k) for k in ("state", "requeues")}
     finally:     # whatever was queued, also by a sweep that failed half-way
-        run("scancel", "--me", "--name=base,big")
+        for name in ("base", "big"):
+            run("scancel", "--me", f"--name={name}")
     print(json.dumps(out, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

@@ -183,6 +183,9 @@ KillWait=10
 InactiveLimit=0
 MinJobAge=600
 MaxArraySize=1001
+# Slurm's default 10,000 is below one 10,000-point sweep once its tasks are records of
+# their own (started or cancelled): new jobs are then refused until MinJobAge passes
+MaxJobCount=50000
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 AccountingStorageType=accounting_storage/slurmdbd
