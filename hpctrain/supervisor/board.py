@@ -101,6 +101,10 @@ class Board:
         """The receive buffer the kernel granted (net.core.rmem_max caps the ask)."""
         return self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
 
+    def buffer_note(self, world: int) -> str:
+        """What to tell the job log when every rank's last word at once may not fit."""
+        return buffer_note(self.buffer_bytes(), world)
+
     def close(self) -> None:
         self._closed.set()
         self._thread.join(timeout=2.0)
@@ -141,3 +145,17 @@ def _newer_attempt(record: dict[str, str], known: dict[str, str]) -> bool:
         except ValueError:
             return 0, 0
     return key(record) > key(known)
+
+
+PER_WORD = 1024      # what one rank's last word takes of the buffer (datagram + kernel's)
+
+
+def buffer_note(granted: int, world: int) -> str:
+    """'' when ``world`` ranks' last words fit in ``granted`` bytes; else what to do."""
+    if granted >= world * PER_WORD:
+        return ""
+    return (f"the progress board's receive buffer is {granted >> 10} KiB "
+            f"(net.core.rmem_max caps it): {world} ranks' last words at once may not all "
+            f"fit, and a lost one leaves the end judged by Slurm's word alone; raise "
+            f"net.core.rmem_max to {world * PER_WORD >> 20 or 1} MiB or more "
+            "(docs/scale.md)")

@@ -1,7 +1,8 @@
 """The supervisor's hang watchdog at work: read the ranks' progress (from the progress
-board, :mod:`hpctrain.supervisor.board`; or the job log's growth), judge it (:mod:`hpctrain.supervisor.watchdog`, pure), and when the step is
-hung collect every rank's Python stacks into the job log, name the rank(s) that stopped
-first, and kill the step so it can be restarted.
+board, :mod:`hpctrain.supervisor.board`; or the job log's growth), judge it
+(:mod:`hpctrain.supervisor.watchdog`, pure), and when the step is hung collect every
+rank's Python stacks into the job log, name the rank(s) that stopped first, and kill the
+step so it can be restarted.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ SETTLE_S, MAX_SETTLE_S = 1.0, 5.0   # ranks timing out in a collective: wait for
 KILL_WAIT_S = 60.0      # how long a killed step may take to end
 STACK_LINES = 60        # lines of one rank's stacks printed into the job log
 FINISH_WAIT_S = 0.5     # the ranks' last words, sent as the step ended, still arriving
-FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: one line each)
+FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: a line per frame)
 
 
 class Watch:

@@ -62,6 +62,8 @@ class Supervisor:
         self.books = Recorder(self.state, cfg.key, cfg.restart_count, slurm.time)
         self.seen = Gather(cfg, slurm, self.state, self.bad)
         self.board = Board()      # the ranks' progress, over the network
+        if note := self.board.buffer_note(cfg.world):
+            say(note)
         self.actor = Actor(cfg, slurm, self.state, self.books, self.bad, self.board)
         self.inprocess = InProcess(cfg, slurm, self.state, self.seen, self.actor)
         self._forwarded = False

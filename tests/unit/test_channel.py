@@ -165,3 +165,10 @@ def test_a_node_directory_others_may_write_in_is_not_used(
     planted.chmod(0o700)
     relay = from_env(env, "r1", 0, "n1", 2.0)
     assert relay is not None and relay.local.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_receive_buffer_too_small_for_every_last_word_is_said() -> None:
+    from hpctrain.supervisor.board import buffer_note
+    assert buffer_note(8 << 20, 4) == ""
+    note = buffer_note(425_984, 8192)
+    assert "416 KiB" in note and "8192 ranks" in note and "to 8 MiB" in note
