@@ -171,6 +171,8 @@ class Reporter:
         within ANSWER_POLL_S); a node whose ranks were all killed keeps its directory, in
         node memory that a reboot (or Slurm's per-job /dev/shm) clears."""
         assert self.relay is not None
+        if os.getpid() != self.relay.pid:
+            return      # a forked child exiting: the rank's record is not its own
         end = time.monotonic() + LEAVE_WAIT_S
         while not (sent := self.relay.flush()) and time.monotonic() < end:
             time.sleep(0.05)    # another rank flushes as it leaves: the role is free soon

@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -28,6 +29,23 @@ from hpctrain.protocol import channel
 
 LOCK = "relay.lock"
 REQUEST_NAMES = (p.DUMP, p.INTERRUPT, p.RESUME)
+_RELAYS: weakref.WeakSet[Relay] = weakref.WeakSet()
+
+
+def _in_forked_child() -> None:
+    """A process forked from a rank (a DataLoader worker) drops its copy of the relay
+    lock: were it to outlive the rank, the node would keep a relay that never sends."""
+    for relay in list(_RELAYS):
+        if relay._lock_fd is not None:
+            try:
+                os.close(relay._lock_fd)    # the parent's lock stays: it has its own fd
+            except OSError:
+                pass
+            relay._lock_fd = None
+        relay._lock = threading.Lock()      # a copy of a lock the progress thread held
+
+
+os.register_at_fork(after_in_child=_in_forked_child)
 
 
 class Relay:
@@ -45,6 +63,8 @@ class Relay:
         self._said: tuple = ()     # what the node's records last said (beats aside)
         self._lock = threading.Lock()    # the progress thread's ticks and a rank's urgent one
         self.sent = 0          # datagrams sent (the traffic figures in docs/scale.md)
+        self.pid = os.getpid()  # a forked child's copy sends nothing (see _in_forked_child)
+        _RELAYS.add(self)
 
     @property
     def held(self) -> bool:
@@ -54,6 +74,8 @@ class Relay:
         """This rank's own record, straight to the supervisor: news that must not depend
         on another process (the node's relay may die with its rank a moment later, as
         srun ends a step's other tasks when one fails)."""
+        if os.getpid() != self.pid:
+            return
         with self._lock:
             self._send(channel.records_messages(self.token, self.node, [record],
                                                 relay=False))
@@ -62,6 +84,8 @@ class Relay:
         """Take the relay role when nobody on the node holds it; as the relay, write the
         requests that came, and send the node's records once a beat or when one of them
         says something new."""
+        if os.getpid() != self.pid:
+            return
         with self._lock:
             self._tick()
 
@@ -83,6 +107,8 @@ class Relay:
         become) the relay, then give the role up; True when it sent them. Otherwise a
         relay still working elsewhere on the node sends them at its next tick; the last
         rank to leave always can."""
+        if os.getpid() != self.pid:
+            return False
         with self._lock:
             if not self.held:
                 self._take()

@@ -172,3 +172,25 @@ def test_a_receive_buffer_too_small_for_every_last_word_is_said() -> None:
     assert buffer_note(8 << 20, 4) == ""
     note = buffer_note(425_984, 8192)
     assert "416 KiB" in note and "8192 ranks" in note and "to 8 MiB" in note
+
+
+def test_a_forked_child_of_the_relay_neither_keeps_its_lock_nor_speaks(tmp_path: Path) -> None:
+    """A DataLoader worker forked from the rank that relays its node: it drops its copy of
+    the lock (outliving the rank, it would hold the role and never send) and sends
+    nothing; the rank keeps the role."""
+    board = Board()
+    relay = relay_for(board, tmp_path, "n1")
+    relay.tick()
+    assert relay.held
+    pid = os.fork()
+    if pid == 0:                                    # the child
+        code = 0 if (not relay.held and relay.flush() is False) else 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    other = relay_for(board, tmp_path, "n1")
+    other.tick()
+    assert relay.held and not other.held             # the parent's lock was not dropped
+    relay.release()
+    other.tick()
+    assert other.held
