@@ -43,7 +43,9 @@ from hpctrain.runtime.relay import from_env as relay_from_env
 
 ANSWER_POLL_S = 0.5   # how often the thread looks for a stack request
 HISTORY_S = 10.0      # how often rank 0 appends its queued history lines
-LEAVE_WAIT_S = 1.0    # how long a leaving rank waits for the node's relay role
+# how long a leaving rank waits for the node's relay role, to clean up after itself (its
+# last word went out already): another rank's flush takes milliseconds
+LEAVE_WAIT_S = 0.2
 
 _current: Reporter | None = None
 
