@@ -29,7 +29,7 @@ import json
 import os
 import socket
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +97,18 @@ def udp_socket(bind: tuple[str, int] | None = None, buffer: int = 0) -> socket.s
         sock.bind(bind)
     sock.setblocking(False)
     return sock
+
+
+def incoming(sock: socket.socket, token: str, kind: str
+             ) -> Iterator[tuple[dict[str, Any], tuple[str, int]]]:
+    """Every datagram waiting on non-blocking ``sock`` that is a ``kind`` message with
+    ``token``, with its sender; others are dropped. Ends when nothing more is waiting (or
+    the socket reports an error: e.g. ECONNREFUSED for an earlier send)."""
+    while True:
+        try:
+            data, sender = sock.recvfrom(MAX_DATAGRAM)
+        except OSError:       # BlockingIOError included: nothing more to read
+            return
+        message = decode(token, data)
+        if message is not None and message.get("kind") == kind:
+            yield message, sender

@@ -158,16 +158,7 @@ class Relay:
         self._lock_fd, self._next_send = fd, 0.0
 
     def _receive(self) -> None:
-        while True:
-            try:
-                data, _ = self.sock.recvfrom(channel.MAX_DATAGRAM)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return      # e.g. ECONNREFUSED reported for an earlier send: nothing to read
-            message = channel.decode(self.token, data)
-            if message is None or message.get("kind") != channel.REQUESTS:
-                continue
+        for message, _ in channel.incoming(self.sock, self.token, channel.REQUESTS):
             for name, fields in (message.get("requests") or {}).items():
                 if name in REQUEST_NAMES and isinstance(fields, dict) and \
                         self._written.get(name) != fields:

@@ -67,16 +67,7 @@ class Board:
                 self.drain()
 
     def _drain(self) -> None:
-        while True:
-            try:
-                data, sender = self.sock.recvfrom(channel.MAX_DATAGRAM)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                return
-            message = channel.decode(self.token, data)
-            if message is None or message.get("kind") != channel.RECORDS:
-                continue
+        for message, sender in channel.incoming(self.sock, self.token, channel.RECORDS):
             self.received += 1
             self._take(message.get("records") or [])
             if message.get("relay"):
