@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpctrain.protocol import COLLECTIVE_TIMEOUT_S, STEP_ATTEMPT
-from hpctrain.runtime import progress, teardown
+from hpctrain.runtime import groups, progress, teardown
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
@@ -234,6 +234,10 @@ class Setup:
             if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(device)
+        import torch.distributed as dist
+
+        if dist.is_available() and not dist.is_initialized():
+            groups.preload()   # before the first group: else a module import pins it
         setup = cls(parsed, environ, flag, reporter, device,
                     backend or ("nccl" if use_cuda else "gloo"))
         # an uncaught exception ends the job FAILED (not requeued); say why in the record
@@ -241,7 +245,12 @@ class Setup:
         return setup
 
     def record_crash(self, exc_type: type[BaseException], exc: BaseException) -> bool:
-        return self.current is not None and self.current.record_crash(exc_type, exc)
+        if self.current is None:
+            # between two attempts (hpctrain.runtime.run): the attempt's Context is gone,
+            # but the process's last word must still say its work did not end in a return
+            teardown.mark("crash")
+            return False
+        return self.current.record_crash(exc_type, exc)
 
     def collective_timeout(self, timeout_s: float | None) -> timedelta:
         """How long one collective waits for a peer: ``timeout_s`` if given, else the job's

@@ -45,20 +45,20 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpctrain import protocol as p
+from hpctrain.protocol import timeouts as t
+from hpctrain.runtime import teardown
 from hpctrain.runtime.context import Context, Setup
 from hpctrain.runtime.crashrecord import (crash_fields, device_lost, exception_chain,
                                           lost_peer, timed_out, write_crash_record)
-from hpctrain.runtime.teardown import destroy_process_group
 
 if TYPE_CHECKING:
     from torch.distributed import Store
 
 T = TypeVar("T")
 INTERRUPT_SIGNAL = signal.SIGURG   # ignored by default: no other use in a training job
-RESUME_POLL_S = 0.05               # how often a rank waiting to restart looks for the word
-RESUME_WAIT_S = 120.0              # ...and how long, before it gives up and leaves
-ABORT_EVERY_S = 0.25               # an interrupted attempt's groups are aborted this often
-SIGNAL_AFTER_S = 1.0               # ...and its main thread signalled after this long
+# the dialog's clocks, which must nest with the supervisor's: hpctrain.protocol.timeouts
+RESUME_POLL_S, RESUME_WAIT_S = t.RESUME_POLL_S, t.RESUME_WAIT_S
+ABORT_EVERY_S, SIGNAL_AFTER_S = t.ABORT_EVERY_S, t.SIGNAL_AFTER_S
 
 
 class Interrupted(Exception):
@@ -86,10 +86,19 @@ def run(main: Callable[[Context], T], *, backend: str | None = None,
         ctx = attempts.connect()
         try:
             result = main(ctx)
-        except (KeyboardInterrupt, SystemExit):
+        except SystemExit as exc:
+            if exc.code not in (None, 0):
+                teardown.mark("crash")     # sys.exit(3): the script's work did not finish
+            raise
+        except KeyboardInterrupt:
+            teardown.mark("crash")
             raise
         except BaseException as exc:
             if not attempts.restart(ctx, exc):
+                # told to stop (or no supervisor to ask): the exception goes on, and the
+                # rank's last word says its work did not end in a return, whatever its
+                # death at exit looks like (a job whose ranks all "returned" is COMPLETED)
+                teardown.mark("crash")
                 raise
             continue
         attempts.done()
@@ -135,6 +144,7 @@ class _Attempts:
         self._asked = False          # a SIGURG on its way is the supervisor's
         self._interrupted = False    # the supervisor asked this attempt to end
         self._leaving = False        # this attempt ended: main is not running
+        self._aborter: threading.Thread | None = None   # _leave, while it runs
         self.off = not_in_place(e.tp, setup.backend)   # why attempts cannot restart here
         if not self.off:
             for name, value in nccl_settings(setup.backend, os.environ).items():
@@ -215,7 +225,12 @@ class _Attempts:
             traceback.clear_frames(link.__traceback__)
         ctx.mesh = None  # type: ignore[assignment]
         self.setup.current = None
-        destroy_process_group(self.setup.env.rank)      # and collects the garbage
+        if self._aborter is not None:
+            # it holds the groups it aborts: let it go before they are destroyed, or a
+            # group outlives the destroy and its peers keep waiting on its connections
+            self._aborter.join(timeout=2 * ABORT_EVERY_S)
+            self._aborter = None
+        teardown.destroy_process_group(self.setup.env.rank, check=True)   # and its peers freed
 
     def done(self) -> None:
         """``main`` returned: nothing more to interrupt."""
@@ -248,7 +263,9 @@ class _Attempts:
         self._interrupted = self._asked = True
         print(f"hpctrain: rank {self.setup.env.rank}: the supervisor asks attempt "
               f"{self.attempt} to end", file=sys.stderr, flush=True)
-        threading.Thread(target=self._leave, name="hpctrain-abort", daemon=True).start()
+        self._aborter = threading.Thread(target=self._leave, name="hpctrain-abort",
+                                         daemon=True)
+        self._aborter.start()
 
     def _leave(self) -> None:
         """Make the main thread leave its attempt: abort every process group of the

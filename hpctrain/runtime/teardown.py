@@ -29,11 +29,11 @@ so a preemption arriving during the teardown cannot kill a rank mid-flush.
 from __future__ import annotations
 
 import atexit
-import gc
 import os
 import sys
 import threading
 
+from hpctrain.runtime import groups
 from hpctrain.runtime.progress import Reporter
 
 EXIT_WORDS = ("return", "crash", "requeue")   # how the script's work ended
@@ -84,20 +84,14 @@ class Teardown:
         destroy_process_group(self.rank)
 
 
-def destroy_process_group(rank: int) -> None:
+def destroy_process_group(rank: int, check: bool = False) -> None:
     """``torch.distributed.destroy_process_group()``, then a garbage collection: after a
     DeviceMesh's group was used, what the destroy leaves in reference cycles still aborts
     the process when the interpreter's exit collects it (4 of 16 exits here; 0 of 16
-    with the collection). Never raises."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception as exc:  # noqa: BLE001 - a peer already gone: nothing to undo
-        print(f"hpctrain: rank {rank}: destroy_process_group at exit: {exc}",
-              file=sys.stderr, flush=True)
-    gc.collect()
+    with the collection). ``check`` (an attempt ends, the process goes on): a group still
+    referenced after that is released or named in the log
+    (:func:`hpctrain.runtime.groups.destroy`). Never raises."""
+    groups.destroy(rank, check)
 
 
 _current: Teardown | None = None
@@ -118,6 +112,14 @@ def install(reporter: Reporter | None, rank: int, owns_process_group: bool) -> T
 
 def _at_exit(teardown: Teardown) -> None:
     teardown.run()
+
+
+def mark(word: str) -> None:
+    """How this process's script work ended (:meth:`Teardown.mark`), for a caller that
+    holds no Context: :func:`hpctrain.runtime.run` once an attempt it could not restart
+    leaves on its exception, and the crash hook between two attempts."""
+    if _current is not None and not _current.done:
+        _current.mark(word)
 
 
 def group_exists() -> bool:

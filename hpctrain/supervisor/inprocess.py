@@ -19,6 +19,7 @@ killed and restarted in new processes, as before.
 from __future__ import annotations
 
 from hpctrain import protocol as p
+from hpctrain.protocol import timeouts as t
 from hpctrain.supervisor.actor import Actor
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Decision, Facts, decide
@@ -29,10 +30,8 @@ from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import Hang
 
-ARRIVE_S = 15.0      # every rank reports its failed attempt within this, or none restarts
-ARRIVE_POLL_S = 0.1
-LEAVE_S = 30.0       # ranks told to stop leave within this (their launcher ends the step),
-#                      else the step is killed
+# the dialog's clocks, which must nest with the ranks': hpctrain.protocol.timeouts
+ARRIVE_S, ARRIVE_POLL_S, LEAVE_S = t.ARRIVE_S, t.ARRIVE_POLL_S, t.LEAVE_S
 
 
 class InProcess:
@@ -109,7 +108,7 @@ class InProcess:
                 return False
             self.slurm.sleep(ARRIVE_POLL_S)
         say(f"not every rank left attempt {watch.attempt} in its process within "
-            f"{ARRIVE_S:.0f} s: restarting in new processes")
+            f"{ARRIVE_S:.0f} s: no restart in these processes")
         return False
 
     def go(self, decision: Decision, facts: Facts, watch: Watch) -> Watch:
@@ -121,7 +120,10 @@ class InProcess:
         """The ranks leave: their exception goes on and the step ends."""
         why = why or (f"the decision is to {decision.action} ({decision.cause})" if decision
                       else "not every rank could")
-        say(f"not restarting attempt {watch.attempt} in its processes: {why}")
+        # what follows is decided once the step has ended, from how it ended (a restart in
+        # new processes within the budget, a requeue, or the end): never promised here
+        say(f"not restarting attempt {watch.attempt} in its processes: {why}; the ranks "
+            f"are told to leave (the step is killed if they have not within {LEAVE_S:.0f} s)")
         self._stopped, self._stopped_at = watch.attempt, self.slurm.monotonic()
         self.actor.board.request(p.RESUME, {"run_id": self.state.run_id,
                                             "restart_count": self.cfg.restart_count,

@@ -38,8 +38,8 @@ class StandIn:
     attempt says it failed, every rank is asked to leave it (``interrupt``); once every
     rank says it is restarting, ``go`` for the next. An interrupt on request too (a hang)."""
 
-    def __init__(self, state: Path, world: int) -> None:
-        self.state, self.world = state, world
+    def __init__(self, state: Path, world: int, answer: str = "go") -> None:
+        self.state, self.world, self.answer = state, world, answer
         self.attempt = 0
         self.answered: list[tuple[int, float, list[str]]] = []   # (attempt, when, words)
         self.done = threading.Event()
@@ -57,7 +57,7 @@ class StandIn:
                 interrupted = self.attempt
             if len(waiting) == self.world:
                 # a rank whose process cannot start another attempt (a device error): stop
-                able = all(r.get("inprocess") == "1" for r in now)
+                able = all(r.get("inprocess") == "1" for r in now) and self.answer == "go"
                 if able:
                     (self.state / p.EXIT).unlink(missing_ok=True)
                 self.attempt += 1
@@ -121,6 +121,60 @@ def test_a_crash_and_a_hang_restart_in_the_same_processes(tmp_path: Path) -> Non
                     and e["attempt"] == attempt)
         assert first - answered_at < 3.0, (attempt, first - answered_at)
     assert records(state, 2)[0]["inprocess"] == "1"
+
+
+def plain_loop(tmp_path: Path, world: int, answer: str, *faults: str,
+               steps: int = 12) -> tuple[StandIn, list[int], list[dict], str, Path]:
+    """tests/programs/plain_dp_loop.py on ``world`` ranks (their own processes, as srun
+    starts them) with a stand-in supervisor answering ``answer``; collectives may wait
+    60 s, so only a peer's closed connections end a wait sooner."""
+    state, ckpt, log = tmp_path / "s", tmp_path / "ckpt", tmp_path / "events.jsonl"
+    state.mkdir()
+    ckpt.mkdir()
+    env = env_for(HPCTRAIN_STATE_DIR=str(state), HPCTRAIN_EXIT_FILE=str(state / p.EXIT),
+                  HPCTRAIN_HEARTBEAT_S="0.2", HPCTRAIN_COLLECTIVE_TIMEOUT_S="60", **RUN)
+    stand_in = StandIn(state, world, answer)
+    args = ["--steps", str(steps), "--save-every", "4", "--ckpt-dir", str(ckpt),
+            "--events", str(log), "--final", str(tmp_path / "final")]
+    procs = start_ranks(PROGRAMS / "plain_dp_loop.py", world, env, tmp_path / "out.txt",
+                        (*args, *(w for f in faults for w in ("--fault", f))))
+    try:
+        codes = wait_ranks(procs, timeout=45)
+    finally:
+        stand_in.done.set()
+    return stand_in, codes, events(log), (tmp_path / "out.txt").read_text(), state
+
+
+def test_the_plainest_dp_loop_restarts_in_place_after_a_crash_just_after_a_save(
+        tmp_path: Path) -> None:
+    """Issue 41: ``all_reduce`` on the default group, a DeviceMesh made by the runtime, a
+    crash just after a save. The default group of attempt 0 was pinned by
+    torch.distributed.nn.functional's default arguments (imported lazily, after the group
+    existed): the crashed rank's connections never closed and its peer waited in the
+    all-reduce until its collective timeout (60 s here) instead of failing at once."""
+    stand_in, codes, found, out, _ = plain_loop(tmp_path, 2, "go", "crash@4:1:0")
+    assert codes == [0, 0], out[-3000:]
+    (attempt, answered_at, words), = stand_in.answered
+    assert words[0] == "crash" and words[1] in FREED, words
+    starts = [e for e in found if e["event"] == "start"]
+    assert [(s["attempt"], s["step"]) for s in starts] == [(0, 0), (1, 4)], starts
+    crashed_at = min(e["time"] for e in found if e["event"] == "step" and e["step"] == 3)
+    assert answered_at - crashed_at < 10.0, "the peer left the all-reduce at once"
+    assert "a destroyed process group is still referenced" not in out, out[-3000:]
+    assert any(e["event"] == "done" for e in found)
+
+
+def test_ranks_told_to_stop_leave_with_a_last_word_that_is_not_a_return(
+        tmp_path: Path) -> None:
+    """The false COMPLETED of issue 41: ranks told to stop let their exception go on, and
+    the crash hook (its attempt's Context already gone) no longer marked the exit: the
+    teardown said ``exit=return``, and a rank dying at exit made the job COMPLETED."""
+    stand_in, codes, found, out, state = plain_loop(tmp_path, 2, "stop", "crash@4:1:0")
+    assert codes == [1, 1], out[-3000:]
+    assert len(stand_in.answered) == 1
+    last = records(state, 2)
+    assert [r.get("exit") for r in last] == ["crash", "crash"], last
+    assert not any(e["event"] == "done" for e in found)
 
 
 def test_a_rank_that_gives_up_in_a_collective_says_timeout_and_restarts(tmp_path: Path) -> None:

@@ -290,3 +290,43 @@ def test_requeues_nobody_counted_are_entered_at_the_next_start() -> None:
     assert missing_requeues(0, 1, None, []) == [(1, "node_fail")]   # no accounting
     assert missing_requeues(0, 1, None, ["REQUEUED"]) == [(1, "requeued")]  # an admin
     assert missing_requeues(2, 2, None, states) == []
+
+
+# Issue 41: a job is COMPLETED only if its ranks finished their work. Each rank's last word
+# (hpctrain.runtime.teardown) by how its script left, against how the step then died.
+# "stopped": an attempt of hpctrain.runtime.run that failed and was told not to restart in
+# its processes; its exception goes on, and its word is a crash (the false COMPLETED of
+# issue 41 came from a word of "return" here).
+LAST_WORDS = {
+    "returned":          ({"exit": "return", "phase": "exited", "flushed": "1"}, True),
+    "stopped":           ({"exit": "crash", "phase": "exited", "flushed": "1"}, False),
+    "crashed":           ({"exit": "crash", "phase": "exited", "flushed": "1"}, False),
+    "requeue asked":     ({"exit": "requeue", "phase": "exited", "flushed": "1"}, False),
+    "save not durable":  ({"exit": "return", "phase": "exited", "flushed": "0"}, False),
+    "died in the work":  ({"phase": "training"}, False),
+    "no word":           ({}, False),
+}
+DEATHS = {   # the step's status, the first failure's signal (srun: 128 + signal)
+    "aborted at exit (SIGABRT)": (134, "SIGABRT"),
+    "killed by a signal (SIGTERM)": (143, "SIGTERM"),
+    "exit code 1": (1, None),
+}
+
+
+@pytest.mark.parametrize("death", DEATHS)
+@pytest.mark.parametrize("word", LAST_WORDS)
+def test_a_job_is_completed_only_when_every_rank_returned_with_its_saves_durable(
+        word: str, death: str) -> None:
+    """Rank 1's last word x the step's death; rank 0 returned. COMPLETED only when rank 1
+    returned too and the death was a signal after the work (row 6); a word that is not a
+    return is a failure of the run, whatever the death looks like."""
+    record, finished = LAST_WORDS[word]
+    status, died_of = DEATHS[death]
+    returned = {"exit": "return", "phase": "exited", "flushed": "1", "step": "19"}
+    finish = Finish.from_records({0: returned, 1: {**record, "step": "19"}}, 2)
+    failure = Diagnosis(1, "n2", "signal", "", "srun", died_of) if died_of else None
+    d = decide(facts(status=status, finish=finish, failure=failure))
+    completed = finished and died_of is not None
+    assert (d.cause == "completed") == completed, (word, death, d)
+    if not completed:
+        assert d.cause == "user_crash" and d.exit_code != 0, (word, death, d)

@@ -1,0 +1,110 @@
+"""The plainest data-parallel loop under ``hpctrain.runtime.run``, as a user writes it (not
+shaped for hpctrain's tests): a ``torch.nn.Sequential``, ``torch.distributed.all_reduce``
+on each gradient on the default group, ``opt.step()``, ``ctx.stop_requested()``, and a
+``CheckpointManager`` built inside ``main`` that saves every ``--save-every`` steps.
+
+Faults, each on one rank in one attempt of the job's first run (``KIND@STEP:RANK:ATTEMPT``,
+repeatable): ``crash`` raises before the step's forward pass (just after a save when STEP
+is a multiple of --save-every), ``hang`` sleeps in Python before it (the others wait in the
+all-reduce), ``save-crash`` puts what cannot be pickled into that rank's save (the save
+fails on every rank). Rank 0 appends JSON events to --events; every rank writes its final
+parameters to ``--final/rank-N.pt`` (bitwise comparisons).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import hpctrain.runtime
+from hpctrain.checkpoint import CheckpointManager
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--save-every", type=int, default=10)
+    ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--ckpt-dir", required=True)
+    ap.add_argument("--events", required=True)
+    ap.add_argument("--final", default="")
+    ap.add_argument("--fault", action="append", default=[])
+    return ap.parse_args()
+
+
+def faults_of(args: argparse.Namespace, ctx: hpctrain.runtime.Context) -> dict[str, int]:
+    mine = {}
+    for spec in args.fault if ctx.restart_count == 0 else []:
+        kind, _, where = spec.partition("@")
+        step, rank, attempt = (int(x) for x in where.split(":"))
+        if rank == ctx.rank and attempt == ctx.attempt:
+            mine[kind] = step
+    return mine
+
+
+def log(path: str, **event: object) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps({**event, "time": time.time()}) + "\n")
+
+
+def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
+    faults = faults_of(args, ctx)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    mgr = CheckpointManager(args.ckpt_dir, keep_last=2)
+    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+    start = mgr.load_latest(state) or 0
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    if ctx.rank == 0:
+        log(args.events, event="start", step=start, attempt=ctx.attempt,
+            restart=ctx.restart_count, pid=os.getpid())
+    for step in range(start, args.steps):
+        if faults.get("crash") == step:
+            raise RuntimeError(f"simulated crash before step {step}")
+        if faults.get("hang") == step:
+            while True:
+                time.sleep(3600)
+        gen = torch.Generator().manual_seed(step * 1000 + ctx.rank)
+        x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= ctx.world_size
+        opt.step()
+        time.sleep(args.step_sleep)
+        if ctx.rank == 0:
+            log(args.events, event="step", step=step, attempt=ctx.attempt,
+                restart=ctx.restart_count)
+        done = step + 1
+        if ctx.stop_requested():
+            mgr.save(done, {"model": model.state_dict(), "opt": opt.state_dict()})
+            mgr.close()
+            ctx.exit_for_requeue(done)
+        if done % args.save_every == 0 and done < args.steps:
+            saved = {"model": model.state_dict(), "opt": opt.state_dict()}
+            if faults.get("save-crash") == done:
+                saved["broken"] = lambda: None    # cannot be pickled: the save fails
+            mgr.save(done, saved)
+    mgr.close()
+    if args.final:
+        os.makedirs(args.final, exist_ok=True)
+        torch.save({k: v.clone() for k, v in model.state_dict().items()},
+                   os.path.join(args.final, f"rank-{ctx.rank}.pt"))
+    if ctx.rank == 0:
+        log(args.events, event="done", step=args.steps, attempt=ctx.attempt)
+    return 0
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    sys.exit(hpctrain.runtime.run(lambda ctx: main(ctx, arguments)))
