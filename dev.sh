@@ -3,6 +3,7 @@
 #   ./dev.sh demo    install everything, bring the devcluster up, run the example training job
 #   ./dev.sh test    install everything, bring the devcluster up, run the whole test suite
 #                    (as the ordinary user hpct-alice, which it makes)
+#   ./dev.sh quick   the same set-up, then the quick tier: fast unit tests and one smoke job
 #   ./dev.sh bench   run the benchmarks
 #   ./dev.sh regen   regenerate the reference scripts in sbatch/
 #   ./dev.sh install only install (venv in .venv, or $HPCTRAIN_VENV)
@@ -85,7 +86,10 @@ case "${1:-}" in
     install) install ;;
     demo)    install; cluster_up; exec bash examples/demo.sh ;;
     test)    install; [ "$(id -u)" != 0 ] || test_user; cluster_up; shift; run_tests "$@" ;;
+    # the quick tier for every change: the fast unit tests and one job on the devcluster
+    quick)   install; [ "$(id -u)" != 0 ] || test_user; cluster_up; shift
+             run_tests -m "smoke or not (slow or slurm)" "$@" ;;
     bench)   install; bench_tools; cluster_up; shift; exec bash benchmarks/run_all.sh "$@" ;;
     regen)   install; exec python tools/regen_sbatch.py ;;
-    *) echo "usage: ./dev.sh demo|test|bench|regen|install" >&2; exit 2 ;;
+    *) echo "usage: ./dev.sh demo|test|quick|bench|regen|install" >&2; exit 2 ;;
 esac

@@ -6,7 +6,8 @@ as this benchmark counts it from the job's own step log.
 
     SLURM_CONF=/var/lib/hpctrain/devcluster/etc/slurm.conf .venv/bin/python benchmarks/inprocess_bench.py
 
-The job is examples/train_gpt.py on 2 nodes x 2 fake GPUs, dp=4 under srun, submitted with
+The job is examples/train_gpt.py on 2 nodes x 2 fake GPUs, dp=4 under each of --launchers
+(srun, torchrun, deepspeed; the goodput run under the first), submitted with
 `hpctrain submit`; rank 1 raises before step C of attempt 0 and rank 2 sleeps (a Python
 hang: the others wait in the step's all-reduce) before step H of attempt 1;
 hang_timeout_s=10 for both kinds, so the detection is the same and the difference is the
@@ -68,7 +69,7 @@ def hpctrain(*argv: str, cwd: Path | None = None) -> str:
 
 
 def submit(where: Where, root: Path, name: str, steps: int, inprocess: bool,
-           minutes: int = 20) -> str:
+           minutes: int = 20, launcher: str = "srun") -> str:
     """One train_gpt job, faults included; its job id."""
     root.mkdir(parents=True)
     cmd = [sys.executable, str(ROOT / "examples" / "train_gpt.py"), "--steps", str(steps),
@@ -82,7 +83,7 @@ def submit(where: Where, root: Path, name: str, steps: int, inprocess: bool,
         f"gpus_per_node = {where.gpus_per_node}",
         f'time = "00:{minutes + 10:02d}:00"', f'output = "{root}/job-%j.out"',
         f'workdir = "{root}"', "[layout]", f"dp = {where.gpus}", "[run]",
-        'launcher = "srun"',
+        f'launcher = "{launcher}"',
         f"command = {json.dumps(cmd)}", 'env = { OMP_NUM_THREADS = "1" }',
         "[checkpoint]", f'dir = "{root}/ckpt"',
         "[requeue]", "max_crash_restarts = 2", "max_hangs = 2", 'signal = "USR2"',
@@ -163,13 +164,38 @@ def preempt_after(where: Where, root: Path, job: str, step: int, timeout: float)
 
 
 def goodput_job(where: Where, base: Path, name: str, total: int, inprocess: bool,
-                minutes: int) -> tuple[float, float, dict]:
+                minutes: int, launcher: str) -> tuple[float, float, dict]:
     root = base / name
-    job = submit(where, root, name, total, inprocess, minutes)
+    job = submit(where, root, name, total, inprocess, minutes, launcher)
     preempt_after(where, root, job, int(total * 0.6), minutes * 60 + 300)
     wait_done(job, minutes * 60 + 600)
     r = report(root, job)
     return r["goodput"], own_goodput(where, root, job, total), r
+
+
+def recovery_figures(where: Where, base: Path, launcher: str, repeat: int) -> None:
+    """The crash and hang recoveries under ``launcher``, in-process vs cold (medians of
+    ``repeat`` jobs of each kind, interleaved: the machine drifts between runs), printed."""
+    figures: dict[str, list[dict[str, float]]] = {"cold": [], "inprocess": []}
+    for i in range(repeat):
+        for kind in figures:
+            root = base / f"{launcher}-{kind}-{i}"
+            job = submit(where, root, f"bench-{kind}", SHORT_STEPS, kind == "inprocess",
+                         launcher=launcher)
+            wait_done(job, 900)
+            figures[kind].append(recoveries(root, job))
+    cold, warm = ({k: statistics.median(f[k] for f in figures[kind]) for k in figures[kind][0]}
+                  for kind in ("cold", "inprocess"))
+    print(f"{launcher}: {where.nodes} nodes x {where.gpus_per_node} ranks (dp={where.gpus}), "
+          f"train_gpt, hang_timeout_s={HANG_S}, medians of {repeat} job(s) per kind; a cold "
+          f"start here (import torch, rendezvous, build, first step) takes "
+          f"{cold['start-up']:.1f} s")
+    for what, goal in (("crash", 3.0), ("hang", None), ("hang after detection", 3.0)):
+        ratio = cold[what] / warm[what] if warm[what] > 0 else float("inf")
+        aim = f" (goal <= {goal:.0f} s)" if goal else ""
+        print(f"  {what}: last step before -> first step after: in-process {warm[what]:.1f} s"
+              f"{aim}, cold in-place restart {cold[what]:.1f} s: cold / in-process = "
+              f"{ratio:.1f}x")
 
 
 def main() -> None:
@@ -186,37 +212,24 @@ def main() -> None:
                     help="a directory every node sees (checkpoints and logs go under it)")
     ap.add_argument("--nodes", type=int, default=Where.nodes)
     ap.add_argument("--gpus-per-node", type=int, default=Where.gpus_per_node)
+    ap.add_argument("--launchers", default="srun,torchrun,deepspeed",
+                    help="the recovery figures for each of these launchers (comma list; "
+                    "the goodput run uses the first)")
     args = ap.parse_args()
+    launchers = args.launchers.split(",")
     where = Where(args.partition, args.preempt_partition, args.shared, args.nodes,
                   args.gpus_per_node)
     base = Path(tempfile.mkdtemp(prefix="inprocess-bench-", dir=where.shared))
-    figures: dict[str, list[dict[str, float]]] = {"cold": [], "inprocess": []}
-    for i in range(args.repeat):          # interleaved: the machine drifts between runs
-        for kind in figures:
-            root = base / f"{kind}-{i}"
-            job = submit(where, root, f"bench-{kind}", SHORT_STEPS, kind == "inprocess")
-            wait_done(job, 900)
-            figures[kind].append(recoveries(root, job))
-    cold, warm = ({k: statistics.median(f[k] for f in figures[kind]) for k in figures[kind][0]}
-                  for kind in ("cold", "inprocess"))
-    print(f"{where.nodes} nodes x {where.gpus_per_node} ranks (dp={where.gpus}, srun), "
-          f"train_gpt, hang_timeout_s={HANG_S}, medians of {args.repeat} job(s) per kind; "
-          "a cold start "
-          f"here (import torch, rendezvous, build, first step) takes {cold['start-up']:.1f} s")
-    for what, goal in (("crash", 3.0), ("hang", None), ("hang after detection", 3.0)):
-        ratio = cold[what] / warm[what] if warm[what] > 0 else float("inf")
-        aim = f" (goal <= {goal:.0f} s)" if goal else ""
-        print(f"{what}: last step before -> first step after: in-process {warm[what]:.1f} s"
-              f"{aim}, cold in-place restart {cold[what]:.1f} s: cold / in-process = "
-              f"{ratio:.1f}x")
+    for launcher in launchers:
+        recovery_figures(where, base, launcher, args.repeat)
     if args.no_goodput:
         return
-    done = steps(base / "cold-0")
+    done = steps(base / f"{launchers[0]}-cold-0")
     step_s = statistics.median(b["time"] - a["time"] for a, b in zip(done, done[1:])
                                if 0 < b["time"] - a["time"] < 5)
     total = max(100, int(args.minutes * 60 / step_s))
     results = {kind: goodput_job(where, base, f"goodput-{kind}", total, kind == "inprocess",
-                                 args.minutes) for kind in ("cold", "inprocess")}
+                                 args.minutes, launchers[0]) for kind in ("cold", "inprocess")}
     for kind, (by_report, by_count, r) in results.items():
         print(f"goodput, {kind}, {total} steps (~{args.minutes} min) through one crash, one "
               f"hang, one preemption: {by_report:.1%} (hpctrain report), {by_count:.1%} "

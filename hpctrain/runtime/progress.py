@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain import protocol as p
+from hpctrain.protocol.dialog import Attempt, new_seq
 from hpctrain.files import atomic_write
 from hpctrain.runtime.relay import Relay
 from hpctrain.runtime.relay import from_env as relay_from_env
@@ -237,15 +238,14 @@ class Reporter:
                 self.write()
                 next_beat = time.monotonic() + self.beat_s
 
+    def address(self) -> Attempt:
+        """This rank's attempt, as the supervisor's requests address it."""
+        return Attempt(str(self.ident["run_id"]), int(self.ident["restart_count"]),
+                       int(self.ident["attempt"]))
+
     def _request(self, name: Path, answered: str) -> str:
         """The seq of request ``name`` when it is a new one for this attempt, else ''."""
-        request = p.read_record(name)
-        seq = request.get("seq", "")
-        if not seq or seq == answered or not all(
-                request.get(k) == str(self.ident[k]) for k in ("run_id", "restart_count",
-                                                               "attempt")):
-            return ""
-        return seq
+        return new_seq(p.read_record(name), self.address(), answered)
 
     def _interrupt(self) -> None:
         """The supervisor asks this attempt to end (a hang, restarted in-process)."""

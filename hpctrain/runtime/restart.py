@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hpctrain import protocol as p
 from hpctrain.protocol import timeouts as t
+from hpctrain.protocol.dialog import Attempt, Resume
 from hpctrain.runtime import teardown
 from hpctrain.runtime.context import Context, Setup
 from hpctrain.runtime.crashrecord import (crash_fields, device_lost, exception_chain,
@@ -243,14 +244,15 @@ class _Attempts:
         reporter = self.setup.reporter
         path = reporter.request_path(p.RESUME) if reporter is not None else \
             os.path.join(self.state, p.RESUME)
-        want = {"run_id": ctx.env.run_id or "", "restart_count": str(ctx.restart_count),
-                "attempt": str(self.attempt + 1)}
+        to = Attempt(ctx.env.run_id or "", ctx.restart_count, self.attempt + 1)
         end = time.monotonic() + RESUME_WAIT_S
         while time.monotonic() < end:
-            word = p.read_record(path)
-            if all(word.get(k) == v for k, v in want.items()):
-                return word.get("action") == "go"
+            word = Resume.read(p.read_record(path), to)
+            if word is not None:
+                return word.action == "go"
             time.sleep(RESUME_POLL_S)
+        print(f"hpctrain: rank {ctx.env.rank}: no word on attempt {self.attempt + 1} within "
+              f"{RESUME_WAIT_S:.0f} s: leaving as if told to stop", file=sys.stderr, flush=True)
         return False
 
     # ---- the supervisor's interrupt ------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
+from hpctrain.protocol.dialog import Attempt, Resume
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
@@ -93,9 +94,11 @@ class Actor:
                            attempt=attempt, mode="inprocess")
         self.state.clear(p.EXIT, p.STOP)
         self.board.clear(p.DUMP, p.INTERRUPT)
-        self.board.request(p.RESUME, {"run_id": self.state.run_id,
-                                      "restart_count": self.cfg.restart_count,
-                                      "attempt": attempt, "action": "go"})
+        self.board.ask(Resume(self.address(attempt), "go"))
+
+    def address(self, attempt: int) -> Attempt:
+        """Where a request to the ranks of ``attempt`` of this run goes."""
+        return Attempt(self.state.run_id or "", self.cfg.restart_count, attempt)
 
     def exclude(self, view: JobView | None, nodes: dict[str, str]) -> None:
         if nodes and view is not None:

@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 from hpctrain.protocol import channel
+from hpctrain.protocol.dialog import Interrupt, Resume, StackRequest
 
 BUFFER = 8 << 20      # receive buffer: a burst of every rank's last word (8,192 x ~300 B)
 SUMMARY_S = 15.0      # how often the live summary for `hpctrain status` may be rewritten
@@ -82,6 +83,10 @@ class Board:
             self._requests[name] = {k: str(v) for k, v in fields.items()}
             for relay in self._relays:
                 self._send(relay)
+
+    def ask(self, request: StackRequest | Interrupt | Resume) -> None:
+        """Stand a typed request (:mod:`hpctrain.protocol.dialog`) for the ranks."""
+        self.request(request.name, request.record())
 
     def clear(self, *names: str) -> None:
         with self._lock:

@@ -1,37 +1,28 @@
-"""The supervisor's hang watchdog at work: read the ranks' progress (from the progress
-board, :mod:`hpctrain.supervisor.board`; or the job log's growth), judge it
-(:mod:`hpctrain.supervisor.watchdog`, pure), and when the step is hung collect every
-rank's Python stacks into the job log, name the rank(s) that stopped first, and kill the
-step so it can be restarted.
+"""The view of one attempt of the step, watched: the ranks' progress (from the progress
+board, :mod:`hpctrain.supervisor.board`; or the job log's growth), judged
+(:mod:`hpctrain.supervisor.watchdog`, pure): a hang, ranks that failed in their processes,
+ranks gone silent, the ranks' last words. What the supervisor does about a hang (stacks,
+culprits, the kill) is :mod:`hpctrain.supervisor.response`.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import sys
-from dataclasses import replace
 from pathlib import Path
 
 from hpctrain import protocol as p
-from hpctrain.errors import SlurmError
 from hpctrain.supervisor.board import SUMMARY_S, Board
 from hpctrain.supervisor.elastic import silent_nodes
 from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
-from hpctrain.supervisor.scheduler import Scheduler, StepProcess
+from hpctrain.supervisor.scheduler import Scheduler
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, StepClock, assess,
-                                          culprits, gave_up, innermost, node_of,
-                                          ranks_text, waited, waited_for)
+                                          gave_up, waited, waited_for)
 
 LOOK_S = 1.0            # how often progress is looked at
 FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are looked for
 SETTLE_S, MAX_SETTLE_S = 1.0, 5.0   # ranks timing out in a collective: wait for the rest
-KILL_WAIT_S = 60.0      # how long a killed step may take to end
-STACK_LINES = 60        # lines of one rank's stacks printed into the job log
 FINISH_WAIT_S = 0.5     # the ranks' last words, sent as the step ended, still arriving
-FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: a line per frame)
 
 
 class Watch:
@@ -179,18 +170,6 @@ class Watch:
                           self.limits.collective_s)
         if hang is None:
             return None
-        say(f"HANG: {hang.text()}")
-        if hang.ranks:
-            stacks = self.collect_stacks(list(hang.ranks), max(3 * self.limits.beat_s, 5.0))
-            print_stacks(stacks, self.world, hang.ranks, only_first=True)
-            # its Python does not answer (SIGSTOP, stuck holding the GIL): it cannot leave
-            # the attempt in its process, even before its heartbeat looks stale
-            progress = self.progress()
-            mute = tuple(progress[r].node for r in hang.ranks
-                         if r not in stacks and r in progress and progress[r].node)
-            if mute:
-                hang = replace(hang, frozen_nodes=tuple(dict.fromkeys(
-                    (*hang.frozen_nodes, *mute))))
         return hang
 
     def failed_now(self) -> dict[int, dict[str, str]]:
@@ -218,177 +197,3 @@ class Watch:
         if hang is not None:
             say(f"HANG: {hang.text()}")
         return hang
-
-    # ---- a hang: stacks, names, kill --------------------------------------------------
-    def collect_stacks(self, ranks: list[int], wait_s: float) -> dict[int, str]:
-        """Ask ranks for their stacks (the runtime's progress thread answers) and wait up
-        to ``wait_s`` for the answers: {rank: stacks}."""
-        seq = f"{self.slurm.time():.3f}"
-        self.board.request(p.DUMP, {"run_id": self.state.run_id,
-                                    "restart_count": self.restart_count,
-                                    "attempt": self.attempt, "seq": seq})
-        end = self.slurm.monotonic() + wait_s
-        answers: dict[int, str] = {}
-        while self.slurm.monotonic() < end and len(answers) < len(ranks):
-            for rank in ranks:
-                if rank in answers:
-                    continue
-                try:
-                    text = p.rank_file(self.state.path, p.STACKS, rank).read_text(
-                        errors="replace")
-                except OSError:
-                    continue
-                head, _, body = text.partition("\n")
-                if head == f"seq={seq}":
-                    answers[rank] = body
-            self.slurm.sleep(0.2)
-        return answers
-
-    def name_culprits(self, hang: Hang, key: str) -> Hang:
-        """Say the hang in the job log, dump the stacks there and name the rank(s) that
-        stopped first; the hang as finally understood. A hung exit (every rank's work
-        over) is only said: its ranks' reporters are gone, nobody is left to name."""
-        say(f"HANG: {hang.text()}")
-        if hang.phase == "exited":
-            return hang
-        progress = self.progress()
-        if progress:
-            # only ranks that reported can answer (the progress thread does)
-            stacks = self.collect_stacks(sorted(progress), max(3 * self.limits.beat_s, 5.0))
-            ranks, why = culprits(stacks, self.world, known=set(progress))
-            print_stacks(stacks, self.world, ranks or hang.ranks)   # theirs whole, first
-            if ranks:
-                mute = [r for r in ranks if r not in stacks]
-                frozen = tuple(progress[r].node for r in mute if progress[r].node)
-                hang = replace(hang, ranks=ranks, why=why,
-                               nodes=tuple(dict.fromkeys(progress[r].node for r in ranks
-                                                         if progress[r].node)),
-                               frozen_nodes=tuple(dict.fromkeys((*hang.frozen_nodes, *frozen))))
-        else:
-            stacks = spy_stacks(self.slurm, key, self.nodes)
-            if stacks:
-                ranks, why = culprits(stacks, self.world, known=set(stacks))
-                print_stacks(stacks, self.world, ranks)
-                nodes = tuple(dict.fromkeys(n for r in ranks if (n := node_of(stacks[r]))))
-                hang = replace(hang, ranks=ranks, why=why, nodes=nodes) if ranks else hang
-        if hang.ranks:
-            where = f" on {','.join(hang.nodes)}" if hang.nodes else ""
-            say(f"HANG: stopped first: rank(s) {ranks_text(hang.ranks)}{where} "
-                f"({hang.why})")
-        return hang
-
-
-# Run on every node beside the hung step: each Python process of the step (found by its
-# environment, so only this node's), dumped by py-spy. Constant text: the values come as
-# arguments ($1 py-spy, $2 the step id), never spliced in.
-SPY_SCRIPT = r"""
-spy=$1 step=$2
-for d in /proc/[0-9]*; do
-  env=$( { tr '\0' '\n' < "$d/environ"; } 2>/dev/null ) || continue
-  grep -qx "SLURM_JOB_ID=$SLURM_JOB_ID" <<< "$env" || continue
-  grep -qx "SLURM_STEP_ID=$step" <<< "$env" || continue
-  grep -qx "SLURMD_NODENAME=$SLURMD_NODENAME" <<< "$env" || continue
-  case $(basename "$(readlink "$d/exe")") in python*) ;; *) continue ;; esac
-  rank=$(grep -m1 '^RANK=' <<< "$env" | cut -d= -f2)
-  echo "==== ${rank:-launcher} ${SLURMD_NODENAME} ${d#/proc/}"
-  "$spy" dump --pid "${d#/proc/}" 2>&1
-done
-"""
-
-
-def find_py_spy() -> str | None:
-    """py-spy beside this Python (the job's environment), else on PATH."""
-    here = os.path.dirname(sys.executable)
-    return shutil.which("py-spy", path=os.pathsep.join([here, os.environ.get("PATH", "")]))
-
-
-def spy_stacks(slurm: Scheduler, key: str, nodes: int) -> dict[int, str]:
-    """The stacks of a step that does not report progress: py-spy on every node, when
-    it is installed; {rank: stacks in the runtime's format}."""
-    spy = find_py_spy()
-    if spy is None:
-        say("no stacks: the step does not report through hpctrain.runtime and py-spy is "
-            "not installed")
-        return {}
-    try:
-        steps = slurm.step_ids(key)
-        if not steps:
-            return {}
-        out = slurm.run_on_nodes(["bash", "-c", SPY_SCRIPT, "hpctrain-spy", spy,
-                                  steps[0].rsplit(".", 1)[1]], nodes, 60.0)
-    except SlurmError as exc:
-        say(f"no stacks: py-spy could not be run beside the step: {exc}")
-        return {}
-    stacks = parse_spy(out)
-    if not stacks:
-        say("no stacks: py-spy found no Python process of the step")
-    return stacks
-
-
-def parse_spy(text: str) -> dict[int, str]:
-    """py-spy dumps, each after a ``==== RANK NODE PID`` line, as {rank: stacks} in the
-    runtime's format (``--- main thread ---`` blocks); launchers, with no rank, are left out."""
-    found: dict[int, str] = {}
-    for block in text.split("==== ")[1:]:
-        head, _, body = block.partition("\n")
-        words = head.split()
-        if len(words) < 3 or not words[0].isdigit():
-            continue
-        rank, node, pid = int(words[0]), words[1], words[2]
-        threads = []
-        for line in body.splitlines():
-            if line.startswith("Thread "):   # Thread 42 (idle): "MainThread"
-                name = line.rsplit(":", 1)[-1].strip().strip('"')
-                threads.append("--- main thread ---" if name == "MainThread"
-                               else f"--- thread {name} ---")
-            elif line.startswith("    ") and threads:   # a frame: "    main (t.py:3)"
-                threads.append(line)
-        found[rank] = f"rank {rank} on {node} (pid {pid}), by py-spy\n" + "\n".join(threads)
-    return found
-
-
-def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...],
-                 only_first: bool = False) -> None:
-    """Every rank's stacks (``only_first``: the named ranks', the only ones asked) into
-    the job log: the named ranks first and whole (up to FULL_STACKS), the rest grouped by
-    their innermost frame, one line per frame (8,192 ranks waiting in one all-reduce are
-    one line); and who did not answer."""
-    order = [*first, *(r for r in range(world) if r not in first and not only_first)]
-    shown, mute, at = 0, [], {}
-    for rank in order:
-        if rank not in stacks:
-            mute.append(rank)
-        elif shown < FULL_STACKS:
-            lines = stacks[rank].splitlines()
-            text = "\n".join(lines[:STACK_LINES]) + ("\n  ..." if len(lines) > STACK_LINES
-                                                     else "")
-            print(f"hpctrain: ---- stacks of {text}", file=sys.stderr, flush=True)
-            shown += 1
-        else:
-            at.setdefault(innermost(stacks[rank]) or "?", []).append(rank)
-    for where, ranks in at.items():
-        say(f"rank {ranks_text(tuple(ranks))}: at {where}")
-    if mute:
-        say(f"rank {ranks_text(tuple(mute))}: no stacks (did not answer: frozen holding the "
-            "GIL, stopped, or the node is gone)")
-
-
-def kill(slurm: Scheduler, step: StepProcess, key: str) -> int:
-    """SIGKILL the step's processes on every node (Slurm), else the local launcher; wait
-    for it to end. Its exit status."""
-    try:
-        killed = slurm.kill_steps(key)
-        say(f"killing the hung step ({', '.join(killed) or 'no step found'}): SIGKILL on "
-            "every node")
-        if not killed:
-            step.kill_local("KILL")
-    except SlurmError as exc:
-        say(f"could not kill the step through Slurm ({exc}): killing the local launcher")
-        step.kill_local("KILL")
-    end = slurm.monotonic() + KILL_WAIT_S
-    while (status := step.poll()) is None:
-        if slurm.monotonic() > end:
-            step.kill_local("KILL")
-            end = slurm.monotonic() + KILL_WAIT_S
-        slurm.sleep(0.2)
-    return status

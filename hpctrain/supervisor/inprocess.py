@@ -18,8 +18,10 @@ killed and restarted in new processes, as before.
 
 from __future__ import annotations
 
-from hpctrain import protocol as p
+from collections.abc import Callable
+
 from hpctrain.protocol import timeouts as t
+from hpctrain.protocol.dialog import Interrupt, Resume
 from hpctrain.supervisor.actor import Actor
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Decision, Facts, decide
@@ -38,8 +40,9 @@ class InProcess:
     """Decides and tells the ranks of one step whether their next attempt starts in place."""
 
     def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, seen: Gather,
-                 actor: Actor) -> None:
+                 actor: Actor, pump: Callable[[], None] = lambda: None) -> None:
         self.cfg, self.slurm, self.state, self.seen, self.actor = cfg, slurm, state, seen, actor
+        self.pump = pump    # stop signals taken while it waits (the supervisor's)
         self._stopped = -1   # the attempt told to stop: its ranks are leaving
         self._stopped_at = 0.0
 
@@ -88,10 +91,8 @@ class InProcess:
 
     def interrupt(self, watch: Watch) -> None:
         """Ask every rank of the attempt to leave it, wherever it waits."""
-        self.actor.board.request(p.INTERRUPT, {"run_id": self.state.run_id,
-                                               "restart_count": self.cfg.restart_count,
-                                               "attempt": watch.attempt,
-                                               "seq": f"{self.slurm.time():.3f}"})
+        self.actor.board.ask(Interrupt(self.actor.address(watch.attempt),
+                                       f"{self.slurm.time():.3f}"))
 
     def arrive(self, step: StepProcess, watch: Watch) -> bool:
         """Wait until every rank of the attempt waits for the word; False when one does not
@@ -106,6 +107,7 @@ class InProcess:
             if self.cfg.spare_nodes and (lost := watch.silent(self.seen.on)):
                 say(f"the ranks on {','.join(lost)} went silent: no attempt in place")
                 return False
+            self.pump()
             self.slurm.sleep(ARRIVE_POLL_S)
         say(f"not every rank left attempt {watch.attempt} in its process within "
             f"{ARRIVE_S:.0f} s: no restart in these processes")
@@ -125,6 +127,4 @@ class InProcess:
         say(f"not restarting attempt {watch.attempt} in its processes: {why}; the ranks "
             f"are told to leave (the step is killed if they have not within {LEAVE_S:.0f} s)")
         self._stopped, self._stopped_at = watch.attempt, self.slurm.monotonic()
-        self.actor.board.request(p.RESUME, {"run_id": self.state.run_id,
-                                            "restart_count": self.cfg.restart_count,
-                                            "attempt": watch.attempt + 1, "action": "stop"})
+        self.actor.board.ask(Resume(self.actor.address(watch.attempt + 1), "stop"))

@@ -35,11 +35,12 @@ from hpctrain.supervisor.decision import (Caught, Decision, decide, decide_befor
                                           warning_due)
 from hpctrain.supervisor.diagnosis import log_segment, log_size
 from hpctrain.supervisor.gather import POLL_S, Gather
-from hpctrain.supervisor.hang import Watch, kill
+from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.inprocess import InProcess
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.recorder import Recorder
+from hpctrain.supervisor.response import HangResponse, kill
 from hpctrain.supervisor.scheduler import Scheduler, Slurm, StepProcess
 from hpctrain.supervisor.spares import Spares
 from hpctrain.supervisor.statedir import StateDir
@@ -65,7 +66,9 @@ class Supervisor:
         if note := self.board.buffer_note(cfg.world):
             say(note)
         self.actor = Actor(cfg, slurm, self.state, self.books, self.bad, self.board)
-        self.inprocess = InProcess(cfg, slurm, self.state, self.seen, self.actor)
+        self.inprocess = InProcess(cfg, slurm, self.state, self.seen, self.actor, self.pump)
+        self.response = HangResponse(slurm, self.state, self.board, self.pump)
+        self._step: StepProcess | None = None    # the step being supervised
         self._forwarded = False
         self._acted: Decision | None = None     # a requeue made before the step ended
         self.spares = Spares(cfg, slurm, self.seen, self.bad, self.books)
@@ -173,10 +176,10 @@ class Supervisor:
         a failed attempt in its processes when it can (:mod:`.inprocess`); (its exit status,
         the hang that made the supervisor kill it or None, the last attempt)."""
         self._forwarded = False
+        self._step = step
         while True:
             status = step.poll()
-            for caught in self.seen.take_signals():
-                self.on_stop(caught, step)
+            self.pump()
             if status is not None:   # a rank that gave up in a collective: a hang elsewhere
                 return status, watch.gave_up() if status else None, watch.attempt
             watch.summarize()
@@ -185,6 +188,8 @@ class Supervisor:
             failed = watch.failed()
             # ranks that gave up waiting in a collective: a hang of those they waited for
             hang = watch.waited_for(failed) if failed else None
+            if hang is not None:
+                hang = self.response.name_waited_for(watch, hang)
             if failed and hang is None:
                 watch = self.inprocess.after_failure(step, watch) or watch
             if self.inprocess.leaving(watch):   # told to stop: the step is ending
@@ -194,7 +199,7 @@ class Supervisor:
                 continue
             # once a stop was passed on, the ranks save and leave: Slurm's grace bounds that
             if hang is None and not self._forwarded and (hang := watch.look()) is not None:
-                hang = watch.name_culprits(hang, self.cfg.key)
+                hang = self.response.name_culprits(watch, hang, self.cfg.key)
             if hang is not None:
                 self.seen.hang = hang
                 nxt = self.inprocess.after_hang(step, watch, hang)
@@ -202,6 +207,15 @@ class Supervisor:
                     return kill(self.slurm, step, self.cfg.key), hang, watch.attempt
                 watch = nxt
             self.slurm.sleep(POLL_S)
+
+    def pump(self) -> None:
+        """Pass on the stop signals caught since the last look, at once: from the step
+        loop, and from every wait inside it (ranks arriving for an in-process restart,
+        stacks of a hang), so a preemption's grace time is never spent waiting."""
+        if self._step is None:
+            return
+        for caught in self.seen.take_signals():
+            self.on_stop(caught, self._step)
 
     def on_stop(self, caught: Caught, step: StepProcess) -> None:
         """A stop signal while the step runs: the stop notice, an early requeue, the lost

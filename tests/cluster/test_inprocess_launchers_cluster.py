@@ -3,7 +3,7 @@ supervisor, for the plainest data-parallel loop a user writes (tests/programs/
 plain_dp_loop.py: ``all_reduce`` of each gradient on the default group, a checkpoint
 manager built inside ``main``), DP=4 over 2 nodes x 2 fake GPUs.
 
-One job per launcher (srun, torchrun, deepspeed), each through three faults, one per
+One job per launcher (srun, torchrun, deepspeed), each through four faults, one per
 attempt of its first run (the cells of the launcher x fault matrix share the job):
 
 - attempt 0: rank 2 raises just after the step-20 save (the case of issue 41: under srun
@@ -11,7 +11,10 @@ attempt of its first run (the cells of the launcher x fault matrix share the job
 - attempt 1: rank 1 hangs in Python before step 23; the others wait for it in the
   all-reduce; the watchdog finds the hang (hang_timeout_s = 10) and every rank is asked
   to leave the attempt;
-- attempt 2: the save of step 30 fails on every rank (rank 0's state cannot be pickled).
+- attempt 2: the save of step 30 fails on every rank (rank 0's state cannot be pickled);
+- attempt 3: rank 3 waits in a receive nobody sends before step 33 (stuck in C++, and so
+  are the others, in the all-reduce): every rank gives up at its collective timeout
+  (collective_timeout_s = 5), a hang.
 
 Each restarts in the same processes (one Slurm run, the same pid for rank 0, the ledger
 says ``mode=inprocess``), from the newest durable save, and the job ends COMPLETED
@@ -39,7 +42,7 @@ from helpers.torchrun import env_for, events, start
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "plain_dp_loop.py"
 TOTAL, EVERY = 40, 5
-FAULTS = ("crash@20:2:0", "hang@23:1:1", "save-crash@30:0:2")
+FAULTS = ("crash@20:2:0", "hang@23:1:1", "save-crash@30:0:2", "collective-hang@33:3:3")
 
 
 def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], **requeue: int) -> str:
@@ -52,8 +55,8 @@ def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], **requeue: in
         time="00:10:00", output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
         run={"launcher": launcher, "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
         checkpoint={"dir": str(root / "ckpt")},
-        requeue={"max_requeues": 2, "max_crash_restarts": 3, "max_hangs": 2, **requeue},
-        watchdog={"hang_timeout_s": 10, "max_step_restarts": 4})
+        requeue={"max_requeues": 2, "max_crash_restarts": 3, "max_hangs": 3, **requeue},
+        watchdog={"hang_timeout_s": 10, "collective_timeout_s": 5, "max_step_restarts": 6})
 
 
 def final(directory: Path) -> list[dict[str, torch.Tensor]]:
@@ -92,11 +95,12 @@ def test_the_plainest_dp_loop_restarts_in_its_processes_under_every_launcher(
     # one Slurm run: every fault was restarted in the allocation, none requeued
     assert sacct_states(job) == ["COMPLETED"], text[-3000:]
     starts = events(root / "events.jsonl", "start")
-    assert [(s["attempt"], s["step"]) for s in starts] == [(0, 0), (1, 20), (2, 20), (3, 25)], \
-        (starts, text[-4000:])
+    assert [(s["attempt"], s["step"]) for s in starts] == [
+        (0, 0), (1, 20), (2, 20), (3, 25), (4, 30)], (starts, text[-4000:])
     assert len({s["pid"] for s in starts}) == 1, "the same processes: no new step"
     assert ledger_restarts(root, job) == [("user_crash", "inprocess"), ("hang", "inprocess"),
-                                          ("user_crash", "inprocess")], text[-4000:]
+                                          ("user_crash", "inprocess"), ("hang", "inprocess")], \
+        text[-4000:]
     assert "a destroyed process group is still referenced" not in text, text[-4000:]
     assert "not every rank left" not in text, text[-4000:]
     done = [e for e in events(root / "events.jsonl", "step")]

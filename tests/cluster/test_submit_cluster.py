@@ -30,6 +30,7 @@ HERE = Path(__file__).resolve().parent
 TESTS_ON_PATH = {"PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
 
 
+@pytest.mark.smoke
 def test_script_job_on_two_nodes_completes_and_the_submitted_file_is_the_render(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

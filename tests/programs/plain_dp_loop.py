@@ -6,8 +6,9 @@ on each gradient on the default group, ``opt.step()``, ``ctx.stop_requested()``,
 Faults, each on one rank in one attempt of the job's first run (``KIND@STEP:RANK:ATTEMPT``,
 repeatable): ``crash`` raises before the step's forward pass (just after a save when STEP
 is a multiple of --save-every), ``hang`` sleeps in Python before it (the others wait in the
-all-reduce), ``save-crash`` puts what cannot be pickled into that rank's save (the save
-fails on every rank). Rank 0 appends JSON events to --events; every rank writes its final
+all-reduce), ``collective-hang`` waits in a receive nobody sends (stuck in C++, as the
+others then are in the all-reduce), ``save-crash`` puts what cannot be pickled into that
+rank's save (the save fails on every rank). Rank 0 appends JSON events to --events; every rank writes its final
 parameters to ``--final/rank-N.pt`` (bitwise comparisons).
 """
 
@@ -72,6 +73,8 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
         if faults.get("hang") == step:
             while True:
                 time.sleep(3600)
+        if faults.get("collective-hang") == step:     # stuck in C++: a receive nobody sends
+            dist.recv(torch.zeros(1), src=(ctx.rank + 1) % ctx.world_size, tag=4242)
         gen = torch.Generator().manual_seed(step * 1000 + ctx.rank)
         x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
         opt.zero_grad()

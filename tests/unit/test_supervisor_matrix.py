@@ -258,6 +258,22 @@ def test_a_rank_that_cannot_leave_gets_a_restart_in_new_processes(
     assert "not every rank left attempt 0 in its process" in capsys.readouterr().err
 
 
+def test_a_preemption_while_ranks_are_awaited_is_taken_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rank 1 crashes at 3 s and rank 0 stays in its collective (stuck in C): the supervisor
+    waits up to ARRIVE_S (15 s) for both to leave the attempt. A preemption at 5 s is taken
+    during that wait (issue 41: the supervisor's waits take signals), not after it: Slurm's
+    grace time (10 s on the devcluster) would be over by then."""
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess",
+                                            steps=[{"crash_at": 3, "stuck": 1}, {}],
+                                            events=[(5.0, "preempt")], budget=CRASH_ONCE)
+    assert verdict["cause"] == "preemption", verdict
+    err = capsys.readouterr().err
+    caught, waited = err.find("caught SIGTERM (preemption)"), err.find("not every rank left")
+    assert 0 <= caught < waited, err
+    assert len(asked(fake, "start_step")) == 1, "no restart of a preempted job's step"
+
+
 def test_a_device_error_restarts_in_new_processes_at_once(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Rank 1's attempt failed of a CUDA error (sticky: its device context is unusable):

@@ -374,7 +374,7 @@ Thread 102 (idle): "MainThread"
 
 
 def test_py_spy_dumps_become_rank_stacks_and_name_the_culprit() -> None:
-    from hpctrain.supervisor.hang import parse_spy
+    from hpctrain.supervisor.response import parse_spy
 
     stacks = parse_spy(SPY)
     assert sorted(stacks) == [0, 1]                        # the launcher has no rank
