@@ -27,6 +27,14 @@ def cancel(job_ids: tuple[str, ...]) -> int:
             ids += [m.job_id for m in index.sweep_members(jid)]
         else:
             ids.append(jid)
-    cancel_jobs(ids)
-    click.echo(f"cancelled {' '.join(ids)}")
+    done = cancel_jobs(ids)
+    if done.cancelled:
+        click.echo(f"cancelled {' '.join(done.cancelled)}")
+    if done.ended:
+        click.echo(f"already ended: {' '.join(done.ended)}" +
+                   (f" ({done.note})" if done.note else ""))
+    if done.unknown:
+        raise JobError(f"no such job: {' '.join(done.unknown)}: Slurm has neither queued it "
+                       "nor recorded it in its accounting (a typo? `hpctrain status` lists "
+                       "your jobs); nothing was cancelled for it")
     return 0

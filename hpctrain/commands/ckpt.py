@@ -55,6 +55,15 @@ def verify(root: Path, step: int | None) -> None:
     from hpctrain.checkpoint.manifest import step_dirname
 
     steps = [i.step for i in list_steps(root)]
+    if not steps:
+        # "0 checkpoint(s) verified" with exit 0 would let `verify && delete-the-backup` go
+        # ahead on an empty directory or the parent of the real root
+        below = sorted(d for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
+        roots = [str(d) for d in below[:100] if list_steps(d)][:5]
+        hint = f" (checkpoints are in {', '.join(roots)})" if roots else ""
+        raise CheckpointError(f"no checkpoint in {root}{hint}: nothing was verified; pass "
+                              "the checkpoint root (the directory holding the step_* "
+                              "directories)")
     if step is not None:
         if step not in steps:
             raise CheckpointError(f"no checkpoint for step {step} in {root}: choose one of {steps}")

@@ -158,8 +158,12 @@ class Job(JobHandle):
 
     # ---- control ----------------------------------------------------------------------
     def cancel(self) -> None:
-        """Cancel the job (scancel); cancelling an ended job is not an error."""
-        cancel([self.job_id])
+        """Cancel the job (scancel); cancelling an ended job is not an error, one Slurm
+        has no trace of is (:class:`JobError`)."""
+        done = cancel([self.job_id])
+        if done.unknown:
+            raise JobError(f"job {self.job_id}: Slurm has no such job (neither queued nor "
+                           "in its accounting): nothing was cancelled")
 
     def result(self, timeout_s: float | None = None) -> Any:
         """The callable's return value; a list of per-rank values for multi-task jobs.
@@ -176,24 +180,52 @@ class Job(JobHandle):
         return decode_results(self.job_id, info.state, blobs, f"`hpctrain logs {self.job_id}`")
 
 
-def cancel(job_ids: list[str]) -> list[str]:
-    """scancel the given jobs in one call; return the ids Slurm still knew."""
+@dataclass(frozen=True)
+class Cancelled:
+    """What ``cancel`` did, by job id: asked Slurm to end the ones still queued or running,
+    found others ended already, and found no trace of the rest (scancel says nothing of
+    an unknown id unless asked to be verbose, and exits 0: Slurm's queue and accounting
+    are asked instead)."""
+
+    cancelled: tuple[str, ...]
+    ended: tuple[str, ...]
+    unknown: tuple[str, ...]
+    note: str = ""      # no accounting: an id not in the queue may have ended or never been
+
+
+def cancel(job_ids: list[str]) -> Cancelled:
+    """scancel the given jobs in one call, after one batched look at what Slurm knows of
+    them (:func:`hpctrain.jobs.poll.snapshot`)."""
     if not job_ids:
-        return []
-    try:
-        client.run(["scancel", *job_ids])
-    except SlurmError as exc:
-        # scancel of a finished job: "Job/step already completing or completed" / invalid id
-        text = str(exc)
-        if "Access/permission denied" in text:
-            # another user's job: Slurm's own words, and who may do it
-            raise SlurmError(f"Slurm refused to cancel {' '.join(job_ids)}: "
-                             "Access/permission denied (only the job's owner, an operator "
-                             "or root may cancel a job; `squeue -j ID -o %u` names the "
-                             "owner)") from None
-        if "Invalid job id" not in text and "already complet" not in text:
-            raise
-    return job_ids
+        return Cancelled((), (), ())
+    snap = poll.snapshot(job_ids)
+
+    def known(jid: str) -> list[JobInfo]:
+        return [info for key, info in snap.infos.items()
+                if key == jid or key.startswith(f"{jid}_") or info.raw_id == jid]
+
+    active = tuple(j for j in job_ids if any(not i.state.final for i in known(j)))
+    ended = tuple(j for j in job_ids if j not in active and known(j))
+    unknown = tuple(j for j in job_ids if not known(j))
+    note = ""
+    if snap.source != "sacct" and unknown:
+        ended, unknown = (*ended, *unknown), ()
+        note = f"{snap.note}; not in the queue: ended, or no such job"
+    if active:
+        try:
+            client.run(["scancel", *active])
+        except SlurmError as exc:
+            text = str(exc)
+            if "Access/permission denied" in text:
+                # another user's job: Slurm's own words, and who may do it
+                raise SlurmError(f"Slurm refused to cancel {' '.join(active)}: "
+                                 "Access/permission denied (only the job's owner, an "
+                                 "operator or root may cancel a job; `squeue -j ID -o %u` "
+                                 "names the owner)") from None
+            # one that ended between the look and the scancel
+            if "Invalid job id" not in text and "already complet" not in text:
+                raise
+    return Cancelled(active, ended, unknown, note)
 
 
 def line_rank(line: str) -> int | None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpctrain.protocol import DUMP, INTERRUPT, RESUME    # the records' names
+from hpctrain.protocol import DUMP, INTERRUPT, RESUME  # the records' names
 
 ACTIONS = ("go", "stop")
 

@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from hpctrain import protocol as p
-from hpctrain.protocol.dialog import Attempt, new_seq
 from hpctrain.files import atomic_write
+from hpctrain.protocol.dialog import Attempt, new_seq
 from hpctrain.runtime.relay import Relay
 from hpctrain.runtime.relay import from_env as relay_from_env
 

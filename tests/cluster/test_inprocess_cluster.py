@@ -130,7 +130,9 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
 @pytest.mark.parametrize("layout, launcher, inprocess", [
     ({"tp": 2}, "torchrun", False),   # gloo cannot free a DTensor wait: new processes
     ({"pp": 2}, "srun", True),
-], ids=["tp2xdp2", "pp2xdp2"])
+    ({"pp": 2}, "torchrun", True),    # issue 41: PP x DP in place under every launcher
+    ({"pp": 2}, "deepspeed", True),
+], ids=["tp2xdp2", "pp2xdp2", "pp2xdp2-torchrun", "pp2xdp2-deepspeed"])
 def test_other_layouts_restart_in_place_where_they_can_and_cold_where_not(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: dict[str, int],
         launcher: str, inprocess: bool) -> None:

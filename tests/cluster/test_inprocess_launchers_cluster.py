@@ -31,13 +31,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from hpctrain import protocol
 from helpers.examples import submit_example
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, wait_done
 from helpers.specs import spec_toml
 from helpers.torchrun import env_for, events, start
+
+from hpctrain import protocol
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "plain_dp_loop.py"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain import cli, protocol
+from hpctrain.errors import JobError
 from hpctrain.jobs import index, poll
 from hpctrain.jobs.handle import Job
 from hpctrain.jobs.index import JobEntry
@@ -75,6 +76,14 @@ def test_cancel_ends_a_running_job(cluster, tmp_path: Path, monkeypatch: pytest.
     assert cli.main(["cancel", job_id]) == 0
     assert f"cancelled {job_id}" in capsys.readouterr().out
     assert str(job.wait(timeout_s=60).state) == "CANCELLED"
+    # issue 43: scancel exits 0 and says nothing of an id it does not know; hpctrain asks
+    # Slurm's queue and accounting instead, and never says "cancelled" for a typo
+    assert cli.main(["cancel", job_id]) == 0
+    assert capsys.readouterr().out.strip() == f"already ended: {job_id}"
+    assert cli.main(["cancel", "99999999", job_id]) == JobError.exit_code
+    out, err = capsys.readouterr()
+    assert "cancelled" not in out and "no such job: 99999999: Slurm has neither queued it" \
+        in err, (out, err)
 
 
 def test_logs_follow_streams_a_running_job(cluster, tmp_path: Path,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,20 @@ def test_bad_input_is_named(tmp_path: Path) -> None:
     assert out.returncode == 5 and "does not exist" in out.stderr
     out = run_cli("ckpt", "prune", str(tmp_path), "--keep", "0")
     assert out.returncode != 0 and "--keep" in out.stderr
+
+
+def test_verify_of_a_directory_without_checkpoints_is_an_error(root: Path,
+                                                              tmp_path_factory) -> None:
+    """Issue 43: `verify && delete-the-backup` must not go ahead on an empty directory or
+    on the parent of the real root ("0 checkpoint(s) verified", exit 0, before)."""
+    empty = tmp_path_factory.mktemp("empty")
+    out = run_cli("ckpt", "verify", str(empty))
+    assert out.returncode == 5 and f"no checkpoint in {empty}: nothing was verified" in \
+        out.stderr, out.stderr
+    parent = tmp_path_factory.mktemp("parent")
+    shutil.copytree(root, parent / "ckpt")
+    (parent / "logs").mkdir()
+    out = run_cli("ckpt", "verify", str(parent))
+    assert out.returncode == 5 and f"(checkpoints are in {parent / 'ckpt'})" in out.stderr, \
+        out.stderr
+    assert run_cli("ckpt", "verify", str(parent / "ckpt")).returncode == 0
