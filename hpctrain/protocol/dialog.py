@@ -45,28 +45,27 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class StackRequest:
-    """Write your stacks, once per ``seq``."""
+class _Once:
+    """A request answered once per ``seq`` by every rank of attempt ``to``."""
 
     to: Attempt
     seq: str
+
+    def record(self) -> dict[str, str]:
+        return {**self.to.fields(), "seq": self.seq}
+
+
+class StackRequest(_Once):
+    """Write your stacks (the watchdog names a hang's culprits)."""
+
     name = DUMP
 
-    def record(self) -> dict[str, str]:
-        return {**self.to.fields(), "seq": self.seq}
 
+class Interrupt(_Once):
+    """Leave the attempt (its process groups aborted, then ``Interrupted`` raised in the
+    main thread)."""
 
-@dataclass(frozen=True)
-class Interrupt:
-    """Leave the attempt ``to`` (its process groups aborted, then ``Interrupted`` raised in
-    the main thread), once per ``seq``."""
-
-    to: Attempt
-    seq: str
     name = INTERRUPT
-
-    def record(self) -> dict[str, str]:
-        return {**self.to.fields(), "seq": self.seq}
 
 
 @dataclass(frozen=True)
