@@ -211,14 +211,17 @@ def cancel(job_ids: list[str]) -> Cancelled:
     if snap.source != "sacct" and unknown:
         ended, unknown = (*ended, *unknown), ()
         note = f"{snap.note}; not in the queue: ended, or no such job"
-    if active:
+    # the unknown ones too: accounting with PrivateData hides other users' jobs, and only
+    # scancel then says it is another user's (silent, exit 0, for an id it does not know)
+    targets = (*active, *unknown)
+    if targets:
         try:
-            client.run(["scancel", *active])
+            client.run(["scancel", *targets])
         except SlurmError as exc:
             text = str(exc)
             if "Access/permission denied" in text:
                 # another user's job: Slurm's own words, and who may do it
-                raise SlurmError(f"Slurm refused to cancel {' '.join(active)}: "
+                raise SlurmError(f"Slurm refused to cancel {' '.join(targets)}: "
                                  "Access/permission denied (only the job's owner, an "
                                  "operator or root may cancel a job; `squeue -j ID -o %u` "
                                  "names the owner)") from None
