@@ -199,14 +199,14 @@ def cancel(job_ids: list[str]) -> Cancelled:
     if not job_ids:
         return Cancelled((), (), ())
     snap = poll.snapshot(job_ids)
-
-    def known(jid: str) -> list[JobInfo]:
-        return [info for key, info in snap.infos.items()
-                if key == jid or key.startswith(f"{jid}_") or info.raw_id == jid]
-
-    active = tuple(j for j in job_ids if any(not i.state.final for i in known(j)))
-    ended = tuple(j for j in job_ids if j not in active and known(j))
-    unknown = tuple(j for j in job_ids if not known(j))
+    # is any of its rows (a job, an array's tasks, a task by Slurm's own id) still active?
+    running: dict[str, bool] = {}
+    for key, info in snap.infos.items():
+        for name in {key, key.split("_")[0], info.raw_id} - {""}:
+            running[name] = running.get(name, False) or not info.state.final
+    active = tuple(j for j in job_ids if running.get(j))
+    ended = tuple(j for j in job_ids if running.get(j) is False)
+    unknown = tuple(j for j in job_ids if j not in running)
     note = ""
     if snap.source != "sacct" and unknown:
         ended, unknown = (*ended, *unknown), ()

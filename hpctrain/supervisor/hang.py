@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain import protocol as p
+from hpctrain.protocol.dialog import Attempt
 from hpctrain.supervisor.board import SUMMARY_S, Board
 from hpctrain.supervisor.elastic import silent_nodes
 from hpctrain.supervisor.finish import Finish
@@ -47,13 +48,10 @@ class Watch:
     def records(self) -> dict[int, dict[str, str]]:
         """This attempt's progress records by rank, as the ranks sent them."""
         out = {}
+        this = Attempt(self.state.run_id, self.restart_count, self.attempt)
         for record in self.board.records().values():
-            if record.get("run_id") != self.state.run_id or \
-                    record.get("restart_count") != str(self.restart_count) or \
-                    record.get("attempt") != str(self.attempt) or \
-                    not record.get("rank", "").isdigit():
-                continue
-            out[int(record["rank"])] = record
+            if this.matches(record) and record.get("rank", "").isdigit():
+                out[int(record["rank"])] = record
         return out
 
     def progress(self) -> dict[int, RankProgress]:

@@ -103,8 +103,7 @@ def test_the_plainest_dp_loop_restarts_in_its_processes_under_every_launcher(
         text[-4000:]
     assert "a destroyed process group is still referenced" not in text, text[-4000:]
     assert "not every rank left" not in text, text[-4000:]
-    done = [e for e in events(root / "events.jsonl", "step")]
-    assert {e["step"] for e in done} == set(range(TOTAL))
+    assert {e["step"] for e in events(root / "events.jsonl", "step")} == set(range(TOTAL))
     assert all(torch.equal(a[k], b[k]) for a, b in zip(final(root / "final"), undisturbed)
                for k in a), "bitwise equal to the undisturbed run"
 
