@@ -2,7 +2,8 @@
 # hpctrain's one entry point on a fresh Debian machine (as root):
 #   ./dev.sh demo    install everything, bring the devcluster up, run the example training job
 #   ./dev.sh test    install everything, bring the devcluster up, run the whole test suite
-#                    (as the ordinary user hpct-alice, which it makes)
+#                    (as the ordinary user hpct-alice, which it makes) on parallel workers,
+#                    each with a devcluster of its own; with test paths, just those, serially
 #   ./dev.sh quick   the same set-up, then the quick tier: fast unit tests and one smoke job
 #   ./dev.sh bench   run the benchmarks
 #   ./dev.sh regen   regenerate the reference scripts in sbatch/
@@ -68,13 +69,34 @@ test_user() {
 }
 
 run_tests() {
-    if [ "$(id -u)" != 0 ]; then exec python -m pytest "$@"; fi
+    if [ "$(id -u)" != 0 ]; then python -m pytest "$@"; return; fi
     # test_user ran before cluster_up, so `up` registered it with the accounting
     # (PrivateData: slurmdbd shows its jobs only to a user it knows)
-    exec runuser -u "$TEST_USER" -- env -i HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
+    runuser -u "$TEST_USER" -- env -i HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
         USER="$TEST_USER" LOGNAME="$TEST_USER" LANG=C.UTF-8 PATH="$VENV/bin:/usr/bin:/bin" \
         SLURM_CONF="$SLURM_CONF" ${CI:+CI="$CI"} ${PYTEST_ADDOPTS:+PYTEST_ADDOPTS="$PYTEST_ADDOPTS"} \
         python -m pytest -p no:cacheprovider "$@"
+}
+
+# The whole suite on $HPCTRAIN_TEST_WORKERS parallel workers (default 2), worker gwN on
+# devcluster instance N (tests/cluster/conftest.py): the cluster tests mostly wait (job
+# start, requeue holds, grace times), so their waits overlap. Whole files go to one worker
+# (--dist loadfile: a file's jobs shared between its cases stay together). Then the few
+# tests marked `alone` (they change what all instances share), one at a time.
+WORKERS=${HPCTRAIN_TEST_WORKERS:-2}
+
+run_suite() {
+    local arg
+    for arg in "$@"; do
+        # tests named on the command line: run just those, serially, on instance 0
+        if [ -e "${arg%%::*}" ]; then run_tests "$@"; return; fi
+    done
+    if [ "$WORKERS" -le 1 ]; then run_tests "$@"; return; fi
+    local i status=0
+    for ((i = 1; i < WORKERS; i++)); do hpctrain devcluster up --instance "$i"; done
+    run_tests -n "$WORKERS" --dist loadfile -m "not alone" "$@" || status=$?
+    run_tests -m alone "$@" || { [ "$status" != 0 ] || status=$?; }
+    return "$status"
 }
 
 cluster_up() {
@@ -85,7 +107,7 @@ cluster_up() {
 case "${1:-}" in
     install) install ;;
     demo)    install; cluster_up; exec bash examples/demo.sh ;;
-    test)    install; [ "$(id -u)" != 0 ] || test_user; cluster_up; shift; run_tests "$@" ;;
+    test)    install; [ "$(id -u)" != 0 ] || test_user; cluster_up; shift; run_suite "$@" ;;
     # the quick tier for every change: the fast unit tests and one job on the devcluster
     quick)   install; [ "$(id -u)" != 0 ] || test_user; cluster_up; shift
              run_tests -m "smoke or not (slow or slurm)" "$@" ;;

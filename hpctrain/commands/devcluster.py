@@ -8,13 +8,23 @@ import os
 import click
 
 from hpctrain.devcluster.cluster import DevCluster
-from hpctrain.devcluster.config import Shape
+from hpctrain.devcluster.config import MAX_INSTANCES, Shape
 from hpctrain.devcluster.sshconf import SSH_PORT
 
 state_dir_option = click.option(
     "--state-dir", type=click.Path(file_okay=False), default=None,
     help="Where configs, logs, databases and shared storage live "
-         "[default: $HPCTRAIN_DEVCLUSTER_DIR or /var/lib/hpctrain/devcluster].")
+         "[default: $HPCTRAIN_DEVCLUSTER_DIR or /var/lib/hpctrain/devcluster, -N for "
+         "instance N].")
+instance_option = click.option(
+    "--instance", type=click.IntRange(0, MAX_INSTANCES - 1), default=None, metavar="N",
+    help="Which of several independent devclusters on this machine (own daemons, ports, "
+         "job ids; the parallel test suite runs one per worker) [default: "
+         "$HPCTRAIN_DEVCLUSTER_INSTANCE or 0].")
+
+
+def _cluster(state_dir: str | None, instance: int | None) -> DevCluster:
+    return DevCluster(state_dir, instance=instance)
 
 
 @click.group()
@@ -39,20 +49,23 @@ def devcluster() -> None:
               help="Who may log in (with --ssh; repeatable; added to those set up before) "
                    "[default: $SUDO_USER].")
 @state_dir_option
+@instance_option
 def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, ssh: bool,
-       ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None) -> None:
+       ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None,
+       instance: int | None) -> None:
     """Install (as root), configure and start the cluster; when already up, only resume
     nodes an earlier run left DOWN or DRAIN. With --ssh, also its SSH login."""
     if not ssh and (ssh_port is not None or ssh_users):
         raise click.UsageError("--ssh-port and --ssh-user go with --ssh "
                                "(`hpctrain devcluster up --ssh --ssh-user NAME`)")
-    dev = DevCluster(state_dir)
+    dev = _cluster(state_dir, instance)
     # `up --ssh` on a cluster that is up adds the login; it does not reshape it to defaults
     current = dev.shape() if ssh and not _shape_given() else None
     shape = current or Shape(nodes=nodes, gpus_per_node=gpus_per_node,
                              cpus_per_node=cpus_per_node, spare=spare)
     result = dev.up(shape)
-    click.echo(f"devcluster {result.outcome}: {shape.nodes} nodes x {shape.gpus_per_node} GPUs "
+    named = f" (instance {dev.instance})" if dev.instance else ""
+    click.echo(f"devcluster{named} {result.outcome}: {shape.nodes} nodes x {shape.gpus_per_node} GPUs "
                f"(+{shape.spare} spare), partitions debug (default), urgent and wide "
                "(all nodes)")
     for note in result.resumed:
@@ -82,9 +95,10 @@ def _sudo_user() -> list[str]:
 @devcluster.command()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @state_dir_option
-def status(as_json: bool, state_dir: str | None) -> int:
+@instance_option
+def status(as_json: bool, state_dir: str | None, instance: int | None) -> int:
     """Nodes, states, GRES, partitions and whether each daemon is alive."""
-    info = DevCluster(state_dir).status()
+    info = _cluster(state_dir, instance).status()
     if as_json:
         click.echo(json.dumps(info, indent=2))
     else:
@@ -119,7 +133,8 @@ def _format_status(info: dict) -> str:
 
 @devcluster.command()
 @state_dir_option
-def down(state_dir: str | None) -> None:
+@instance_option
+def down(state_dir: str | None, instance: int | None) -> None:
     """Stop exactly the daemons `up` started (by their pid files), nothing else."""
-    stopped = DevCluster(state_dir).down()
+    stopped = _cluster(state_dir, instance).down()
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))

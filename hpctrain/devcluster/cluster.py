@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from hpctrain.devcluster import accounting, config, daemons, sshd
 from hpctrain.devcluster.config import Paths, Ports, Shape
@@ -30,6 +30,7 @@ from hpctrain.slurm.parse import parse_kv_records
 
 DEFAULT_STATE_DIR = "/var/lib/hpctrain/devcluster"
 STATE_DIR_ENV = "HPCTRAIN_DEVCLUSTER_DIR"
+INSTANCE_ENV = "HPCTRAIN_DEVCLUSTER_INSTANCE"
 SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 HOSTS_FILE = Path("/etc/hosts")
 READY_TIMEOUT_S = 60.0
@@ -69,14 +70,33 @@ class UpResult:
     resumed: tuple[str, ...] = ()
 
 
+def instance_from_env(env: Mapping[str, str] = os.environ) -> int:
+    """The devcluster instance ``$HPCTRAIN_DEVCLUSTER_INSTANCE`` names (0 when unset)."""
+    value = env.get(INSTANCE_ENV, "").strip() or "0"
+    if not value.isdigit():
+        raise DevclusterError(f"{INSTANCE_ENV}={value!r} is not an instance number: use "
+                              f"0..{config.MAX_INSTANCES - 1}")
+    return config.check_instance(int(value))
+
+
+def default_state_dir(instance: int) -> str:
+    """Instance 0 lives in /var/lib/hpctrain/devcluster, instance N beside it in ...-N."""
+    return DEFAULT_STATE_DIR + (f"-{instance}" if instance else "")
+
+
 class DevCluster:
-    """A real SLURM cluster of emulated nodes on this machine, owned through one state dir."""
+    """A real SLURM cluster of emulated nodes on this machine, owned through one state dir.
+
+    ``instance`` (default ``$HPCTRAIN_DEVCLUSTER_INSTANCE``, else 0) picks one of several
+    independent devclusters side by side: its own state dir, ports and job ids."""
 
     def __init__(self, state_dir: str | os.PathLike[str] | None = None,
-                 ports: Ports = Ports()) -> None:
-        root = state_dir or os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+                 ports: Ports | None = None, instance: int | None = None) -> None:
+        self.instance = instance_from_env() if instance is None \
+            else config.check_instance(instance)
+        root = state_dir or os.environ.get(STATE_DIR_ENV) or default_state_dir(self.instance)
         self.paths = Paths(Path(root).resolve())
-        self.ports = ports
+        self.ports = ports or Ports.for_instance(self.instance)
 
     # ---- what clients and tests need -------------------------------------------------
     def client_env(self) -> dict[str, str]:
@@ -217,14 +237,14 @@ class DevCluster:
             p.db_password_file.write_text(secrets.token_hex(16))
         p.db_password_file.chmod(0o600)
         hosts = HOSTS_FILE.read_text() if HOSTS_FILE.exists() else ""
-        new_hosts = config.updated_hosts(hosts, shape)
+        new_hosts = config.updated_hosts(hosts, shape, self.instance)
         if new_hosts != hosts:
             HOSTS_FILE.write_text(new_hosts)
 
     def _slurm_configs(self, shape: Shape) -> dict[Path, str]:
         p = self.paths
         return {p.slurm_conf: config.slurm_conf(shape, p, self.ports, socket.gethostname(),
-                                                _hostname_is_loopback()),
+                                                _hostname_is_loopback(), self.instance),
                 p.gres_conf: config.gres_conf(shape, p)}
 
     def _configs_changed(self, shape: Shape) -> bool:
@@ -276,7 +296,10 @@ class DevCluster:
                               f"{self.paths.log}/slurmd-*.log and slurmctld.log")
 
     def _link_system_conf(self) -> None:
-        """Point /etc/slurm/slurm.conf at ours, unless a real site config lives there."""
+        """Point /etc/slurm/slurm.conf at ours, unless a real site config lives there (or
+        this is not instance 0: the others are reached through SLURM_CONF only)."""
+        if self.instance:
+            return
         link = SYSTEM_SLURM_CONF
         if link.is_symlink() or not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
@@ -311,6 +334,7 @@ class DevCluster:
                         "alive": daemons.running_pid(d) is not None} for d in known]
         ctld_alive = any(r["alive"] for r in daemon_rows if r["name"] == "slurmctld")
         return {
+            "instance": self.instance,
             "state_dir": str(self.paths.root),
             "slurm_conf": str(self.paths.slurm_conf),
             "shared_dir": str(self.paths.shared),
@@ -368,6 +392,6 @@ class DevCluster:
                     client.run(["scancel", *jobs], env=env, check=False, timeout=10, retries=0)
             stopped = [d.name for d in reversed(self._all_daemons(shape)) if daemons.stop(d)]
             hosts = HOSTS_FILE.read_text() if HOSTS_FILE.exists() else ""
-            if config.HOSTS_MARKER in hosts:
-                HOSTS_FILE.write_text(config.updated_hosts(hosts, None))
+            if config.hosts_marker(self.instance) in hosts:
+                HOSTS_FILE.write_text(config.updated_hosts(hosts, None, self.instance))
             return stopped

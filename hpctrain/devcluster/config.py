@@ -50,6 +50,37 @@ class Shape:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+# Several devclusters may run side by side on one machine (``--instance N``: the test
+# suite gives each of its parallel workers one). Each is a whole cluster of its own (its own
+# munged, MariaDB, slurmdbd, slurmctld and slurmds, state directory and ports), so nothing a
+# test does to one (a node lost, slurm.conf rewritten, jobs preempted) touches another.
+MAX_INSTANCES = 8
+# Job ids of instance N start at N * 1,000,000 plus N * 5,000: ids never repeat across
+# instances (job folders, state directories and node-local directories carry them) and
+# the rendezvous ports derived from them (protocol.master_port: id mod 10,000) of jobs
+# started at the same time on two instances lie 5,000 apart.
+_JOB_IDS_PER_INSTANCE, _PORT_SHIFT_PER_INSTANCE = 1_000_000, 5_000
+
+
+def check_instance(instance: int) -> int:
+    """``instance`` if it is a devcluster instance number (0..MAX_INSTANCES-1)."""
+    if isinstance(instance, bool) or not isinstance(instance, int) \
+            or not 0 <= instance < MAX_INSTANCES:
+        raise DevclusterError(f"devcluster instance {instance!r} is out of range: use "
+                              f"0..{MAX_INSTANCES - 1}")
+    return instance
+
+
+def first_job_id(instance: int) -> int:
+    """The first job id of devcluster ``instance`` (1 for instance 0)."""
+    return instance * (_JOB_IDS_PER_INSTANCE + _PORT_SHIFT_PER_INSTANCE) + 1
+
+
+def hosts_marker(instance: int) -> str:
+    """The comment that ends the /etc/hosts line of devcluster ``instance``."""
+    return HOSTS_MARKER + (f"-{instance}" if instance else "")
+
+
 @dataclass(frozen=True)
 class Ports:
     """TCP ports, away from Slurm's defaults so a real installation is not disturbed."""
@@ -58,6 +89,15 @@ class Ports:
     slurmdbd: int = 16819
     mariadb: int = 16306
     slurmd_base: int = 17000  # node i listens on slurmd_base + i
+
+    @classmethod
+    def for_instance(cls, instance: int) -> "Ports":
+        """Instance 0's ports are the defaults; instance N's lie 10*N above them (100*N
+        for the slurmds: room for 64 nodes and 8 spares each)."""
+        n = check_instance(instance)
+        base = cls()
+        return cls(base.slurmctld + 10 * n, base.slurmdbd + 10 * n, base.mariadb + 10 * n,
+                   base.slurmd_base + 100 * n)
 
 
 @dataclass(frozen=True)
@@ -122,8 +162,8 @@ def comm_params(loopback_host: bool, ctld: bool = True) -> str:
 
 
 def slurm_conf(shape: Shape, paths: Paths, ports: Ports, hostname: str,
-               loopback_host: bool = True) -> str:
-    """slurm.conf for the emulated nodes, partitions `debug` and `urgent`."""
+               loopback_host: bool = True, instance: int = 0) -> str:
+    """slurm.conf for the emulated nodes, partitions `debug`, `urgent` and `wide`."""
     nodes = "\n".join(
         f"NodeName={n} NodeHostname={hostname} NodeAddr=127.0.0.1 "
         f"Port={ports.slurmd_base + i} CPUs={shape.cpus_per_node} "
@@ -182,6 +222,8 @@ MessageTimeout=10
 KillWait=10
 InactiveLimit=0
 MinJobAge=600
+# instance {instance} of the devclusters on this machine: its job ids are its own
+FirstJobId={first_job_id(instance)}
 MaxArraySize=1001
 # Slurm's default 10,000 is below one 10,000-point sweep once its tasks are records of
 # their own (started or cancelled): new jobs are then refused until MinJobAge passes
@@ -257,16 +299,20 @@ def db_setup_sql(db_password: str) -> str:
             "FLUSH PRIVILEGES;\n")
 
 
-def hosts_line(shape: Shape) -> str:
-    """The /etc/hosts line that makes node names resolve (rendezvous needs it)."""
-    return f"127.0.0.1 {' '.join(shape.node_names)} {HOSTS_MARKER}"
+def hosts_line(shape: Shape, instance: int = 0) -> str:
+    """The /etc/hosts line that makes node names resolve (rendezvous needs it). Instances
+    share node names (n1, n2, ...), all 127.0.0.1; each keeps a line of its own, so one
+    instance reshaped or brought down leaves the others' names resolving."""
+    return f"127.0.0.1 {' '.join(shape.node_names)} {hosts_marker(instance)}"
 
 
-def updated_hosts(current: str, shape: Shape | None) -> str:
-    """/etc/hosts text with our line replaced (or removed when ``shape`` is None)."""
-    kept = [line for line in current.splitlines() if not line.endswith(HOSTS_MARKER)]
+def updated_hosts(current: str, shape: Shape | None, instance: int = 0) -> str:
+    """/etc/hosts text with instance ``instance``'s line replaced (or removed when
+    ``shape`` is None)."""
+    marker = hosts_marker(instance)
+    kept = [line for line in current.splitlines() if not line.endswith(" " + marker)]
     if shape is not None:
-        kept.append(hosts_line(shape))
+        kept.append(hosts_line(shape, instance))
     return "\n".join(kept) + "\n"
 
 

@@ -21,6 +21,24 @@ from helpers import admin
 from helpers.prereq import require
 
 
+def _own_instance() -> None:
+    """Each parallel worker (pytest-xdist's gw0, gw1, ...) has a devcluster of its own,
+    instance N for worker gwN (``./dev.sh test`` brings them up first): its own daemons,
+    nodes, partitions and job ids, so one worker's preemptions, lost nodes and rewritten
+    slurm.conf never touch another's jobs. Set before any test runs, so every Slurm
+    command of this process and its children (submissions, jobs, root's helpers) goes to
+    it; a serial run (no worker) uses instance 0 (or $HPCTRAIN_DEVCLUSTER_INSTANCE)."""
+    from hpctrain.devcluster.cluster import INSTANCE_ENV, DevCluster
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        os.environ[INSTANCE_ENV] = worker[2:]
+    os.environ.update(DevCluster().client_env())
+
+
+_own_instance()
+
+
 def _queued() -> set[str]:
     from hpctrain.slurm import client
 
@@ -57,8 +75,8 @@ def cluster():
     """The real local SLURM cluster (``hpctrain devcluster``), brought up once per session
     (by root, through :class:`helpers.admin.Cluster`).
 
-    Sets SLURM_CONF for this process and its children so plain ``sbatch`` etc. find it.
-    Never brought down here: later sessions reuse it (``up`` is idempotent).
+    Its instance is this worker's (:func:`_own_instance`, which set SLURM_CONF for this
+    process and its children so plain ``sbatch`` etc. find it). Never brought down here: later sessions reuse it (``up`` is idempotent).
     """
     require(sys.platform.startswith("linux"), "Linux")
     admin.require_sudo()

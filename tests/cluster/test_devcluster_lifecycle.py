@@ -21,7 +21,9 @@ from helpers import admin
 from helpers.net import listeners
 from helpers.slurm import sbatch, wait_done
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# alone: it brings its devcluster down and reshapes it, which rewrites /etc/hosts, whose
+# node names every other worker's jobs resolve
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.alone]
 
 
 def hpctrain(*args: str) -> subprocess.CompletedProcess[str]:
@@ -30,7 +32,8 @@ def hpctrain(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def our_processes(dev: DevCluster) -> list[str]:
-    """Command lines of live processes that mention our state dir (our daemons do)."""
+    """Command lines of live processes that mention our state dir (our daemons do; another
+    instance's, in /var/lib/hpctrain/devcluster-N, are not ours)."""
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
@@ -38,7 +41,7 @@ def our_processes(dev: DevCluster) -> list[str]:
                 cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
             except OSError:
                 continue
-            if str(dev.paths.root) in cmd and "pytest" not in cmd:
+            if f"{dev.paths.root}/" in cmd and "pytest" not in cmd:
                 found.append(cmd)
     return found
 

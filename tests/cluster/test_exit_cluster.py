@@ -40,7 +40,9 @@ from helpers.slurm import sacct_states, wait_until
 from helpers.specs import spec_toml
 from programs import function_steps
 
-pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
+# the matrix's ~50 jobs all run in its fixture (the first case's time): ~6 minutes alone,
+# more beside another worker's jobs on a 2-core machine
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(900)]
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 TESTS_ON_PATH = {"PYTHONPATH": f"{PROGRAMS.parent}"}
 STEPS = 6          # saved at 3 and 6: the last save is the end of the work

@@ -28,7 +28,8 @@ from helpers import admin, users
 from helpers.slurm import wait_until
 from helpers.ssh import ensure_ssh
 
-pytestmark = pytest.mark.slurm
+# alone: the SSH login is the machine's (one port, one alias in each user's ~/.ssh/config)
+pytestmark = [pytest.mark.slurm, pytest.mark.alone]
 HOST = "hpctrain-devcluster"   # the alias ensure_ssh returns (checked in the fixture)
 # the cluster's hpctrain: the project's venv (a login shell over ssh has no venv on PATH)
 REMOTE = {"HPCTRAIN_REMOTE_COMMAND": str(Path(sys.executable).parent / "hpctrain")}

@@ -20,7 +20,8 @@ from helpers import admin, users
 from helpers.net import listening
 from helpers.ssh import PORT, ensure_ssh
 
-pytestmark = pytest.mark.slurm
+# alone: the SSH login is the machine's (one port, one alias in each user's ~/.ssh/config)
+pytestmark = [pytest.mark.slurm, pytest.mark.alone]
 STATE = Path(os.environ.get("HPCTRAIN_DEVCLUSTER_DIR", "/var/lib/hpctrain/devcluster"))
 
 

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 from helpers.prereq import require
 
 # what a root child needs of this process's environment
-_KEEP = ("SLURM_CONF", "HPCTRAIN_DEVCLUSTER_DIR", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+_KEEP = ("SLURM_CONF", "HPCTRAIN_DEVCLUSTER_DIR", "HPCTRAIN_DEVCLUSTER_INSTANCE", "PYTHONPATH",
+         "PYTHONDONTWRITEBYTECODE")
 
 
 def is_root() -> bool:

@@ -71,6 +71,36 @@ def test_hosts_update_is_idempotent_and_removable() -> None:
     assert config.updated_hosts(three, None) == base
 
 
+def test_instances_side_by_side_have_their_own_ports_job_ids_and_hosts_line() -> None:
+    """Parallel test workers each run a devcluster instance: nothing may be shared that a
+    test on one changes (ports, job ids, the /etc/hosts line)."""
+    ports = [Ports.for_instance(n) for n in range(config.MAX_INSTANCES)]
+    assert ports[0] == Ports()
+    taken = [p.slurmctld for p in ports] + [p.slurmdbd for p in ports] + \
+        [p.mariadb for p in ports] + \
+        [p.slurmd_base + i for p in ports for i in range(1, 64 + 8 + 1)]   # the largest shape
+    assert len(taken) == len(set(taken))
+    firsts = [config.first_job_id(n) for n in range(config.MAX_INSTANCES)]
+    assert firsts[0] == 1 and firsts == sorted(firsts)
+    # a million ids each, and their rendezvous ports (id mod 10,000) apart
+    assert all(b - a > 1_000_000 for a, b in zip(firsts, firsts[1:]))
+    assert len({f % 10_000 for f in firsts}) == 2   # 5,000 apart: 0 and 5,000 alternate
+    lines = config.slurm_conf(Shape(), PATHS, ports[3], "host", instance=3).splitlines()
+    assert f"FirstJobId={firsts[3]}" in lines and "SlurmctldPort=16847" in lines
+    base = "127.0.0.1 localhost\n"
+    both = config.updated_hosts(config.updated_hosts(base, Shape(), 0), Shape(nodes=5), 1)
+    assert "n1 n2 n3 # hpctrain-devcluster\n" in both and "n6 # hpctrain-devcluster-1" in both
+    # instance 1 brought down: instance 0's names still resolve
+    assert config.updated_hosts(both, None, 1) == config.updated_hosts(base, Shape(), 0)
+    assert config.updated_hosts(both, None, 0).count("hpctrain-devcluster") == 1
+
+
+@pytest.mark.parametrize("instance", [-1, 8, True, "1"])
+def test_an_instance_out_of_range_is_refused_with_the_range(instance: object) -> None:
+    with pytest.raises(DevclusterError, match="out of range: use 0..7"):
+        Ports.for_instance(instance)   # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("field,value", [("nodes", 0), ("nodes", 1000), ("gpus_per_node", -1),
                                          ("cpus_per_node", 0)])
 def test_bad_shape_is_refused_with_the_range(field: str, value: int) -> None:
@@ -194,3 +224,13 @@ def test_ssh_packages_are_checked_only_when_asked_for(monkeypatch: pytest.Monkey
     assert "openssh-server" in packages.missing_packages(packages.PACKAGES + SSH_PACKAGES)
     with pytest.raises(DevclusterError, match="apt-get install -y .*openssh-server"):
         packages.ensure_packages(install=False, extra=SSH_PACKAGES)
+
+
+def test_the_instance_comes_from_the_environment_and_picks_dir_and_ports() -> None:
+    from hpctrain.devcluster.cluster import DevCluster, instance_from_env
+
+    assert instance_from_env({}) == 0 and instance_from_env({"HPCTRAIN_DEVCLUSTER_INSTANCE": "2"}) == 2
+    with pytest.raises(DevclusterError, match="HPCTRAIN_DEVCLUSTER_INSTANCE='gw1'.*0..7"):
+        instance_from_env({"HPCTRAIN_DEVCLUSTER_INSTANCE": "gw1"})
+    dev = DevCluster(instance=2)
+    assert str(dev.paths.root).endswith("/devcluster-2") and dev.ports == Ports.for_instance(2)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,9 +128,16 @@ def test_a_server_answer_that_is_not_the_protocol_is_a_remote_error(garbage: byt
 
 # ---- a real server -------------------------------------------------------------------------------
 @pytest.fixture()
-def server(tmp_path: Path):
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
+def runtime() -> Iterator[Path]:
+    """An XDG_RUNTIME_DIR as short as a real one (/run/user/UID): a socket's path must fit
+    in 107 bytes, which pytest's tmp_path (a parallel worker's, say) may not leave room for."""
+    path = Path(tempfile.mkdtemp(prefix="hpct-run-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture()
+def server(runtime: Path):
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
     argv = [HPCTRAIN, "_serve", "daemon", "--name", "0123456789abcdef", "--idle", "60"]
     first = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
@@ -156,9 +166,9 @@ def call(path: Path, argv: list[str]) -> tuple[int, bytes, bytes]:
     raise AssertionError("no exit frame")
 
 
-def test_a_server_runs_commands_as_the_cli_would(server, tmp_path: Path) -> None:
+def test_a_server_runs_commands_as_the_cli_would(server, runtime: Path, tmp_path: Path) -> None:
     path, data, argv, env = server
-    assert data["started"] is True and path.parent == tmp_path / "run" / "hpctrain"
+    assert data["started"] is True and path.parent == runtime / "hpctrain"
     # only the user reaches it: a 0700 directory, a 0600 socket
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -199,11 +209,9 @@ def test_a_stopped_server_removes_its_socket(server) -> None:
     assert ask(path, {"ping": True}) is None
 
 
-def test_a_server_of_other_code_is_replaced(tmp_path: Path) -> None:
+def test_a_server_of_other_code_is_replaced(runtime: Path) -> None:
     # a server still running the code before an upgrade: the next start stops it and
     # serves from a new one under the same name
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
     old_code = ("import socket, sys\n"
                 "from hpctrain.remote.server import Server, socket_dir\n"
