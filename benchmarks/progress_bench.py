@@ -38,7 +38,8 @@ from hpctrain.protocol import channel  # noqa: E402
 from hpctrain.runtime.progress import Reporter  # noqa: E402
 from hpctrain.runtime.relay import Relay  # noqa: E402
 from hpctrain.supervisor.board import Board  # noqa: E402
-from hpctrain.supervisor.watchdog import Limits, RankProgress, assess  # noqa: E402
+from hpctrain.protocol.progress import Progress  # noqa: E402
+from hpctrain.supervisor.watchdog import Limits, assess  # noqa: E402
 from helpers.inotify import Inotify  # noqa: E402
 
 RANKS_PER_NODE = 8
@@ -88,7 +89,7 @@ def records(ranks: int, now: float) -> list[dict[str, str]]:
 
 
 def judge(recs: dict[int, dict[str, str]], world: int, now: float) -> None:
-    parsed = {r: RankProgress.parse(rec) for r, rec in recs.items()}
+    parsed = {r: Progress.parse(rec) for r, rec in recs.items()}
     assert assess(parsed, world, now - 100, now, Limits(hang_s=60.0)) is None
 
 

@@ -19,6 +19,7 @@ from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.poll import JobInfo, Snapshot, ended_without_accounting, last_checkpoint_step
 from hpctrain.jobs.statedir import state_dirs
 from hpctrain.protocol.ledger import Ledger, requeues_by_cause
+from hpctrain.protocol.progress import Progress
 from hpctrain.slurm.states import by_name
 
 
@@ -131,14 +132,13 @@ def live_progress(key: str, *bases: str) -> str:
     state = protocol.find_state_dir(key, *bases)
     if state is None:
         return ""
-    record = protocol.read_record(state / protocol.SUMMARY)
-    if not record:
+    record = Progress.parse(protocol.read_record(state / protocol.SUMMARY))
+    if record is None:
         return ""
-    run = (int(record.get("restart_count") or 0), int(record.get("attempt") or 0))
+    run = (record.address.restart_count, record.address.attempt)
     steps = [e for e in protocol.read_history(state, tail_bytes=8192)
              if e.get("event") == "step" and (e.get("restart"), e.get("attempt")) == run]
     rate = ""
     if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
         rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
-    shown = record.get("step") or record.get("boundaries", "?")
-    return f"step {shown} ({record.get('phase', '?')}{rate})"
+    return f"step {record.step or record.boundaries} ({record.phase}{rate})"

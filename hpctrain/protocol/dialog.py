@@ -13,7 +13,8 @@ rule), so a word left from an earlier attempt or run is never taken for a new on
   ``stop`` (let the exception go on: the process ends).
 
 Records are flat ``key=value`` maps (:func:`hpctrain.protocol.read_record`), parsed once per
-look by the reader.
+look by the reader. The ranks' own progress records are typed in
+:mod:`hpctrain.protocol.progress`.
 """
 
 from __future__ import annotations
@@ -39,9 +40,21 @@ class Attempt:
         return {"run_id": self.run_id, "restart_count": str(self.restart_count),
                 "attempt": str(self.attempt)}
 
-    def matches(self, record: Mapping[str, str]) -> bool:
-        """Is ``record`` addressed to this attempt? The one rule every reader uses."""
-        return all(record.get(k) == v for k, v in self.fields().items())
+    @classmethod
+    def parse(cls, record: Mapping[str, object]) -> Attempt | None:
+        """The address ``record`` carries (a request's, or a progress record's); None when
+        its counts are not numbers."""
+        get = {k: str(v) for k, v in record.items()}.get
+        try:
+            return cls(get("run_id", ""), int(get("restart_count") or 0),
+                       int(get("attempt") or 0))
+        except ValueError:
+            return None
+
+    def matches(self, record: Mapping[str, object]) -> bool:
+        """Is ``record`` addressed to this attempt? The one rule every reader uses (typed
+        records compare their :attr:`~hpctrain.protocol.progress.Progress.address`)."""
+        return Attempt.parse(record) == self
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from pathlib import Path
 from hpctrain import protocol as p
 from hpctrain.files import atomic_write
 from hpctrain.protocol.dialog import Attempt, new_seq
+from hpctrain.protocol.progress import Progress
 from hpctrain.runtime.relay import Relay
 from hpctrain.runtime.relay import from_env as relay_from_env
 
@@ -71,7 +72,7 @@ class Reporter:
         self.phase = "startup"
         self.changed_at = time.time()
         self.exit = ""      # how the script's work ended: return, crash, requeue (teardown)
-        self.flushed = ""   # at the end of the teardown: 1 if every save was durable
+        self.flushed: bool | None = None   # at the end of the teardown: every save durable?
         self.failed = ""    # this attempt failed in-process: crash or hang (runtime.run)
         self.error = ""     # ...and the error, one line
         self.inprocess = False   # runtime.run: an attempt can restart in this process
@@ -115,7 +116,7 @@ class Reporter:
         """Nothing of the job's work is left in this process (``flushed``: every save was
         durable); only the teardown remains. The heartbeat stops (the record stays as the
         rank's last word) and the history is appended."""
-        self.flushed = "1" if flushed else "0"
+        self.flushed = flushed
         self.set_phase("exited")
         self._stop.set()
         if self._thread.is_alive():   # its last beat must not land after this record
@@ -200,17 +201,14 @@ class Reporter:
         except OSError:
             pass   # the report then misses these lines; training goes on
 
-    def record(self) -> dict[str, object]:
-        record = {**self.ident, "step": "" if self.step is None else self.step,
-                  "boundaries": self.boundaries, "phase": self.phase,
-                  "changed_at": f"{self.changed_at:.3f}", "beat_at": f"{time.time():.3f}"}
-        if self.exit:
-            record.update(exit=self.exit, flushed=self.flushed)
-        if self.inprocess:
-            record["inprocess"] = 1
-        if self.failed:
-            record.update(failed=self.failed, error=self.error)
-        return record
+    def record(self) -> dict[str, str]:
+        """The record as written and sent (its fields: :class:`Progress`)."""
+        return Progress(
+            int(self.ident["rank"]), self.address(), self.changed_at, time.time(),
+            node=str(self.ident["node"]), pid=int(self.ident["pid"]),
+            step="" if self.step is None else str(self.step), boundaries=self.boundaries,
+            phase=self.phase, exit=self.exit, flushed=self.flushed, inprocess=self.inprocess,
+            failed=self.failed, error=self.error).fields()
 
     def write(self, urgent: bool = False) -> None:
         """Rewrite the record; ``urgent``: also send it to the supervisor now, from this

@@ -26,6 +26,7 @@ from pathlib import Path
 from hpctrain import access
 from hpctrain import protocol as p
 from hpctrain.protocol import channel
+from hpctrain.protocol.progress import NEWS
 
 LOCK = "relay.lock"
 REQUEST_NAMES = (p.DUMP, p.INTERRUPT, p.RESUME)
@@ -179,9 +180,6 @@ class Relay:
                 self.sent += 1
             except OSError:
                 pass    # the supervisor is gone or the network hiccups: the next beat
-
-
-NEWS = ("rank", "restart_count", "attempt", "phase", "failed", "exit", "flushed", "inprocess")
 
 
 def news(records: list[dict[str, str]]) -> tuple:

@@ -19,19 +19,20 @@ from typing import Any
 
 from hpctrain.protocol import channel
 from hpctrain.protocol.dialog import Interrupt, Resume, StackRequest
+from hpctrain.protocol.progress import Progress
 
 BUFFER = 8 << 20      # receive buffer: a burst of every rank's last word (8,192 x ~300 B)
 SUMMARY_S = 15.0      # how often the live summary for `hpctrain status` may be rewritten
 
 
 class Board:
-    """The ranks' newest records, as their relays sent them."""
+    """The ranks' newest records, parsed once as they arrive (:class:`Progress`)."""
 
     def __init__(self) -> None:
         self.token = secrets.token_hex(16)
         self.sock = channel.udp_socket(("0.0.0.0", 0), BUFFER)
         self.port = self.sock.getsockname()[1]
-        self._latest: dict[int, dict[str, str]] = {}
+        self._latest: dict[int, Progress] = {}
         self._relays: set[tuple[str, int]] = set()
         self._requests: dict[str, dict[str, str]] = {}
         self.received = 0       # datagrams taken (the traffic figures in docs/scale.md)
@@ -47,7 +48,7 @@ class Board:
         """What the step's ranks need to reach the board."""
         return {channel.PORT: str(self.port), channel.TOKEN: self.token}
 
-    def records(self) -> dict[int, dict[str, str]]:
+    def records(self) -> dict[int, Progress]:
         """Every rank's newest record (any run or attempt: the caller picks), by rank."""
         self.drain()
         with self._lock:
@@ -107,15 +108,13 @@ class Board:
         self.sock.close()
 
     def _take(self, records: list[Any]) -> None:
-        for record in records:
-            if not isinstance(record, dict) or not str(record.get("rank", "")).isdigit():
-                continue
-            rank = int(record["rank"])
-            known = self._latest.get(rank)
-            # datagrams may come out of order (a relay's beat after the rank's own word)
-            if known is None or _beat(record) >= _beat(known) or \
-                    _newer_attempt(record, known):
-                self._latest[rank] = record
+        for fields in records:
+            record = Progress.parse(fields) if isinstance(fields, dict) else None
+            if record is None:
+                continue      # not a record: a stray or damaged datagram
+            known = self._latest.get(record.rank)
+            if known is None or record.newer_than(known):
+                self._latest[record.rank] = record
 
     def _send(self, relay: tuple[str, int]) -> None:
         try:
@@ -123,24 +122,6 @@ class Board:
                                             requests=self._requests), relay)
         except OSError:
             pass     # the relay's next message brings another reply
-
-
-def _beat(record: dict[str, str]) -> float:
-    try:
-        return float(record.get("beat_at") or 0)
-    except ValueError:
-        return 0.0
-
-
-def _newer_attempt(record: dict[str, str], known: dict[str, str]) -> bool:
-    """A record of a later run or attempt than the one kept (a clock step backwards
-    must not hide a new attempt's word)."""
-    def key(r: dict[str, str]) -> tuple[int, int]:
-        try:
-            return int(r.get("restart_count") or 0), int(r.get("attempt") or 0)
-        except ValueError:
-            return 0, 0
-    return key(record) > key(known)
 
 
 PER_WORD = 1024      # what one rank's last word takes of the buffer (datagram + kernel's)

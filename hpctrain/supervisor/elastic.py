@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from hpctrain.supervisor.watchdog import RankProgress
+from hpctrain.protocol.progress import Progress
 
 SILENT_BEATS = 3        # a rank missing this many heartbeats in a row is silent...
 SILENT_MIN_S = 6.0      # ...and for at least this long
-FINAL_PHASES = ("exiting", "exited", "restarting")   # a rank that said its last word
 
 
 def step_nodes(allocation: Sequence[str], bad: Sequence[str], batch_node: str,
@@ -45,21 +44,20 @@ def with_nodes(argv: Sequence[str], nodes: Sequence[str]) -> list[str]:
     return args[:at] + [f"--nodelist={','.join(nodes)}", "--overlap"] + args[at:]
 
 
-def silent_nodes(records: Mapping[int, Mapping[str, str]], nodes: Sequence[str], now: float,
+def silent_nodes(records: Mapping[int, Progress], nodes: Sequence[str], now: float,
                  beat_s: float) -> tuple[str, ...]:
     """The step's nodes every one of whose ranks went silent: no heartbeat for
     SILENT_BEATS beats (at least SILENT_MIN_S) and no last word (exiting, exited, waiting
     to restart), while some rank elsewhere still beats or has left its word. A node without
     any record is not judged (its ranks may not have started)."""
-    by_node: dict[str, list[RankProgress]] = {}
-    for raw in records.values():
-        rec = RankProgress.parse(raw)
-        if rec is not None and rec.node in nodes:
+    by_node: dict[str, list[Progress]] = {}
+    for rec in records.values():
+        if rec.node in nodes:
             by_node.setdefault(rec.node, []).append(rec)
     quiet = max(SILENT_BEATS * beat_s, SILENT_MIN_S)
 
-    def silent(rec: RankProgress) -> bool:
-        return rec.phase not in FINAL_PHASES and now - rec.beat_at > quiet
+    def silent(rec: Progress) -> bool:
+        return not rec.final and now - rec.beat_at > quiet
 
     lost = tuple(n for n, recs in by_node.items() if all(map(silent, recs)))
     heard = any(not silent(r) for n, recs in by_node.items() if n not in lost for r in recs)

@@ -9,13 +9,16 @@ once its saves are durable); this module sums those records up for the decision 
 
 Only the runtime's records count: a script that does not use ``hpctrain.runtime`` gives no
 such word, and its death at exit is reported as it happened (with the likely cause and the
-fix, :mod:`hpctrain.supervisor.diagnosis`). Pure: the records come in as parsed dicts.
+fix, :mod:`hpctrain.supervisor.diagnosis`). Pure: the records come in parsed
+(:class:`hpctrain.protocol.progress.Progress`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from hpctrain.protocol.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -28,13 +31,13 @@ class Finish:
     steps: Mapping[int, str]      # rank -> the last step it reported ("" if none)
 
     @classmethod
-    def from_records(cls, records: Mapping[int, Mapping[str, str]], world: int) -> Finish:
-        """From this attempt's progress records (rank -> its ``key=value`` fields)."""
-        exits = {r: rec["exit"] for r, rec in records.items() if rec.get("exit")}
+    def from_records(cls, records: Mapping[int, Progress], world: int) -> Finish:
+        """From this attempt's progress records, by rank."""
+        exits = {r: rec.exit for r, rec in records.items() if rec.exit}
         return cls(world, exits,
-                   frozenset(r for r, rec in records.items() if rec.get("phase") == "exited"
-                             and rec.get("flushed") == "1"),
-                   {r: rec.get("step", "") for r, rec in records.items()})
+                   frozenset(r for r, rec in records.items()
+                             if rec.phase == "exited" and rec.flushed),
+                   {r: rec.step for r, rec in records.items()})
 
     @property
     def done(self) -> bool:

@@ -11,14 +11,15 @@ from pathlib import Path
 
 from hpctrain import protocol as p
 from hpctrain.protocol.dialog import Attempt
+from hpctrain.protocol.progress import Progress
 from hpctrain.supervisor.board import SUMMARY_S, Board
 from hpctrain.supervisor.elastic import silent_nodes
 from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler
 from hpctrain.supervisor.statedir import StateDir
-from hpctrain.supervisor.watchdog import (Hang, Limits, RankProgress, StepClock, assess,
-                                          gave_up, waited, waited_for)
+from hpctrain.supervisor.watchdog import (Hang, Limits, StepClock, assess, gave_up, waited,
+                                          waited_for)
 
 LOOK_S = 1.0            # how often progress is looked at
 FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are looked for
@@ -45,19 +46,11 @@ class Watch:
         self._next_summary, self._summary = 0.0, ""
         self.clock = StepClock()     # the step time: a hang timeout left out follows it
 
-    def records(self) -> dict[int, dict[str, str]]:
-        """This attempt's progress records by rank, as the ranks sent them."""
-        out = {}
+    def records(self) -> dict[int, Progress]:
+        """This attempt's progress records by rank (as the board parsed them)."""
         this = Attempt(self.state.run_id, self.restart_count, self.attempt)
-        for record in self.board.records().values():
-            if this.matches(record) and record.get("rank", "").isdigit():
-                out[int(record["rank"])] = record
-        return out
-
-    def progress(self) -> dict[int, RankProgress]:
-        """This attempt's progress records by rank, parsed."""
-        parsed = (RankProgress.parse(record) for record in self.records().values())
-        return {rec.rank: rec for rec in parsed if rec is not None}
+        return {rank: record for rank, record in self.board.records().items()
+                if record.address == this}
 
     def silent(self, nodes: list[str]) -> tuple[str, ...]:
         """[elastic] At most every LOOK_S: the step's ``nodes`` whose every rank went
@@ -67,7 +60,7 @@ class Watch:
         self._next_silent = self.slurm.monotonic() + LOOK_S
         return silent_nodes(self.records(), nodes, self.slurm.time(), self.limits.beat_s)
 
-    def failed(self) -> dict[int, dict[str, str]]:
+    def failed(self) -> dict[int, Progress]:
         """At most every FAILED_LOOK_S: this attempt's ranks whose attempt failed in their
         process and that wait for the supervisor's word (``hpctrain.runtime.run``), by rank."""
         if self.slurm.monotonic() < self._next_failed:
@@ -78,8 +71,7 @@ class Watch:
     def inprocess(self) -> bool:
         """Can every rank of this attempt start its next one in its own process?"""
         records = self.records()
-        return len(records) == self.world and all(r.get("inprocess") == "1"
-                                                  for r in records.values())
+        return len(records) == self.world and all(r.inprocess for r in records.values())
 
     def next(self) -> Watch:
         """The watch of the next attempt, in the same step (an in-process restart)."""
@@ -97,9 +89,9 @@ class Watch:
             return
         self._next_summary = self.slurm.monotonic() + SUMMARY_S
         record = self.records().get(0)
-        if not record:
+        if record is None:
             return
-        shown = {k: v for k, v in record.items() if k != "beat_at"}
+        shown = {k: v for k, v in record.fields().items() if k != "beat_at"}
         text = repr(sorted(shown.items()))
         if text != self._summary:
             try:
@@ -114,7 +106,7 @@ class Watch:
         its "exited" (FINISH_WAIT_S) rather than judge without it."""
         end = self.slurm.monotonic() + FINISH_WAIT_S
         records = self.records()
-        while any(r.get("phase") == "exiting" for r in records.values()) and \
+        while any(r.phase == "exiting" for r in records.values()) and \
                 self.slurm.monotonic() < end:
             self.slurm.sleep(0.05)
             records = self.records()
@@ -138,7 +130,7 @@ class Watch:
         sizes = self._log_sizes()
         if sizes != self._sizes:
             self._sizes, self.output_at = sizes, now
-        progress = self.progress()
+        progress = self.records()
         training = [r.boundaries for r in progress.values() if r.phase == "training"]
         if len(training) == self.world:
             self.clock.add(now, min(training))
@@ -148,17 +140,17 @@ class Watch:
                       self.limits.timed(self.clock.step_s(), self.clock.longest_s),
                       self.output_at)
 
-    def waited_for(self, failed: dict[int, dict[str, str]]) -> Hang | None:
+    def waited_for(self, failed: dict[int, Progress]) -> Hang | None:
         """The failed ranks of this attempt all gave up waiting in a collective: the hang
         of the ranks they waited for, said in the job log with those ranks' stacks. None
         when a rank failed on its own (a crash)."""
-        words = {rec.get("failed", "") for rec in failed.values()}
+        words = {rec.failed for rec in failed.values()}
         if words <= {"peer"}:
             # only ranks whose peer left: that peer's own word (a crash, or a timeout in a
             # collective) decides, and it may still be on its way (a node's relay sends
             # within half a second)
             self.settle(len(failed))
-            words = {rec.get("failed", "") for rec in self.failed_now().values()}
+            words = {rec.failed for rec in self.failed_now().values()}
         if not waited(words):
             return None
         # the others' timeouts run out within moments of the first: let them, so that
@@ -170,9 +162,9 @@ class Watch:
             return None
         return hang
 
-    def failed_now(self) -> dict[int, dict[str, str]]:
+    def failed_now(self) -> dict[int, Progress]:
         """This attempt's failed ranks (waiting for the word), by rank, as of now."""
-        return {r: rec for r, rec in self.records().items() if rec.get("phase") == "restarting"}
+        return {r: rec for r, rec in self.records().items() if rec.phase == "restarting"}
 
     def settle(self, seen: int) -> None:
         """Wait until no other rank has failed for SETTLE_S (at most MAX_SETTLE_S, or until

@@ -100,7 +100,7 @@ class InProcess:
         end = self.slurm.monotonic() + ARRIVE_S
         while self.slurm.monotonic() < end and step.poll() is None:
             records = watch.records()
-            if len(records) == watch.world and all(r.get("phase") == "restarting"
+            if len(records) == watch.world and all(r.phase == "restarting"
                                                    for r in records.values()):
                 return True
             # [elastic] the missing ranks' node is gone: they never will

@@ -73,7 +73,7 @@ class HangResponse:
         stacks = self.collect_stacks(watch, list(hang.ranks),
                                      max(3 * watch.limits.beat_s, 5.0))
         print_stacks(stacks, watch.world, hang.ranks, only_first=True)
-        progress = watch.progress()
+        progress = watch.records()
         mute = tuple(progress[r].node for r in hang.ranks
                      if r not in stacks and r in progress and progress[r].node)
         if mute:
@@ -87,7 +87,7 @@ class HangResponse:
         say(f"HANG: {hang.text()}")
         if hang.phase == "exited":
             return hang
-        progress = watch.progress()
+        progress = watch.records()
         if progress:
             # only ranks that reported can answer (the progress thread does)
             stacks = self.collect_stacks(watch, sorted(progress),

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from hpctrain import protocol as p
+from hpctrain.protocol.progress import Progress
 
 # the runtime is used and the spec says nothing: these defaults
 AUTO_HANG_S, AUTO_STARTUP_S, AUTO_SAVE_S = p.DEFAULT_HANG_S, p.DEFAULT_STARTUP_S, p.DEFAULT_SAVE_S
@@ -126,33 +127,6 @@ class StepClock:
 
 
 @dataclass(frozen=True)
-class RankProgress:
-    """One rank's progress record, parsed."""
-
-    rank: int
-    node: str
-    step: str
-    boundaries: int
-    phase: str
-    changed_at: float
-    beat_at: float
-
-    @classmethod
-    def parse(cls, record: Mapping[str, str]) -> RankProgress | None:
-        try:
-            return cls(int(record["rank"]), record.get("node", ""), record.get("step", ""),
-                       int(record.get("boundaries") or 0), record.get("phase", "training"),
-                       float(record["changed_at"]), float(record["beat_at"]))
-        except (KeyError, ValueError):
-            return None
-
-    @property
-    def mark(self) -> tuple[int, int]:
-        """How far it got, comparable between ranks."""
-        return self.boundaries, int(self.step) if self.step.isdigit() else -1
-
-
-@dataclass(frozen=True)
 class Hang:
     """What the watchdog found: no progress for longer than the phase allows."""
 
@@ -200,7 +174,7 @@ def ranks_text(ranks: tuple[int, ...]) -> str:
     return ",".join(parts)
 
 
-def assess(progress: Mapping[int, RankProgress], world: int, started_at: float, now: float,
+def assess(progress: Mapping[int, Progress], world: int, started_at: float, now: float,
            limits: Limits, output_at: float | None = None) -> Hang | None:
     """A :class:`Hang` when some rank has not progressed for its phase's limit, else None.
 
@@ -251,20 +225,20 @@ def waited(words: Iterable[str]) -> bool:
     return "timeout" in said and said <= {"timeout", "peer"}
 
 
-def waited_for(records: Mapping[int, Mapping[str, str]], world: int, now: float,
+def waited_for(records: Mapping[int, Progress], world: int, now: float,
                beat_s: float, collective_s: float | None = None) -> Hang | None:
     """A failed attempt (``hpctrain.runtime.run``) whose failed ranks all gave up waiting in
     a collective (their word ``timeout``) is a hang of the ranks that did not fail: a
     :class:`Hang` naming those (their nodes; frozen when their heartbeat stopped). None
     when some rank failed on its own (a crash: the failure path)."""
-    failed = {r for r, rec in records.items() if rec.get("phase") == "restarting"}
-    if not waited(records[r].get("failed", "") for r in failed):
+    failed = {r for r, rec in records.items() if rec.phase == "restarting"}
+    if not waited(records[r].failed for r in failed):
         return None
     return _waited_on(tuple(r for r in range(world) if r not in failed), records, now,
                       beat_s, collective_s)
 
 
-def gave_up(record: Mapping[str, str], records: Mapping[int, Mapping[str, str]], world: int,
+def gave_up(record: Mapping[str, str], records: Mapping[int, Progress], world: int,
             now: float, beat_s: float, collective_s: float | None = None) -> Hang | None:
     """The step ended because a rank gave up waiting in a collective (the crash record
     says ``waited=1``: ``hpctrain.runtime.init``, no in-process restart): a hang of the
@@ -272,14 +246,14 @@ def gave_up(record: Mapping[str, str], records: Mapping[int, Mapping[str, str]],
     records tell. None for any other end."""
     if record.get("waited") != "1":
         return None
-    ranks = tuple(r for r in range(world) if not records.get(r, {}).get("exit"))
+    ranks = tuple(r for r in range(world) if r not in records or not records[r].exit)
     return _waited_on(ranks if len(ranks) < world else (), records, now, beat_s, collective_s)
 
 
-def _waited_on(ranks: tuple[int, ...], records: Mapping[int, Mapping[str, str]], now: float,
+def _waited_on(ranks: tuple[int, ...], records: Mapping[int, Progress], now: float,
                beat_s: float, collective_s: float | None) -> Hang:
     """The hang of ``ranks``, which others waited for in a collective until it timed out."""
-    progress = {r: rec for r in ranks if (rec := RankProgress.parse(records.get(r, {})))}
+    progress = {r: records[r] for r in ranks if r in records}
     nodes = tuple(dict.fromkeys(progress[r].node for r in progress if progress[r].node))
     frozen = tuple(dict.fromkeys(rec.node for rec in progress.values()
                                  if _stale(rec, now, beat_s) and rec.node))
@@ -301,11 +275,11 @@ def _assess_output(started_at: float, now: float, limits: Limits,
     return Hang(OUTPUT, now - last, limit, detected_at=now)
 
 
-def _stale(rec: RankProgress, now: float, beat_s: float) -> bool:
+def _stale(rec: Progress, now: float, beat_s: float) -> bool:
     return now - rec.beat_at > max(STALE_BEATS * beat_s, 10.0)
 
 
-def suspects(progress: Mapping[int, RankProgress], world: int, now: float,
+def suspects(progress: Mapping[int, Progress], world: int, now: float,
              beat_s: float) -> tuple[tuple[int, ...], str]:
     """(ranks, how told apart) of the rank(s) that stopped progressing first, from the
     records alone; ((), "") when every rank stands at the same place."""

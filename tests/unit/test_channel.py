@@ -35,7 +35,8 @@ def relay_for(board: Board, tmp_path: Path, node: str, beat_s: float = 0.0) -> R
 
 def record(rank: int, node: str, **extra: object) -> dict[str, object]:
     return {"run_id": "r1", "restart_count": 0, "attempt": 0, "rank": rank, "node": node,
-            "step": 3, "phase": "training", "beat_at": f"{time.time():.3f}", **extra}
+            "step": 3, "phase": "training", "changed_at": f"{time.time():.3f}",
+            "beat_at": f"{time.time():.3f}", **extra}
 
 
 def test_a_message_needs_the_jobs_token_and_a_sane_body() -> None:
@@ -71,7 +72,7 @@ def test_one_datagram_per_node_brings_every_ranks_record(tmp_path: Path) -> None
             p.write_record(p.rank_file(relay.local, p.PROGRESS, rank), record(rank, f"n{i}"))
         relay.tick()
     records = wait_for(lambda: len(board.records()) == 8 and board.records())
-    assert sorted(records) == list(range(8)) and records[5]["node"] == "n1"
+    assert sorted(records) == list(range(8)) and records[5].node == "n1"
     assert board.received == 2 and [r.sent for r in relays] == [1, 1]
 
 
@@ -118,7 +119,7 @@ def test_a_forged_or_stale_record_does_not_replace_a_newer_one(tmp_path: Path) -
     send(board.token, record(0, "n1", beat_at="100.0", phase="training"))   # late
     send("not-the-token", record(1, "n1"))
     time.sleep(0.2)
-    assert board.records()[0]["phase"] == "exited" and 1 not in board.records()
+    assert board.records()[0].phase == "exited" and 1 not in board.records()
 
 
 def test_a_ranks_reporter_sends_through_the_channel_and_leaves_shared_storage_alone(
@@ -135,10 +136,11 @@ def test_a_ranks_reporter_sends_through_the_channel_and_leaves_shared_storage_al
         assert reporter is not None and reporter.relay is not None
         reporter.set_step(7)
         reporter.boundary()
-        got = wait_for(lambda: board.records().get(3, {}).get("step") == "7" and board.records())
-        assert got[3]["phase"] == "training"
+        got = wait_for(lambda: 3 in board.records() and board.records()[3].step == "7"
+                       and board.records())
+        assert got[3].phase == "training"
         reporter.fail("crash", "RuntimeError: boom")      # news: sent before the next beat
-        wait_for(lambda: board.records()[3].get("failed") == "crash")
+        wait_for(lambda: board.records()[3].failed == "crash")
         board.request(p.RESUME, {"run_id": "r1", "restart_count": 0, "attempt": 1,
                                  "action": "go"})
         wait_for(lambda: p.read_record(reporter.request_path(p.RESUME)).get("action"))
@@ -146,7 +148,7 @@ def test_a_ranks_reporter_sends_through_the_channel_and_leaves_shared_storage_al
     finally:
         reporter.exited(True)
         reporter.leave_node()
-    assert board.records()[3]["phase"] == "exited"
+    assert board.records()[3].phase == "exited"
     assert not reporter.local.exists()        # the last rank took the node directory along
 
 

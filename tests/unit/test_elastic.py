@@ -14,6 +14,8 @@ from hpctrain.render.script import render_script
 from hpctrain.runtime.environment import Environment
 from hpctrain.spec.model import JobSpec
 from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
+from hpctrain.protocol.dialog import Attempt
+from hpctrain.protocol.progress import Progress
 from hpctrain.supervisor.elastic import silent_nodes, step_nodes, with_nodes
 from hpctrain.slurm.view import JobView
 
@@ -93,9 +95,9 @@ def test_the_placement_goes_right_after_srun() -> None:
 
 
 # ---- a lost node: every rank there silent, others heard -------------------------------------
-def rec(rank: int, node: str, beat_ago: float, phase: str = "step") -> dict[str, str]:
-    return {"rank": str(rank), "node": node, "phase": phase, "step": "5", "attempt": "0",
-            "beat_at": f"{NOW - beat_ago:.3f}", "changed_at": f"{NOW - 30:.3f}"}
+def rec(rank: int, node: str, beat_ago: float, phase: str = "step") -> Progress:
+    return Progress(rank, Attempt("run", 0, 0), changed_at=NOW - 30, beat_at=NOW - beat_ago,
+                    node=node, phase=phase, step="5")
 
 
 def test_a_node_whose_every_rank_went_silent_is_lost() -> None:

@@ -19,6 +19,7 @@ from hpctrain.supervisor.decision import (Budget, Caught, Facts, budget_text, de
                                           over_limit, slurm_event)
 from hpctrain.supervisor.diagnosis import ABORT_AT_EXIT_FIX, Diagnosis
 from hpctrain.supervisor.finish import Finish
+from helpers.progress import by_rank
 
 NOW = 1_800_000_000.0
 RUNNING = JobView("42", "RUNNING", "None", 0, None, NOW + 3000, True)
@@ -209,18 +210,19 @@ def test_one_order_for_why_a_run_ended() -> None:
 
 
 def test_finish_reads_the_ranks_last_records() -> None:
+    def finish(records: dict[int, dict[str, str]], world: int = 2) -> Finish:
+        return Finish.from_records(by_rank(records), world)
     records = {0: {"exit": "return", "phase": "exited", "flushed": "1", "step": "59"},
                1: {"exit": "return", "phase": "exited", "flushed": "1", "step": "59"}}
-    assert Finish.from_records(records, 2).done
-    assert Finish.from_records(records, 2).text() == \
-        "all 2 ranks finished (step 59) with their saves durable"
-    assert not Finish.from_records(records, 3).done              # rank 2 said nothing
-    assert not Finish.from_records({**records, 1: {**records[1], "phase": "exiting"}}, 2).done
-    assert not Finish.from_records({**records, 1: {**records[1], "flushed": "0"}}, 2).done
-    assert not Finish.from_records({**records, 1: {**records[1], "exit": "crash"}}, 2).done
-    assert not Finish.from_records({0: {"phase": "training"}}, 1).done   # still working
-    assert not Finish.from_records({}, 0).done
-    assert Finish.from_records({**records, 1: {**records[1], "step": "58"}}, 2).step == "58-59"
+    assert finish(records).done
+    assert finish(records).text() == "all 2 ranks finished (step 59) with their saves durable"
+    assert not finish(records, 3).done              # rank 2 said nothing
+    assert not finish({**records, 1: {**records[1], "phase": "exiting"}}).done
+    assert not finish({**records, 1: {**records[1], "flushed": "0"}}).done
+    assert not finish({**records, 1: {**records[1], "exit": "crash"}}).done
+    assert not finish({0: {"phase": "training"}}, 1).done   # still working
+    assert not finish({}, 0).done
+    assert finish({**records, 1: {**records[1], "step": "58"}}).step == "58-59"
 
 
 def test_a_warning_missed_in_the_hand_over_is_seen_from_slurms_end_time() -> None:
@@ -323,7 +325,7 @@ def test_a_job_is_completed_only_when_every_rank_returned_with_its_saves_durable
     record, finished = LAST_WORDS[word]
     status, died_of = DEATHS[death]
     returned = {"exit": "return", "phase": "exited", "flushed": "1", "step": "19"}
-    finish = Finish.from_records({0: returned, 1: {**record, "step": "19"}}, 2)
+    finish = Finish.from_records(by_rank({0: returned, 1: {**record, "step": "19"}}), 2)
     failure = Diagnosis(1, "n2", "signal", "", "srun", died_of) if died_of else None
     d = decide(facts(status=status, finish=finish, failure=failure))
     completed = finished and died_of is not None

@@ -14,22 +14,26 @@ from typing import Any
 import pytest
 
 from hpctrain import protocol as p
+from hpctrain.protocol.dialog import Attempt
 from hpctrain.protocol.ledger import parse_ledger
+from hpctrain.protocol.progress import Progress
 from hpctrain.runtime.progress import Reporter, phase
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
 from hpctrain.supervisor.watchdog import (AUTO_HANG_S, AUTO_SAVE_S, EXIT_GRACE_S, HANG_FLOOR_S,
-                                          Limits, RankProgress, StepClock, assess, culprits,
+                                          Limits, StepClock, assess, culprits,
                                           in_collective, innermost, main_stack, node_of,
                                           suspects, WAITED, gave_up, waited_for)
+from helpers.progress import by_rank
 
 NOW = 1_800_000_000.0
 LIMITS = Limits(hang_s=10, startup_s=30, save_s=60, beat_s=2.0)
 
 
 def rank(r: int, *, step: str = "5", boundaries: int = 5, phase: str = "training",
-         changed: float = NOW - 1, beat: float = NOW - 1, node: str = "n1") -> RankProgress:
-    return RankProgress(r, node, step, boundaries, phase, changed, beat)
+         changed: float = NOW - 1, beat: float = NOW - 1, node: str = "n1") -> Progress:
+    return Progress(r, Attempt("run", 0, 0), changed, beat, node=node, step=step,
+                    boundaries=boundaries, phase=phase)
 
 
 # ---- judgement ------------------------------------------------------------------------------
@@ -152,29 +156,30 @@ def test_ranks_that_gave_up_in_a_collective_name_the_rank_they_waited_for() -> N
                 "changed_at": str(NOW - 12), "beat_at": str(beat), "failed": failed}
     timeouts = {0: rec(0, "restarting", "timeout"), 1: rec(1, node="n2"),
                 2: rec(2, "restarting", "timeout")}
-    hang = waited_for(timeouts, 3, NOW, 2.0, 10.0)
+    hang = waited_for(by_rank(timeouts), 3, NOW, 2.0, 10.0)
     assert hang is not None and (hang.ranks, hang.nodes, hang.limit_s) == ((1,), ("n2",), 10)
     assert hang.phase == "training" and hang.frozen_nodes == () and round(hang.idle_s) == 12
     assert "the others gave up waiting for them in a collective" in hang.text()
     # its heartbeat stopped too: frozen (the attempt cannot be left in its process)
     frozen = {**timeouts, 1: rec(1, node="n2", beat=NOW - 60)}
-    assert waited_for(frozen, 3, NOW, 2.0).frozen_nodes == ("n2",)   # type: ignore[union-attr]
+    assert waited_for(by_rank(frozen), 3, NOW, 2.0).frozen_nodes == \
+        ("n2",)   # type: ignore[union-attr]
     # a rank that lost its connection to one that gave up (it tore its group down) waited
     # too, but is not waited for (seen on the devcluster: gloo's "Connection closed by peer")
     lost = {**timeouts, 3: rec(3, "restarting", "peer")}
-    assert waited_for(lost, 4, NOW, 2.0).ranks == (1,)   # type: ignore[union-attr]
+    assert waited_for(by_rank(lost), 4, NOW, 2.0).ranks == (1,)   # type: ignore[union-attr]
     # one rank crashed on its own: the failure path, not a hang; nor is a peer lost alone
-    assert waited_for({**timeouts, 2: rec(2, "restarting", "crash")}, 3, NOW, 2.0) is None
-    assert waited_for({0: rec(0, "restarting", "peer"), 1: rec(1)}, 2, NOW, 2.0) is None
-    assert waited_for({0: rec(0), 1: rec(1)}, 2, NOW, 2.0) is None
+    assert waited_for(by_rank({**timeouts, 2: rec(2, "restarting", "crash")}), 3, NOW, 2.0) is None
+    assert waited_for(by_rank({0: rec(0, "restarting", "peer"), 1: rec(1)}), 2, NOW, 2.0) is None
+    assert waited_for(by_rank({0: rec(0), 1: rec(1)}), 2, NOW, 2.0) is None
     # without runtime.run the step ended: the crash record says the rank waited; the
     # ranks that never said their work ended are the ones waited for
     ended = {0: {**rec(0, "exited"), "exit": "crash"}, 1: rec(1, node="n2"),
              2: {**rec(2, "exited"), "exit": "crash"}}
-    hang = gave_up({"waited": "1"}, ended, 3, NOW, 2.0, 10.0)
+    hang = gave_up({"waited": "1"}, by_rank(ended), 3, NOW, 2.0, 10.0)
     assert hang is not None and (hang.ranks, hang.nodes, hang.why) == ((1,), ("n2",), WAITED)
-    assert gave_up({"error": "RuntimeError: boom"}, ended, 3, NOW, 2.0) is None
-    silent = gave_up({"waited": "1"}, {r: rec(r) for r in range(3)}, 3, NOW, 2.0)
+    assert gave_up({"error": "RuntimeError: boom"}, by_rank(ended), 3, NOW, 2.0) is None
+    silent = gave_up({"waited": "1"}, by_rank({r: rec(r) for r in range(3)}), 3, NOW, 2.0)
     assert silent is not None and silent.ranks == ()     # nothing to tell them apart
 
 
@@ -225,7 +230,7 @@ def test_the_reporter_writes_progress_and_answers_a_stack_request(tmp_path: Path
         assert before == "training"
         time.sleep(1.0)
         record = p.read_record(p.rank_file(tmp_path, p.PROGRESS, 2))
-        got = RankProgress.parse(record)
+        got = Progress.parse(record)
         assert got is not None and (got.step, got.boundaries, got.phase) == ("7", 1, "saving")
         assert (record["run_id"], record["restart_count"], record["attempt"]) == ("r1", "1", "3")
         # a request for another attempt is not answered; this attempt's is

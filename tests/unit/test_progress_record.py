@@ -1,0 +1,64 @@
+"""The rank's progress record, typed (hpctrain.protocol.progress): what the runtime's
+reporter writes is what the supervisor's board parses, field for field, and anything else
+is dropped once, at the board, never read by string key further in."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpctrain.protocol.dialog import Attempt
+from hpctrain.protocol.progress import NEWS, Progress
+from hpctrain.runtime.progress import Reporter
+
+
+def test_what_the_reporter_writes_the_board_reads_back_whole(tmp_path) -> None:
+    reporter = Reporter(str(tmp_path), 3, node="n2", run_id="r9", restart_count=2, attempt=1)
+    reporter.inprocess = True
+    reporter.set_step(17)
+    reporter.fail("timeout", "DistBackendError: gloo timed out")
+    fields = reporter.record()
+    assert all(isinstance(v, str) for v in fields.values())     # the wire form: strings
+    got = Progress.parse(fields)
+    assert got is not None and got.fields() == fields
+    assert (got.rank, got.address, got.node, got.step) == (3, Attempt("r9", 2, 1), "n2", "17")
+    assert (got.phase, got.failed, got.inprocess, got.final) == \
+        ("restarting", "timeout", True, True)
+    assert got.exit == "" and got.flushed is None
+    reporter.ended("return")
+    assert Progress.parse(reporter.record()).flushed is None    # said, not yet flushed
+    reporter.flushed = True
+    last = Progress.parse(reporter.record())
+    assert (last.exit, last.flushed, last.phase) == ("return", True, "exiting")
+
+
+def test_json_numbers_and_left_out_clocks_parse_the_same() -> None:
+    """A datagram's JSON may carry numbers; the summary for `hpctrain status` has no beat."""
+    got = Progress.parse({"rank": 0, "run_id": "r", "restart_count": 1, "attempt": 0,
+                          "changed_at": 5.5, "step": 4})
+    assert got is not None and (got.rank, got.address.restart_count, got.step) == (0, 1, "4")
+    assert (got.changed_at, got.beat_at, got.phase) == (5.5, 0.0, "training")
+
+
+@pytest.mark.parametrize("fields", [
+    {}, {"rank": "x"}, {"rank": "-1"}, {"rank": "1", "beat_at": "soon"},
+    {"rank": "1", "attempt": "two"}, {"rank": "1", "boundaries": "1.5"}])
+def test_what_is_not_a_record_is_none(fields: dict[str, str]) -> None:
+    assert Progress.parse(fields) is None
+
+
+def test_a_later_beat_or_a_later_attempt_replaces_a_rank_record() -> None:
+    def rec(attempt: int, beat: float) -> Progress:
+        return Progress(0, Attempt("r", 0, attempt), changed_at=0.0, beat_at=beat)
+    assert rec(0, 2.0).newer_than(rec(0, 1.0)) and rec(0, 1.0).newer_than(rec(0, 1.0))
+    assert not rec(0, 1.0).newer_than(rec(0, 2.0))          # a late datagram
+    assert rec(1, 1.0).newer_than(rec(0, 2.0))              # the clock stepped back
+
+
+def test_news_names_real_fields_and_the_one_match_rule_compares_addresses() -> None:
+    fields = Progress(1, Attempt("r", 0, 2), 0.0, 0.0, exit="crash", flushed=False,
+                      inprocess=True, failed="crash").fields()
+    assert set(NEWS) <= set(fields)
+    this = Attempt("r", 0, 2)
+    assert this.matches(fields) and Progress.parse(fields).address == this
+    assert not this.matches({**fields, "attempt": "1"})
+    assert not this.matches({**fields, "restart_count": "x"})
