@@ -17,10 +17,11 @@ from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Caught, Facts, InPlace, slurm_event
 from hpctrain.supervisor.diagnosis import diagnose
 from hpctrain.supervisor.elastic import step_nodes
-from hpctrain.supervisor.hang import Watch
+from hpctrain.supervisor.hang import FINISH_WAIT_S, Watch
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.scheduler import Scheduler, answered
 from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.waits import Waiter
 from hpctrain.supervisor.watchdog import Hang
 
 POLL_S = 0.1                 # how often the step and the signal log are looked at
@@ -91,6 +92,8 @@ class Gather:
             notice = state.read(p.STOP, cfg.restart_count).get("cause")
         ledger = state.ledger()
         inplace = self.allocation(view, ledger.step_restarts) if status else InPlace()
+        # a rank's "exited" may still be on its way beside its exit: a moment for it
+        Waiter(self.slurm).until(lambda: not watch.exiting(), FINISH_WAIT_S, 0.05)
         return self.facts(view, status, record=record, run_state=run_state, notice=notice,
                           restarts=ledger.restarts, inplace=inplace,
                           lost=self.lost_nodes(view) if status else (),

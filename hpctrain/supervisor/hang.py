@@ -1,8 +1,9 @@
 """The view of one attempt of the step, watched: the ranks' progress (from the progress
 board, :mod:`hpctrain.supervisor.board`; or the job log's growth), judged
 (:mod:`hpctrain.supervisor.watchdog`, pure): a hang, ranks that failed in their processes,
-ranks gone silent, the ranks' last words. What the supervisor does about a hang (stacks,
-culprits, the kill) is :mod:`hpctrain.supervisor.response`.
+ranks gone silent, the ranks' last words. It never waits: what the supervisor does about
+a hang (waiting for stacks and for the other ranks' failures, culprits, the kill) is
+:mod:`hpctrain.supervisor.response`, and every wait is a :mod:`hpctrain.supervisor.waits`.
 """
 
 from __future__ import annotations
@@ -18,12 +19,10 @@ from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler
 from hpctrain.supervisor.statedir import StateDir
-from hpctrain.supervisor.watchdog import (Hang, Limits, StepClock, assess, gave_up, waited,
-                                          waited_for)
+from hpctrain.supervisor.watchdog import Hang, Limits, StepClock, assess, gave_up
 
 LOOK_S = 1.0            # how often progress is looked at
 FAILED_LOOK_S = 0.5     # how often ranks waiting to restart in-process are looked for
-SETTLE_S, MAX_SETTLE_S = 1.0, 5.0   # ranks timing out in a collective: wait for the rest
 FINISH_WAIT_S = 0.5     # the ranks' last words, sent as the step ended, still arriving
 
 
@@ -101,16 +100,14 @@ class Watch:
                 pass      # status then shows the previous line; training goes on
 
     def finish(self) -> Finish:
-        """What the ranks said as they left (the decision's row 6). A rank's last word
-        travels by UDP beside its exit: while one is still "exiting", wait a moment for
-        its "exited" (FINISH_WAIT_S) rather than judge without it."""
-        end = self.slurm.monotonic() + FINISH_WAIT_S
-        records = self.records()
-        while any(r.phase == "exiting" for r in records.values()) and \
-                self.slurm.monotonic() < end:
-            self.slurm.sleep(0.05)
-            records = self.records()
-        return Finish.from_records(records, self.world)
+        """What the ranks said as they left (the decision's row 6)."""
+        return Finish.from_records(self.records(), self.world)
+
+    def exiting(self) -> bool:
+        """Is a rank's "exited" still on its way (its "exiting" seen)? Its last word travels
+        by UDP beside its exit: the caller waits FINISH_WAIT_S for it rather than judge
+        without it."""
+        return any(r.phase == "exiting" for r in self.records().values())
 
     def _log_sizes(self) -> tuple[int, ...]:
         sizes = []
@@ -140,42 +137,9 @@ class Watch:
                       self.limits.timed(self.clock.step_s(), self.clock.longest_s),
                       self.output_at)
 
-    def waited_for(self, failed: dict[int, Progress]) -> Hang | None:
-        """The failed ranks of this attempt all gave up waiting in a collective: the hang
-        of the ranks they waited for, said in the job log with those ranks' stacks. None
-        when a rank failed on its own (a crash)."""
-        words = {rec.failed for rec in failed.values()}
-        if words <= {"peer"}:
-            # only ranks whose peer left: that peer's own word (a crash, or a timeout in a
-            # collective) decides, and it may still be on its way (a node's relay sends
-            # within half a second)
-            self.settle(len(failed))
-            words = {rec.failed for rec in self.failed_now().values()}
-        if not waited(words):
-            return None
-        # the others' timeouts run out within moments of the first: let them, so that
-        # only the ranks nobody else waits with are named
-        self.settle(len(failed))
-        hang = waited_for(self.records(), self.world, self.slurm.time(), self.limits.beat_s,
-                          self.limits.collective_s)
-        if hang is None:
-            return None
-        return hang
-
     def failed_now(self) -> dict[int, Progress]:
         """This attempt's failed ranks (waiting for the word), by rank, as of now."""
         return {r: rec for r, rec in self.records().items() if rec.phase == "restarting"}
-
-    def settle(self, seen: int) -> None:
-        """Wait until no other rank has failed for SETTLE_S (at most MAX_SETTLE_S, or until
-        every rank has): failures of one attempt come within moments of each other."""
-        settled = self.slurm.monotonic() + SETTLE_S
-        end = self.slurm.monotonic() + MAX_SETTLE_S
-        while self.slurm.monotonic() < min(settled, end) and seen < self.world:
-            self.slurm.sleep(FAILED_LOOK_S / 2)
-            now_failed = len(self.failed_now())
-            if now_failed > seen:
-                settled, seen = self.slurm.monotonic() + SETTLE_S, now_failed
 
     def gave_up(self) -> Hang | None:
         """The step ended failed because a rank gave up waiting in a collective (without

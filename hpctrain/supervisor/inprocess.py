@@ -30,6 +30,7 @@ from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
+from hpctrain.supervisor.waits import Waiter
 from hpctrain.supervisor.watchdog import Hang
 
 # the dialog's clocks, which must nest with the ranks': hpctrain.protocol.timeouts
@@ -42,7 +43,7 @@ class InProcess:
     def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, seen: Gather,
                  actor: Actor, pump: Callable[[], None] = lambda: None) -> None:
         self.cfg, self.slurm, self.state, self.seen, self.actor = cfg, slurm, state, seen, actor
-        self.pump = pump    # stop signals taken while it waits (the supervisor's)
+        self.waiter = Waiter(slurm, pump)    # stop signals taken while it waits
         self._stopped = -1   # the attempt told to stop: its ranks are leaving
         self._stopped_at = 0.0
 
@@ -97,20 +98,25 @@ class InProcess:
     def arrive(self, step: StepProcess, watch: Watch) -> bool:
         """Wait until every rank of the attempt waits for the word; False when one does not
         within ARRIVE_S, or the step ends meanwhile."""
-        end = self.slurm.monotonic() + ARRIVE_S
-        while self.slurm.monotonic() < end and step.poll() is None:
+        lost: tuple[str, ...] = ()
+
+        def arrived() -> bool:
+            nonlocal lost
             records = watch.records()
             if len(records) == watch.world and all(r.phase == "restarting"
                                                    for r in records.values()):
                 return True
             # [elastic] the missing ranks' node is gone: they never will
-            if self.cfg.spare_nodes and (lost := watch.silent(self.seen.on)):
-                say(f"the ranks on {','.join(lost)} went silent: no attempt in place")
-                return False
-            self.pump()
-            self.slurm.sleep(ARRIVE_POLL_S)
-        say(f"not every rank left attempt {watch.attempt} in its process within "
-            f"{ARRIVE_S:.0f} s: no restart in these processes")
+            lost = watch.silent(self.seen.on) if self.cfg.spare_nodes else ()
+            return bool(lost)
+
+        if self.waiter.until(arrived, ARRIVE_S, ARRIVE_POLL_S, step) and not lost:
+            return True
+        if lost:
+            say(f"the ranks on {','.join(lost)} went silent: no attempt in place")
+        else:
+            say(f"not every rank left attempt {watch.attempt} in its process within "
+                f"{ARRIVE_S:.0f} s: no restart in these processes")
         return False
 
     def go(self, decision: Decision, facts: Facts, watch: Watch) -> Watch:

@@ -18,13 +18,18 @@ from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
 from hpctrain.protocol.dialog import Attempt, StackRequest
 from hpctrain.supervisor.board import Board
-from hpctrain.supervisor.hang import Watch
+from hpctrain.protocol.progress import Progress
+from hpctrain.supervisor.hang import FAILED_LOOK_S, Watch
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
-from hpctrain.supervisor.watchdog import Hang, culprits, innermost, node_of, ranks_text
+from hpctrain.supervisor.waits import Waiter
+from hpctrain.supervisor.watchdog import (Hang, culprits, innermost, node_of, ranks_text,
+                                          waited, waited_for)
 
 KILL_WAIT_S = 60.0      # how long a killed step may take to end
+SETTLE_S, MAX_SETTLE_S = 1.0, 5.0   # ranks timing out in a collective: wait for the rest
+STACKS_POLL_S = 0.2     # how often the ranks' answered stacks are looked for
 STACK_LINES = 60        # lines of one rank's stacks printed into the job log
 FULL_STACKS = 8         # ranks whose stacks are printed whole (the others: a line per frame)
 
@@ -34,7 +39,42 @@ class HangResponse:
 
     def __init__(self, slurm: Scheduler, state: StateDir, board: Board,
                  pump: Callable[[], None] = lambda: None) -> None:
-        self.slurm, self.state, self.board, self.pump = slurm, state, board, pump
+        self.slurm, self.state, self.board = slurm, state, board
+        self.waiter = Waiter(slurm, pump)    # stop signals taken while it waits
+
+    def waited_for(self, watch: Watch, failed: dict[int, Progress]) -> Hang | None:
+        """The failed ranks of ``watch``'s attempt all gave up waiting in a collective: the
+        hang of the ranks they waited for, said in the job log with those ranks' stacks
+        (:meth:`name_waited_for`). None when a rank failed on its own (a crash)."""
+        words = {rec.failed for rec in failed.values()}
+        if words <= {"peer"}:
+            # only ranks whose peer left: that peer's own word (a crash, or a timeout in a
+            # collective) decides, and it may still be on its way (a node's relay sends
+            # within half a second)
+            self.settle(watch, len(failed))
+            words = {rec.failed for rec in watch.failed_now().values()}
+        if not waited(words):
+            return None
+        # the others' timeouts run out within moments of the first: let them, so that
+        # only the ranks nobody else waits with are named
+        self.settle(watch, len(failed))
+        hang = waited_for(watch.records(), watch.world, self.slurm.time(),
+                          watch.limits.beat_s, watch.limits.collective_s)
+        return None if hang is None else self.name_waited_for(watch, hang)
+
+    def settle(self, watch: Watch, seen: int) -> None:
+        """Wait until no other rank has failed for SETTLE_S (at most MAX_SETTLE_S, or until
+        every rank has): failures of one attempt come within moments of each other."""
+        settled = self.slurm.monotonic() + SETTLE_S
+
+        def settled_down() -> bool:
+            nonlocal seen, settled
+            now_failed = len(watch.failed_now())
+            if now_failed > seen:
+                settled, seen = self.slurm.monotonic() + SETTLE_S, now_failed
+            return seen >= watch.world or self.slurm.monotonic() >= settled
+
+        self.waiter.until(settled_down, MAX_SETTLE_S, FAILED_LOOK_S / 2)
 
     def collect_stacks(self, watch: Watch, ranks: list[int], wait_s: float) -> dict[int, str]:
         """Ask the ranks of ``watch``'s attempt for their stacks (the runtime's progress
@@ -43,9 +83,9 @@ class HangResponse:
         seq = f"{self.slurm.time():.3f}"
         self.board.ask(StackRequest(Attempt(self.state.run_id or "", watch.restart_count,
                                             watch.attempt), seq))
-        end = self.slurm.monotonic() + wait_s
         answers: dict[int, str] = {}
-        while self.slurm.monotonic() < end and len(answers) < len(ranks):
+
+        def answered() -> bool:
             for rank in ranks:
                 if rank in answers:
                     continue
@@ -57,13 +97,14 @@ class HangResponse:
                 head, _, body = text.partition("\n")
                 if head == f"seq={seq}":
                     answers[rank] = body
-            self.pump()
-            self.slurm.sleep(0.2)
+            return len(answers) >= len(ranks)
+
+        self.waiter.until(answered, wait_s, STACKS_POLL_S)
         return answers
 
     def name_waited_for(self, watch: Watch, hang: Hang) -> Hang:
         """A hang found from ranks that gave up waiting in a collective
-        (:meth:`Watch.waited_for`): said in the job log with the stacks of the ranks they
+        (:meth:`waited_for`): said in the job log with the stacks of the ranks they
         waited for; one whose Python does not answer (SIGSTOP, stuck holding the GIL) cannot
         leave the attempt in its process, even before its heartbeat looks stale: its node
         is named frozen."""

@@ -187,9 +187,7 @@ class Supervisor:
                 return self.spares.abandon(step, lost), None, watch.attempt
             failed = watch.failed()
             # ranks that gave up waiting in a collective: a hang of those they waited for
-            hang = watch.waited_for(failed) if failed else None
-            if hang is not None:
-                hang = self.response.name_waited_for(watch, hang)
+            hang = self.response.waited_for(watch, failed) if failed else None
             if failed and hang is None:
                 watch = self.inprocess.after_failure(step, watch) or watch
             if self.inprocess.leaving(watch):   # told to stop: the step is ending
