@@ -174,7 +174,22 @@ class Supervisor:
     def supervise(self, step: StepProcess, watch: Watch) -> tuple[int, Hang | None, int]:
         """Wait for the step, passing stop signals on, watching for a hang and restarting
         a failed attempt in its processes when it can (:mod:`.inprocess`); (its exit status,
-        the hang that made the supervisor kill it or None, the last attempt)."""
+        the hang that made the supervisor kill it or None, the last attempt).
+
+        The step is in one of these states, each with one deadline, and signals are passed
+        on in every one (each wait is a :class:`~hpctrain.supervisor.waits.Waiter`):
+
+        ========== ======================================== ================================
+        state      waits for                                deadline
+        ========== ======================================== ================================
+        running    the step's end, a failure, a hang        none (looks every LOOK_S)
+        settling   the other ranks' failures                SETTLE_S quiet, MAX_SETTLE_S
+        naming     the ranks' stacks for a hang             3 beats, at least 5 s
+        arriving   every rank at the restart point          ARRIVE_S, then new processes
+        leaving    the ranks told to stop, leaving          LEAVE_S, then the kill
+        killing    the killed step's end                    KILL_WAIT_S
+        ========== ======================================== ================================
+        """
         self._forwarded = False
         self._step = step
         while True:
