@@ -54,7 +54,15 @@ class LazyGroup(click.Group):
                 formatter.write_dl(rows)
 
 
-@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+def _exit_codes() -> str:
+    from hpctrain.errors import EXIT_CODES
+
+    # \b: click keeps the lines of this paragraph as they are
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES)
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=_exit_codes())
 @click.version_option(__version__, prog_name="hpctrain")
 @click.option("--host", envvar=HOST_ENV, metavar="[USER@]HOST[:PORT]",
               help="Run submit, sweep, status, logs, cancel and report on this cluster over "
@@ -89,6 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       standalone_mode=False)
     except HpctrainError as exc:
         click.echo(f"hpctrain: error: {exc}", err=True)
+        return exc.exit_code
+    except click.UsageError as exc:
+        # one line, as every other error: a wrong option or argument, and where to look
+        where = exc.ctx.command_path if exc.ctx is not None else "hpctrain"
+        click.echo(f"hpctrain: error: {exc.format_message()} (see `{where} --help`)", err=True)
         return exc.exit_code
     except click.ClickException as exc:
         exc.show()

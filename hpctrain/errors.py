@@ -55,6 +55,12 @@ class JobError(HpctrainError):
     exit_code = 6
 
 
+class JobIdError(HpctrainError):
+    """What was given as a job id is not one (``hpctrain.jobs.ids``)."""
+
+    exit_code = 2
+
+
 class AccessError(HpctrainError):
     """A path hpctrain would write or reuse is not safely the user's own: a symlink, another
     user's file or folder, or one every user may write. Never followed, never fixed up."""
@@ -117,3 +123,21 @@ class RemoteError(HpctrainError):
     connection, authentication, host key, hpctrain missing or of another version there)."""
 
     exit_code = 7
+
+
+# Every exit code the ``hpctrain`` command gives, and what it means: shown by
+# ``hpctrain --help`` and docs/cli.md (a test keeps both equal to this table and to the
+# classes above).
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "success; `submit --wait`: the job COMPLETED"),
+    (1, "an error of no other kind; `ckpt verify`: a checkpoint failed verification"),
+    (2, "bad input: a spec, layout, partition, template, plan, host list, job id or option"),
+    (3, "Slurm refused or failed (its message is shown), or no Slurm client here"),
+    (4, "the devcluster could not be brought up, inspected or down"),
+    (5, "a checkpoint cannot be written, read or verified"),
+    (6, "no such job, or a result a script job lacks; `submit --wait`: the job failed"),
+    (7, "`--host`: the cluster could not be reached or used over SSH"),
+    (8, "`submit --wait`: the job was cancelled"),
+    (13, "a path is not safely yours (a symlink, another user's, writable by all)"),
+    (130, "interrupted (Ctrl-C)"),
+)

@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import re
-
 import click
 
+from hpctrain.commands.options import job_ids as check_ids
 from hpctrain.errors import JobError
 from hpctrain.jobs import index
 from hpctrain.jobs.handle import cancel as cancel_jobs
 
-JOB_ID = re.compile(r"^\d+(_\d+)?$")
-
 
 @click.command()
-@click.argument("job_ids", nargs=-1, required=True, metavar="JOB_ID...")
+@click.argument("job_ids", nargs=-1, required=True, metavar="JOB_ID...", callback=check_ids)
 def cancel(job_ids: tuple[str, ...]) -> int:
     """Cancel jobs, array tasks (123_4) or whole sweeps, in one scancel call."""
     ids: list[str] = []
     for jid in job_ids:
-        if not JOB_ID.match(jid):
-            raise JobError(f"{jid!r} is not a Slurm job id: use 123, 123_4 (an array task) "
-                           "or a sweep id that `hpctrain status` lists")
         rec = index.find(jid)
         if rec is not None and rec.kind == "sweep" and rec.sweep_id == jid:
             ids += [m.job_id for m in index.sweep_members(jid)]

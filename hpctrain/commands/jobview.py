@@ -71,4 +71,5 @@ def exit_code_for(info: Any) -> int:
     outcome = info.state.outcome
     if outcome is Outcome.SUCCESS:
         return 0
-    return 7 if outcome is Outcome.CANCELLED else 6
+    # 8, not 7: 7 is --host's "the cluster could not be reached" (hpctrain.errors.EXIT_CODES)
+    return 8 if outcome is Outcome.CANCELLED else 6

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import click
 
+from hpctrain.commands.options import job_ids as check_ids
 from hpctrain.commands.reader import reader_gone, wait_while_read
 from hpctrain.jobs.handle import Job
 
 
 @click.command()
-@click.argument("job_id")
+@click.argument("job_id", callback=check_ids)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new output until the job ends.")
 @click.option("--rank", type=int, default=None, help="Only this rank's output.")
 def logs(job_id: str, follow: bool, rank: int | None) -> int:

@@ -30,6 +30,15 @@ sets_option = click.option(
     help="Override a spec field (repeatable, TOML values), e.g. --set layout.tp=4 --set nodes=2.")
 
 
+def job_ids(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback: every JOB_ID argument checked by the one rule (hpctrain.jobs.ids)."""
+    from hpctrain.jobs.ids import check_job_id
+
+    if value is None:
+        return value
+    return tuple(map(check_job_id, value)) if isinstance(value, tuple) else check_job_id(value)
+
+
 def load_spec(path: str, sets: tuple[str, ...]) -> Any:
     """The job spec at ``path`` with the ``--set`` overrides applied."""
     from hpctrain.spec.model import JobSpec, parse_set_options

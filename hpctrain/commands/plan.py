@@ -108,7 +108,9 @@ def plan(params: str, mode: str, partition: str | None, gpus_per_node: int | Non
                         "does not exist: create it first")
     hw, part = _hardware(partition, gpus_per_node, gpu_mem, gpu_tflops, intra_node_link,
                          inter_node_link, templates)
-    size = parse_count(params, "--params")
+    # a model the planner can reason about: 1M to 100T parameters (a larger count is a
+    # typo, and would make the layout search run for minutes)
+    size = parse_count(params, "--params", within=(1e6, 1e14))
     workload = Workload(size, mode, seq_len, micro_batch, resolve_arch(size, layers, hidden, heads),
                         adapter_fraction)
     request = Request(workload, nodes, max_nodes, zero, None if recompute == "auto" else recompute,

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from hpctrain import protocol
+from hpctrain.commands.options import job_ids as check_ids
 from hpctrain.errors import ReportError
 from hpctrain.jobs import index, statedir
 from hpctrain.jobs.accounting import job_runs
@@ -22,7 +23,7 @@ from hpctrain.report.build import CATEGORIES, Report, RunFacts, build
 
 
 @click.command()
-@click.argument("job_id", required=False)
+@click.argument("job_id", required=False, callback=check_ids)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
               help="Also write a self-contained HTML page with the timeline to FILE.")

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from hpctrain.commands.jobview import format_cause, format_elapsed, format_requeues
+from hpctrain.commands.options import job_ids as check_ids
 from hpctrain.commands.table import table
 from hpctrain.jobs import index
 from hpctrain.jobs.listing import Item, SweepSummary, collect
@@ -34,7 +35,7 @@ class Row:
 
 
 @click.command()
-@click.argument("job_ids", nargs=-1, metavar="[JOB_ID]...")
+@click.argument("job_ids", nargs=-1, metavar="[JOB_ID]...", callback=check_ids)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--expand", is_flag=True, help="Show every task of sweeps, not one row each.")
 @click.option("--limit", default=20, show_default=True,

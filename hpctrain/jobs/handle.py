@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 from hpctrain.errors import JobError, SlurmError
 from hpctrain.jobs import index, poll, statedir
 from hpctrain.jobs.contract import POLL_S, JobHandle, Update, is_over
+from hpctrain.jobs.ids import check_job_id
 from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.poll import JobInfo
 from hpctrain.jobs.results import RESULT_WAIT_S, decode_results, read_result_files
@@ -40,6 +41,7 @@ class Job(JobHandle):
     @classmethod
     def attach(cls, job_id: str) -> "Job":
         """The handle of a job submitted earlier through hpctrain (from the local index)."""
+        check_job_id(job_id)
         rec = statedir.entry_of(job_id)
         if rec is None:
             raise JobError(f"job {job_id} is not in hpctrain's job index ({index.index_path()}): "

@@ -25,8 +25,10 @@ _COUNT_RE = re.compile(_NUMBER + r"\s*([kmbgt]?)\s*(?:params?|parameters?|tokens
 _BYTES_RE = re.compile(_NUMBER + r"\s*([kmgt]i?b|b)?", re.I)
 
 
-def parse_count(text: str | float | int, what: str = "--params") -> float:
-    """``"70B"`` -> 7e10, ``"1.5T tokens"`` -> 1.5e12, ``"350M"`` -> 3.5e8; must be > 0."""
+def parse_count(text: str | float | int, what: str = "--params",
+                within: tuple[float, float] | None = None) -> float:
+    """``"70B"`` -> 7e10, ``"1.5T tokens"`` -> 1.5e12, ``"350M"`` -> 3.5e8; must be > 0, and
+    within ``within`` (low, high) when given."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -37,7 +39,18 @@ def parse_count(text: str | float | int, what: str = "--params") -> float:
         value = float(match.group(1)) * _COUNT_SUFFIX[match.group(2).lower()]
     if not math.isfinite(value) or value <= 0:
         raise PlanError(f"{what}={text!r} must be a positive count, e.g. 7B")
+    if within is not None and not within[0] <= value <= within[1]:
+        raise PlanError(f"{what}={text!r} is out of range: use {_short(within[0])} to "
+                        f"{_short(within[1])}")
     return value
+
+
+def _short(count: float) -> str:
+    """1e6 -> '1M', 1e14 -> '100T'."""
+    for suffix, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:g}{suffix}"
+    return f"{count:g}"
 
 
 def parse_gb(text: str | float | int, what: str = "--gpu-mem") -> float:

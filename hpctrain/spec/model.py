@@ -25,6 +25,7 @@ from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_name,
 from hpctrain.spec.container import ContainerSpec, Mount
 from hpctrain.spec.elastic import ElasticSpec
 from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
+from hpctrain.spec.source import read_toml
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
@@ -322,14 +323,7 @@ class JobSpec:
     def load(cls, path: str | os.PathLike[str]) -> "JobSpec":
         """Read a TOML spec file."""
         p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise SpecError(f"cannot read spec {str(p)!r}: {exc.strerror}") from None
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise SpecError(f"{p}: not valid TOML: {exc}") from None
+        data = read_toml(p)
         try:
             return cls.from_dict(data)
         except SpecError as exc:
@@ -408,7 +402,9 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
 def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
     """Parse ``--set key=value`` items; values are TOML (4, true, ["a"]) or else plain text.
 
-    ``time=00:30:00`` stays the string "00:30:00" (TOML would read a time of day).
+    ``time=00:30:00`` stays the string "00:30:00" (TOML would read a time of day). An
+    environment variable's value (``run.env.NAME``) is text as typed: ``1.10``, ``3e-4`` and
+    ``0x10`` are exported as written (a quoted TOML string loses its quotes).
     """
     out: dict[str, Any] = {}
     for item in items:
@@ -416,7 +412,10 @@ def parse_set_options(items: Sequence[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise SpecError(f"--set {item!r}: use key=value, e.g. --set layout.tp=4")
-        out[key] = _toml_value(raw.strip())
+        value = _toml_value(raw.strip())
+        if key.startswith("run.env.") and not isinstance(value, str):
+            value = raw.strip()
+        out[key] = value
     return out
 
 

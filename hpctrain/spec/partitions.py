@@ -9,7 +9,6 @@ uses (peak TFLOPS per GPU, interconnects). Loading is pure apart from reading fi
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,6 +16,7 @@ from typing import Any, Iterable
 from hpctrain.errors import PartitionError
 from hpctrain.spec.container import ContainerFacts
 from hpctrain.spec.site import template_dirs
+from hpctrain.spec.source import read_toml
 
 
 @dataclass(frozen=True)
@@ -101,10 +101,7 @@ def load_partition(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ())
 
 def read_partition_file(path: Path) -> Partition:
     """Parse one partition facts file."""
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise PartitionError(f"{path}: not valid TOML: {exc}") from None
+    data = read_toml(path, PartitionError, "partition facts")
     part = Partition.from_dict(data, source=str(path))
     if part.name != path.stem:
         raise PartitionError(f"{path}: name={part.name!r} must match the file name {path.stem!r}")

@@ -186,7 +186,7 @@ def test_parse_set_options_reads_toml_values() -> None:
                              "run.env.LR=3e-4", "mail=a@b.c"])
     assert got == {"layout.tp": 4, "nodes": 2, "time": "00:30:00", "name": "run-2",
                    "run.command": ["python", "x.py"], "sbatch.exclusive": True,
-                   "run.env.LR": 3e-4, "mail": "a@b.c"}
+                   "run.env.LR": "3e-4", "mail": "a@b.c"}   # env values: as typed
     with pytest.raises(SpecError, match="use key=value"):
         parse_set_options(["layout.tp"])
 

@@ -18,7 +18,7 @@ def test_cancel_refuses_what_is_not_a_job_id(tmp_path: Path, monkeypatch: pytest
                                              capsys: pytest.CaptureFixture[str]) -> None:
     isolate(monkeypatch, tmp_path)
     assert cli.main(["cancel", "12;rm"]) != 0
-    assert "'12;rm' is not a Slurm job id" in capsys.readouterr().err
+    assert "'12;rm' is not a job id" in capsys.readouterr().err
 
 
 def test_logs_of_a_job_hpctrain_did_not_submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
