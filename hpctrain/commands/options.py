@@ -30,6 +30,23 @@ sets_option = click.option(
     help="Override a spec field (repeatable, TOML values), e.g. --set layout.tp=4 --set nodes=2.")
 
 
+def visible(text: str) -> str:
+    """``text`` with every character a terminal would act on instead of show (ESC, CR,
+    backspace, bidirectional overrides...) written as an escape (``\\x1b``, ``\\x0d``, ``\\u202e``):
+    a value can then never hide or rewrite a line of what a user reads before queueing."""
+    return "".join(c if c.isprintable() or c in "\n\t" else
+                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text)
+
+
+def show_script(text: str) -> None:
+    """A rendered script to stdout: byte for byte into a file or a pipe (what ``submit``
+    sends and ``render -o`` writes: click would strip ANSI codes there unless told not to),
+    with :func:`visible` escapes on a terminal."""
+    import sys
+
+    click.echo(visible(text) if sys.stdout.isatty() else text, nl=False, color=True)
+
+
 def job_ids(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     """Click callback: every JOB_ID argument checked by the one rule (hpctrain.jobs.ids)."""
     from hpctrain.jobs.ids import check_job_id

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from hpctrain.commands.options import (load_spec, sets_option, template_cache, templates_option,
-                                       write_atomically)
+from hpctrain.commands.options import (load_spec, sets_option, show_script, template_cache,
+                                       templates_option, write_atomically)
 
 
 @click.command()
@@ -30,7 +30,7 @@ def render(spec: str, sets: tuple[str, ...], output: str | None, python: str | N
     result = do_render(job, template_dirs, python=python or sys.executable,
                        bytecode_cache=template_cache())
     if output is None:
-        click.echo(result.script, nl=False)
+        show_script(result.script)
         return
     write_atomically(Path(output), result.script, mode=0o755)
     plan = result.plan

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from hpctrain.commands.jobview import exit_code_for, format_elapsed, job_json, progress_line
-from hpctrain.commands.options import load_spec, sets_option, templates_option
+from hpctrain.commands.options import load_spec, sets_option, show_script, templates_option
 from hpctrain.commands.table import table
 from hpctrain.jobs.view import info_json
 from hpctrain.spec.model import JobSpec
@@ -114,7 +114,7 @@ def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool, folder: str | N
     if frozen.snapshot:
         click.echo(f"snapshot: {frozen.snapshot[0]} (would be copied to {frozen.snapshot[1]})")
     click.echo("--- script " + "-" * 60)
-    click.echo(rendered.script, nl=False)
+    show_script(rendered.script)
     click.echo("--- dry run: nothing was submitted", err=True)
     return 0
 

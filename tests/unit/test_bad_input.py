@@ -96,3 +96,24 @@ def test_every_exit_code_is_in_one_table_in_help_and_docs(
     for code, meaning in errors.EXIT_CODES:
         assert f"{code:>3}  {meaning}" in shown
         assert f"| {code} | {meaning} |" in docs
+
+
+def test_a_value_with_control_characters_is_rendered_as_sent_and_shown_escaped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`render > file` is what `render -o` writes and `submit` sends, escape codes and all;
+    on a terminal they are shown escaped, so none can hide a line of the script."""
+    import subprocess
+    import sys
+
+    from hpctrain.commands.options import visible
+
+    isolate(monkeypatch, tmp_path)
+    spec = files(tmp_path)["good"]
+    hide = ["--set", "run.env.TRICK=x\x1b[2K\rexport SAFE=1"]
+    piped = subprocess.run([sys.executable, "-m", "hpctrain", "render", str(spec), *hide],
+                           capture_output=True, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    written = tmp_path / "job.sbatch"
+    assert cli.main(["render", str(spec), *hide, "-o", str(written)]) == 0
+    assert piped.stdout == written.read_bytes() and b"\x1b[2K" in piped.stdout
+    assert visible("x\x1b[2K\rexport\u202e\tok\n") == "x\\x1b[2K\\x0dexport\\u202e\tok\n"
