@@ -96,9 +96,11 @@ def _wait(job: Any, as_json: bool) -> int:
 def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool, folder: str | None = None,
              origin: Any = None, snapshot_default: bool = False) -> int:
     from hpctrain.jobs.paths import job_folder
+    from hpctrain.jobs.precheck import precheck
     from hpctrain.jobs.submit import freeze
     from hpctrain.render.script import render
 
+    precheck(spec)     # what would fail the job at its start, said before the queue
     # the script as it would run: from its snapshot when there is one (named, not copied)
     frozen = freeze(spec, job_folder(spec.name, folder), origin, default=snapshot_default,
                     write=False)

@@ -71,9 +71,11 @@ def run_sweep(spec: JobSpec, grid: dict[str, list[str]], *, max_parallel: int | 
 
 def _dry_run(spec: JobSpec, grid: dict[str, list[str]], max_parallel: int | None,
              templates: list[Any], as_json: bool) -> int:
+    from hpctrain.jobs.precheck import precheck
     from hpctrain.jobs.submit import render_sweep
     from hpctrain.jobs.sweep import plan_arrays
 
+    precheck(spec)     # what would fail the jobs at their start, said before the queue
     # every point must validate and render, with the same allocation
     points, specs, _, _ = render_sweep(spec, grid, templates)
     chunks = plan_arrays(len(points), max_parallel, 10**9)

@@ -22,6 +22,7 @@ from hpctrain.jobs import index
 from hpctrain.jobs.handle import Job, log_paths
 from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.paths import job_folder
+from hpctrain.jobs.precheck import precheck
 from hpctrain.jobs.provenance import Provenance, provenance, write_provenance
 from hpctrain.jobs.snapshot import Origin, materialize, snapshot_dir
 from hpctrain.jobs.sweep import (differing_directives, dispatcher_script, grid_points, index_width,
@@ -129,6 +130,7 @@ def submit(spec: JobSpec, *, folder: str | os.PathLike[str] | None = None,
     from hpctrain.jobs.executor import RenderedExecutor, prepare_folder
 
     check_passthrough(spec)
+    precheck(spec)
     jfolder = job_folder(spec.name, folder)
     prepare_folder(jfolder, access_modes(spec.run.access).dir)
     frozen = freeze(spec, jfolder, origin, default=snapshot_default)
@@ -290,6 +292,7 @@ def submit_sweep(spec: JobSpec, grid: Mapping[str, Sequence[str]], *,
     from hpctrain.slurm import control
 
     check_passthrough(spec)
+    precheck(spec)
     modes = access_modes(spec.run.access)
     name_dir = job_folder(spec.name, folder)
     prepare_folder(name_dir, modes.dir)

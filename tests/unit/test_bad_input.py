@@ -117,3 +117,51 @@ def test_a_value_with_control_characters_is_rendered_as_sent_and_shown_escaped(
     assert cli.main(["render", str(spec), *hide, "-o", str(written)]) == 0
     assert piped.stdout == written.read_bytes() and b"\x1b[2K" in piped.stdout
     assert visible("x\x1b[2K\rexport\u202e\tok\n") == "x\\x1b[2K\\x0dexport\\u202e\tok\n"
+
+
+@pytest.mark.parametrize("where,said", [
+    ("file", "is a file: point it at a directory"),
+    ("below", "lies below the file"),
+    ("locked", "would be made in"),
+])
+def test_a_checkpoint_dir_the_job_could_not_use_is_refused_before_the_queue(
+        where: str, said: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import os
+
+    isolate(monkeypatch, tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    ckpt = {"file": tmp_path / "a-file", "below": tmp_path / "a-file" / "ckpt",
+            "locked": locked / "ckpt"}[where]
+    spec = tmp_path / "job.toml"
+    spec.write_text(spec_toml(**BASE, checkpoint={"dir": str(ckpt)}))
+    if where == "locked" and os.access(locked, os.W_OK):
+        said = "checkpoints"     # root may write anywhere: the dry run then goes ahead
+    for argv in (["submit", str(spec), "--dry-run"], ["sweep", str(spec), "--dry-run",
+                                                     "--grid", "run.env.X=1,2"]):
+        got = cli.main(argv)
+        out, err = capsys.readouterr()
+        if said == "checkpoints":
+            assert got == 0, err
+            continue
+        assert got == 2 and f"checkpoint.dir={str(ckpt)!r}" in err and said in err, err
+    # nothing of it exists here (storage only the compute nodes mount): not judged
+    spec.write_text(spec_toml(**BASE, checkpoint={"dir": "/nonexistent-scratch/me/ckpt"}))
+    assert cli.main(["submit", str(spec), "--dry-run"]) == 0
+
+
+def test_an_export_option_that_would_drop_the_passed_through_secrets_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    isolate(monkeypatch, tmp_path)
+    monkeypatch.setenv("WANDB_API_KEY", "secret")
+    spec = tmp_path / "job.toml"
+    run = {**BASE["run"], "env_passthrough": ["WANDB_API_KEY"]}
+    for export, code in (("NONE", 2), ("PATH,HOME", 2), ("ALL", 0), ("WANDB_API_KEY,PATH", 0)):
+        spec.write_text(spec_toml(**{**BASE, "run": run}, sbatch={"export": export}))
+        assert cli.main(["submit", str(spec), "--dry-run"]) == code, export
+        err = capsys.readouterr().err
+        if code:
+            assert f"[sbatch] export='{export}' keeps WANDB_API_KEY" in err, err
