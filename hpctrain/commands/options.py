@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,20 @@ def job_ids(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     if value is None:
         return value
     return tuple(map(check_job_id, value)) if isinstance(value, tuple) else check_job_id(value)
+
+
+@contextmanager
+def about_spec(path: str) -> Iterator[None]:
+    """A spec error raised inside (its layout, its partition, a check before the queue)
+    names the spec file, as an error in reading it does."""
+    from hpctrain.errors import SpecError
+
+    try:
+        yield
+    except SpecError as exc:
+        if str(exc).startswith(f"{path}:"):
+            raise
+        raise type(exc)(f"{path}: {exc}") from None
 
 
 def load_spec(path: str, sets: tuple[str, ...]) -> Any:

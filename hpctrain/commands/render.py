@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from hpctrain.commands.options import (load_spec, sets_option, show_script, template_cache,
-                                       templates_option, write_atomically)
+from hpctrain.commands.options import (about_spec, load_spec, sets_option, show_script,
+                                       template_cache, templates_option, write_atomically)
 
 
 @click.command()
@@ -27,8 +27,9 @@ def render(spec: str, sets: tuple[str, ...], output: str | None, python: str | N
     from hpctrain.render.script import render as do_render
 
     job = load_spec(spec, sets)
-    result = do_render(job, template_dirs, python=python or sys.executable,
-                       bytecode_cache=template_cache())
+    with about_spec(spec):
+        result = do_render(job, template_dirs, python=python or sys.executable,
+                           bytecode_cache=template_cache())
     if output is None:
         show_script(result.script)
         return

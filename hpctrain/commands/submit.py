@@ -10,7 +10,8 @@ from typing import Any
 import click
 
 from hpctrain.commands.jobview import exit_code_for, format_elapsed, job_json, progress_line
-from hpctrain.commands.options import load_spec, sets_option, show_script, templates_option
+from hpctrain.commands.options import (about_spec, load_spec, sets_option, show_script,
+                                       templates_option)
 from hpctrain.commands.table import table
 from hpctrain.jobs.view import info_json
 from hpctrain.spec.model import JobSpec
@@ -30,8 +31,10 @@ def submit(spec_file: str, sets: tuple[str, ...], template_dirs: list[Any],
            folder: str | None, dry_run: bool, wait: bool, as_json: bool) -> int:
     """Render SPEC with the partition's templates and submit it to Slurm."""
     spec = load_spec(spec_file, sets)
-    return run_submit(spec, spec_path=os.path.abspath(spec_file), template_dirs=template_dirs,
-                      folder=folder, dry_run=dry_run, wait=wait, as_json=as_json)
+    with about_spec(spec_file):
+        return run_submit(spec, spec_path=os.path.abspath(spec_file),
+                          template_dirs=template_dirs, folder=folder, dry_run=dry_run,
+                          wait=wait, as_json=as_json)
 
 
 def run_submit(spec: JobSpec, *, spec_path: str, template_dirs: list[Any], folder: str | None,

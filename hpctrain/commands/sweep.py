@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from hpctrain.commands.options import load_spec, sets_option, templates_option
+from hpctrain.commands.options import about_spec, load_spec, sets_option, templates_option
 from hpctrain.jobs.sweep import parse_grid, point_label
 from hpctrain.spec.model import JobSpec
 
@@ -34,9 +34,10 @@ def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
     (CHECKPOINT_DIR/point-NNN); arrays above the cluster's MaxArraySize are split.
     """
     spec = load_spec(spec_file, sets)
-    return run_sweep(spec, parse_grid(grids), max_parallel=max_parallel,
-                     template_dirs=template_dirs, folder=folder, dry_run=dry_run,
-                     as_json=as_json, spec_path=os.path.abspath(spec_file))
+    with about_spec(spec_file):
+        return run_sweep(spec, parse_grid(grids), max_parallel=max_parallel,
+                         template_dirs=template_dirs, folder=folder, dry_run=dry_run,
+                         as_json=as_json, spec_path=os.path.abspath(spec_file))
 
 
 def run_sweep(spec: JobSpec, grid: dict[str, list[str]], *, max_parallel: int | None,

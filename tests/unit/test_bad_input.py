@@ -24,7 +24,10 @@ def files(root: Path) -> dict[str, Path]:
     made = {"utf16": SPEC.encode("utf-16"), "bom": codecs.BOM_UTF8 + SPEC.encode(),
             "binary": b"name = \"x\"\n\0\x01\x02", "latin1": "name = \"caf\xe9\"\n".encode("latin-1"),
             "deep": ("x = " + "[" * 100_000 + "]" * 100_000 + "\n").encode(),
-            "good": SPEC.encode()}
+            "good": SPEC.encode(),
+            "layout": spec_toml(**{**BASE, "gpus_per_node": 2, "layout": {"tp": 2}})
+            .replace("tp = 2", "tp = 3").encode(),
+            "partition": SPEC.replace('partition = "debug"', 'partition = "nope"').encode()}
     out = {}
     for name, data in made.items():
         out[name] = root / f"{name}.toml"
@@ -47,6 +50,11 @@ CASES = [
     (["render", "{deep}"], 2, "deep.toml: not valid TOML: arrays or tables nested too deeply"),
     (["render", "/dev/zero"], 2, "/dev/zero: larger than 1 MiB: not a spec file"),
     (["render", "{bom}"], 0, "#SBATCH --job-name=gpt-tiny"),          # a BOM is fine
+    # errors found past reading name the file too
+    (["render", "{layout}"], 2, "layout.toml: tp=3 does not divide gpus_per_node=2"),
+    (["submit", "{layout}", "--dry-run"], 2, "layout.toml: tp=3 does not divide"),
+    (["sweep", "{partition}", "--dry-run", "--grid", "run.env.A=1,2"], 2,
+     "partition.toml: unknown partition 'nope'"),
     (["render", "{good}", "--set", "run.env.VER=1.10", "--set", "run.env.LR=3e-4",
       "--set", "run.env.MASK=0x10", "--set", "run.env.ON=true"], 0, "VER=1.10"),
     (["plan", "--params", "1e30", "--gpus-per-node", "8", "--gpu-mem", "80GB"], 2,
