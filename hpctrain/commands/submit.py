@@ -92,7 +92,11 @@ def _wait(job: Any, as_json: bool) -> int:
         click.echo(json.dumps({**job_json(job, state=str(info.state), log=str(job.log_path())),
                                **info_json(info)}))
     else:
-        click.echo(f"job {job.job_id} ended {info.state} after {format_elapsed(info.elapsed_s)}")
+        from hpctrain.jobs.view import wait_progress
+
+        live, _ = wait_progress(job.job_id, job.entry)   # the step it ended at, when known
+        click.echo(f"job {job.job_id} ended {info.state} after {format_elapsed(info.elapsed_s)}"
+                   + (f"  {live}" if live else ""))
     return exit_code_for(info)
 
 

@@ -80,11 +80,12 @@ class Watch:
         watch.clock = StepClock(known=self.clock.step_s(), longest_s=self.clock.longest_s)
         return watch
 
-    def summarize(self) -> None:
+    def summarize(self, final: bool = False) -> None:
         """At most every SUMMARY_S, rank 0's newest record into the state directory's
         ``summary``, when it changed: ``hpctrain status``'s live line, the one file this
-        channel writes to shared storage."""
-        if self.slurm.monotonic() < self._next_summary:
+        channel writes to shared storage. ``final``: the step has ended: now, so that a
+        finished job shows the step it ended at, not one up to SUMMARY_S older."""
+        if not final and self.slurm.monotonic() < self._next_summary:
             return
         self._next_summary = self.slurm.monotonic() + SUMMARY_S
         record = self.records().get(0)
