@@ -161,7 +161,7 @@ def test_the_live_progress_line_reads_rank_0s_record_and_history(tmp_path) -> No
     assert live_progress("42", str(tmp_path)) == ""            # no runtime: nothing to say
     state = p.state_dir(tmp_path, "42")
     # the supervisor's summary of rank 0's record (hpctrain.supervisor.hang.Watch.summarize)
-    p.write_record(state / p.SUMMARY, {"restart_count": 1, "attempt": 0,
+    p.write_record(state / p.SUMMARY, {"rank": 0, "restart_count": 1, "attempt": 0,
                                        "step": 17, "phase": "training"})
     lines = [ev(100.0 + i / 2, 1, 0, event="step", step=10 + i, n=i) for i in range(8)]
     lines.insert(0, ev(50.0, 0, 0, event="step", step=3, n=1))   # an earlier run: not counted
