@@ -78,12 +78,12 @@ run_tests() {
         python -m pytest -p no:cacheprovider "$@"
 }
 
-# The whole suite on $HPCTRAIN_TEST_WORKERS parallel workers (default 2), worker gwN on
+# The whole suite on $HPCTRAIN_TEST_WORKERS parallel workers (default 3), worker gwN on
 # devcluster instance N (tests/cluster/conftest.py): the cluster tests mostly wait (job
 # start, requeue holds, grace times), so their waits overlap. Whole files go to one worker
 # (--dist loadfile: a file's jobs shared between its cases stay together). Then the few
 # tests marked `alone` (they change what all instances share), one at a time.
-WORKERS=${HPCTRAIN_TEST_WORKERS:-2}
+WORKERS=${HPCTRAIN_TEST_WORKERS:-3}
 
 run_suite() {
     local arg
