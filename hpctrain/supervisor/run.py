@@ -177,8 +177,9 @@ class Supervisor:
         a failed attempt in its processes when it can (:mod:`.inprocess`); (its exit status,
         the hang that made the supervisor kill it or None, the last attempt).
 
-        The step is in one of these states, each with one deadline, and signals are passed
-        on in every one (each wait is a :class:`~hpctrain.supervisor.waits.Waiter`):
+        The step is in one of these states, each with one deadline; signals are passed on
+        in every one but the kill (each of those waits is a
+        :class:`~hpctrain.supervisor.waits.Waiter`; the step the kill ends needs no stop):
 
         ========== ======================================== ================================
         state      waits for                                deadline
