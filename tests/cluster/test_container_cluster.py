@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.render.check import runtime_error
 from hpctrain.spec.container import ContainerFacts
 from hpctrain.spec.partitions import list_partitions
@@ -52,7 +53,9 @@ def test_a_2x2_job_in_a_container_is_preempted_and_resumes_bitwise(
     root = isolate(monkeypatch, tmp_path, shared=True)
     (root / "data").mkdir()
     (root / "data" / "hello").write_text("from the host")
-    image = str(cluster.paths.host_image)
+    # the partitions allow images under instance 0's directory (templates/partitions/); every
+    # instance's image is the same bundle of this host, and ./dev.sh brings instance 0 up
+    image = str(DevCluster(instance=0).paths.host_image)
     log = root / "loss.jsonl"
     text = example_spec(root, name="in-container", total=TOTAL, save_every=EVERY,
                         step_sleep=0.25, extra=("--final-state", str(root / "final")))
