@@ -92,10 +92,11 @@ run_suite() {
         if [ -e "${arg%%::*}" ]; then run_tests "$@"; return; fi
     done
     if [ "$WORKERS" -le 1 ]; then run_tests "$@"; return; fi
-    local i status=0
+    local i rc status=0
     for ((i = 1; i < WORKERS; i++)); do hpctrain devcluster up --instance "$i"; done
     run_tests -n "$WORKERS" --dist loadfile -m "not alone" "$@" || status=$?
-    run_tests -m alone "$@" || { [ "$status" != 0 ] || status=$?; }
+    # the first failure's code is the suite's
+    run_tests -m alone "$@" || { rc=$?; [ "$status" != 0 ] || status=$rc; }
     return "$status"
 }
 
