@@ -151,8 +151,12 @@ def test_other_layouts_restart_in_place_where_they_can_and_cold_where_not(
     spec = example_spec(root, name="layouts", total=total, save_every=EVERY,
                         step_sleep=0.1, layout=layout, launcher=launcher, extra=extra,
                         requeue={"max_crash_restarts": 2, "max_hangs": 2})
+    # tp=2 restarts in new processes: torchrun's teardown of a crashed step once took over
+    # 10 s on a loaded 2-core machine (3 test workers) and was taken for a hang (1 full run
+    # of 4); 20 s leaves it room, and the hang is still found well within the wait below
+    hang_s = 10 if inprocess else 20
     spec = spec.replace("[watchdog]\nmax_step_restarts = 2\n",
-                        "[watchdog]\nmax_step_restarts = 4\nhang_timeout_s = 10\n")
+                        f"[watchdog]\nmax_step_restarts = 4\nhang_timeout_s = {hang_s}\n")
     spec = spec.replace("[checkpoint]\n", f'[checkpoint]\ndir = "{root / "ckpt"}"\n')
     job = submit_example(root, spec)
     reference = start(EXAMPLES / "train_gpt.py", 4, [
