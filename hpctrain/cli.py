@@ -58,7 +58,8 @@ def _exit_codes() -> str:
     from hpctrain.errors import EXIT_CODES
 
     # \b: click keeps the lines of this paragraph as they are
-    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES)
+    rows = (f"  {code:>3}  {meaning}" for code, meaning in EXIT_CODES)
+    return "\b\nExit codes:\n" + "\n".join(rows)
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]},

@@ -65,7 +65,8 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, ssh: bool
                              cpus_per_node=cpus_per_node, spare=spare)
     result = dev.up(shape)
     named = f" (instance {dev.instance})" if dev.instance else ""
-    click.echo(f"devcluster{named} {result.outcome}: {shape.nodes} nodes x {shape.gpus_per_node} GPUs "
+    click.echo(f"devcluster{named} {result.outcome}: {shape.nodes} nodes x "
+               f"{shape.gpus_per_node} GPUs "
                f"(+{shape.spare} spare), partitions debug (default), urgent and wide "
                "(all nodes)")
     for note in result.resumed:

@@ -74,7 +74,8 @@ def about_spec(path: str) -> Iterator[None]:
 
 def load_spec(path: str, sets: tuple[str, ...]) -> Any:
     """The job spec at ``path`` with the ``--set`` overrides applied."""
-    from hpctrain.spec.model import JobSpec, parse_set_options
+    from hpctrain.spec.model import JobSpec
+    from hpctrain.spec.overrides import parse_set_options
 
     spec = JobSpec.load(path)
     return spec.with_overrides(parse_set_options(sets)) if sets else spec

@@ -29,7 +29,8 @@ from hpctrain.jobs.sweep import (differing_directives, dispatcher_script, grid_p
                                  plan_arrays, task_checkpoint_dir)
 from hpctrain.runtime.function import CheckpointableRankCall, RankCall
 from hpctrain.spec.layout import LayoutPlan
-from hpctrain.spec.model import JobSpec, LayoutSpec, parse_set_options
+from hpctrain.spec.model import JobSpec, LayoutSpec
+from hpctrain.spec.overrides import parse_set_options
 
 Templates = Sequence[str | os.PathLike[str]]
 

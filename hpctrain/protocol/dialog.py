@@ -27,6 +27,14 @@ from hpctrain.protocol import DUMP, INTERRUPT, RESUME  # the records' names
 ACTIONS = ("go", "stop")
 
 
+def text(record: Mapping[str, object], key: str) -> str:
+    """Field ``key`` of a record as text ('' when absent): read from a file it is already
+    text, from a datagram's JSON it may be a number. Only the fields asked for are
+    converted (the board parses every rank's record as it arrives)."""
+    value = record.get(key)
+    return "" if value is None else str(value)
+
+
 @dataclass(frozen=True)
 class Attempt:
     """The address of a request: attempt ``attempt`` of run ``restart_count`` of job run
@@ -44,10 +52,9 @@ class Attempt:
     def parse(cls, record: Mapping[str, object]) -> Attempt | None:
         """The address ``record`` carries (a request's, or a progress record's); None when
         its counts are not numbers."""
-        get = {k: str(v) for k, v in record.items()}.get
         try:
-            return cls(get("run_id", ""), int(get("restart_count") or 0),
-                       int(get("attempt") or 0))
+            return cls(text(record, "run_id"), int(text(record, "restart_count") or 0),
+                       int(text(record, "attempt") or 0))
         except ValueError:
             return None
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from hpctrain.protocol.dialog import Attempt
+from hpctrain.protocol.dialog import Attempt, text
 
 # phases a rank goes through (runtime.progress.phase): startup -> training, with save,
 # restarting (its attempt failed: it waits for the supervisor's word), exiting (its work
@@ -48,21 +48,20 @@ class Progress:
         """The record in ``fields`` (strings, or what JSON made of them); None when it is
         not one (no rank, or a clock or count that is not a number). A clock left out
         (``hpctrain status``'s summary has no beat) reads as 0."""
-        get = {k: str(v) for k, v in fields.items()}.get
+        def get(key: str) -> str:
+            return text(fields, key)
+
         try:
-            if not get("rank", "").isdigit():
-                return None
-            flushed, address = get("flushed", ""), Attempt.parse(fields)
-            if address is None:
+            rank, address, flushed = get("rank"), Attempt.parse(fields), get("flushed")
+            if not rank.isdigit() or address is None:
                 return None
             return cls(
-                rank=int(get("rank", "")), address=address,
+                rank=int(rank), address=address,
                 changed_at=float(get("changed_at") or 0), beat_at=float(get("beat_at") or 0),
-                node=get("node", ""), pid=int(get("pid") or 0), step=get("step", ""),
+                node=get("node"), pid=int(get("pid") or 0), step=get("step"),
                 boundaries=int(get("boundaries") or 0), phase=get("phase") or "training",
-                exit=get("exit", ""), flushed=None if flushed == "" else flushed == "1",
-                inprocess=get("inprocess") == "1", failed=get("failed", ""),
-                error=get("error", ""))
+                exit=get("exit"), flushed=None if flushed == "" else flushed == "1",
+                inprocess=get("inprocess") == "1", failed=get("failed"), error=get("error"))
         except ValueError:
             return None
 

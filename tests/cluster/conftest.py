@@ -76,7 +76,8 @@ def cluster():
     (by root, through :class:`helpers.admin.Cluster`).
 
     Its instance is this worker's (:func:`_own_instance`, which set SLURM_CONF for this
-    process and its children so plain ``sbatch`` etc. find it). Never brought down here: later sessions reuse it (``up`` is idempotent).
+    process and its children so plain ``sbatch`` etc. find it). Never brought down here:
+    later sessions reuse it (``up`` is idempotent).
     """
     require(sys.platform.startswith("linux"), "Linux")
     admin.require_sudo()

@@ -22,7 +22,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 def files(root: Path) -> dict[str, Path]:
     """Spec files as users have handed them in."""
     made = {"utf16": SPEC.encode("utf-16"), "bom": codecs.BOM_UTF8 + SPEC.encode(),
-            "binary": b"name = \"x\"\n\0\x01\x02", "latin1": "name = \"caf\xe9\"\n".encode("latin-1"),
+            "binary": b"name = \"x\"\n\0\x01\x02",
+            "latin1": "name = \"caf\xe9\"\n".encode("latin-1"),
             "deep": ("x = " + "[" * 100_000 + "]" * 100_000 + "\n").encode(),
             "good": SPEC.encode(),
             "layout": spec_toml(**{**BASE, "gpus_per_node": 2, "layout": {"tp": 2}})

@@ -229,7 +229,8 @@ def test_ssh_packages_are_checked_only_when_asked_for(monkeypatch: pytest.Monkey
 def test_the_instance_comes_from_the_environment_and_picks_dir_and_ports() -> None:
     from hpctrain.devcluster.cluster import DevCluster, instance_from_env
 
-    assert instance_from_env({}) == 0 and instance_from_env({"HPCTRAIN_DEVCLUSTER_INSTANCE": "2"}) == 2
+    assert instance_from_env({}) == 0
+    assert instance_from_env({"HPCTRAIN_DEVCLUSTER_INSTANCE": "2"}) == 2
     with pytest.raises(DevclusterError, match="HPCTRAIN_DEVCLUSTER_INSTANCE='gw1'.*0..7"):
         instance_from_env({"HPCTRAIN_DEVCLUSTER_INSTANCE": "gw1"})
     dev = DevCluster(instance=2)

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hpctrain.errors import SpecError
-from hpctrain.spec.model import JobSpec, parse_set_options
+from hpctrain.spec.model import JobSpec
+from hpctrain.spec.overrides import parse_set_options
 from hpctrain.spec.checks import slurm_time_seconds
 from helpers.specs import BASE, spec
 
