@@ -25,7 +25,9 @@ while (( n < total )); do
     fi
     sleep "$step_sleep"
     n=$(( n + 1 ))
-    echo "$n" > "$file.tmp" && mv -f "$file.tmp" "$file"
+    # log before the count is kept: a stop between the two then logs a step twice (the
+    # next run redoes it), never keeps a step it did not log
     event step "$n"
+    echo "$n" > "$file.tmp" && mv -f "$file.tmp" "$file"
 done
 event done "$n"
