@@ -8,7 +8,7 @@ import os
 import click
 
 from hpctrain.devcluster.cluster import DevCluster
-from hpctrain.devcluster.config import MAX_INSTANCES, Shape
+from hpctrain.devcluster.config import MAX_INSTANCES, SITES, Shape
 from hpctrain.devcluster.sshconf import SSH_PORT
 
 state_dir_option = click.option(
@@ -40,6 +40,10 @@ def devcluster() -> None:
               help="CPUs each node declares (may exceed this machine's).")
 @click.option("--spare", default=Shape.spare, show_default=True,
               help="Extra nodes only partition `wide` has (room to exclude a bad node).")
+@click.option("--site", type=click.Choice(SITES), default=Shape.site, show_default=True,
+              help="How it counts: lenient (CPUs only) or strict, like a real site (CPUs and "
+                   "memory per job, DefMemPerCPU, steps over their memory killed, a partition "
+                   "`gpu` no facts file describes).")
 @click.option("--ssh", is_flag=True,
               help="Also start an SSH login on 127.0.0.1 (keys only) for --ssh-user, to try "
                    "`hpctrain --host hpctrain-devcluster`; on a cluster that is up, only that.")
@@ -50,7 +54,7 @@ def devcluster() -> None:
                    "[default: $SUDO_USER].")
 @state_dir_option
 @instance_option
-def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, ssh: bool,
+def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, site: str, ssh: bool,
        ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None,
        instance: int | None) -> None:
     """Install (as root), configure and start the cluster; when already up, only resume
@@ -62,13 +66,14 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, ssh: bool
     # `up --ssh` on a cluster that is up adds the login; it does not reshape it to defaults
     current = dev.shape() if ssh and not _shape_given() else None
     shape = current or Shape(nodes=nodes, gpus_per_node=gpus_per_node,
-                             cpus_per_node=cpus_per_node, spare=spare)
+                             cpus_per_node=cpus_per_node, spare=spare, site=site)
     result = dev.up(shape)
     named = f" (instance {dev.instance})" if dev.instance else ""
     click.echo(f"devcluster{named} {result.outcome}: {shape.nodes} nodes x "
                f"{shape.gpus_per_node} GPUs "
                f"(+{shape.spare} spare), partitions debug (default), urgent and wide "
-               "(all nodes)")
+               "(all nodes)" + (", gpu (no facts file); strict: CPUs and memory counted "
+                                "per job" if shape.site == "strict" else ""))
     for note in result.resumed:
         click.echo(f"  resumed node {note}")
     click.echo(f"  Slurm config:   {dev.paths.slurm_conf}  (export SLURM_CONF={dev.paths.slurm_conf}"
@@ -84,7 +89,7 @@ def _shape_given() -> bool:
     """Whether the command line named any of the cluster's shape options."""
     ctx = click.get_current_context()
     return any(ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
-               for name in ("nodes", "gpus_per_node", "cpus_per_node", "spare"))
+               for name in ("nodes", "gpus_per_node", "cpus_per_node", "spare", "site"))
 
 
 def _sudo_user() -> list[str]:

@@ -13,7 +13,7 @@ from hpctrain.planner import Hardware, Recommendation, Request, Workload, recomm
 from hpctrain.planner.memory import MODES
 from hpctrain.planner.scaling import INTER_NODE, INTRA_NODE, curve_for
 from hpctrain.planner.sizes import parse_count, parse_gb
-from hpctrain.spec.partitions import Partition, load_partition
+from hpctrain.spec.partitions import Partition
 
 
 def _hardware(partition: str | None, gpus_per_node: int | None, gpu_mem: str | None,
@@ -25,7 +25,9 @@ def _hardware(partition: str | None, gpus_per_node: int | None, gpu_mem: str | N
             raise PlanError("give --partition NAME or --gpus-per-node N --gpu-mem SIZE "
                             "[--intra-node-link, --inter-node-link], not both: the partition's "
                             "facts already say what a node has")
-        part = load_partition(partition, templates)
+        from hpctrain.jobs.facts import site
+        from hpctrain.spec.site import template_dirs
+        part = site(template_dirs(templates)).partition(partition)
         if part.gpus_per_node < 1 or part.gpu_mem_gb <= 0:
             raise PlanError(f"partition {part.name!r} has gpus_per_node={part.gpus_per_node}, "
                             f"gpu_mem_gb={part.gpu_mem_gb}: plan for a GPU partition (or fix "

@@ -24,12 +24,12 @@ def render(spec: str, sets: tuple[str, ...], output: str | None, python: str | N
     """Check SPEC against its partition and print the sbatch script."""
     import sys
 
-    from hpctrain.render.script import render as do_render
+    from hpctrain.jobs.facts import render_here
 
     job = load_spec(spec, sets)
     with about_spec(spec):
-        result = do_render(job, template_dirs, python=python or sys.executable,
-                           bytecode_cache=template_cache())
+        result = render_here(job, template_dirs, python=python or sys.executable,
+                             bytecode_cache=template_cache())
     if output is None:
         show_script(result.script)
         return

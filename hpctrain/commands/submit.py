@@ -104,21 +104,25 @@ def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool, folder: str | N
              origin: Any = None, snapshot_default: bool = False) -> int:
     from hpctrain.jobs.paths import job_folder
     from hpctrain.jobs.precheck import precheck
+    from hpctrain.jobs.facts import render_here
     from hpctrain.jobs.submit import freeze
-    from hpctrain.render.script import render
 
     precheck(spec)     # what would fail the job at its start, said before the queue
     # the script as it would run: from its snapshot when there is one (named, not copied)
     frozen = freeze(spec, job_folder(spec.name, folder), origin, default=snapshot_default,
                     write=False)
-    rendered = render(frozen.spec, template_dirs=templates, python=sys.executable,
-                      snapshot=frozen.snapshot)
+    rendered = render_here(frozen.spec, templates, python=sys.executable,
+                           snapshot=frozen.snapshot)
     if as_json:
         click.echo(json.dumps({"dry_run": True, "plan": plan_json(rendered.plan),
+                               "requests": rendered.requests.to_json(),
+                               "partition_facts": rendered.partition.source,
                                "template": rendered.template_path, "script": rendered.script,
                                "snapshot": frozen.snapshot[0] if frozen.snapshot else None}))
         return 0
     click.echo(plan_table(rendered.plan))
+    click.echo(rendered.requests.describe())
+    click.echo(f"partition facts: {rendered.partition.source}")
     click.echo(f"template: {rendered.template_path}")
     if frozen.snapshot:
         click.echo(f"snapshot: {frozen.snapshot[0]} (would be copied to {frozen.snapshot[1]})")

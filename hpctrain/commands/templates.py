@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from hpctrain.commands.options import templates_option
-from hpctrain.errors import TemplateError
+from hpctrain.errors import HpctrainError, TemplateError
+
+
+def _site(template_dirs: list[Path]) -> Any:
+    from hpctrain.jobs.facts import site
+    return site(template_dirs)
 
 
 def _dirs(template_dirs: list[Path]) -> list[Path]:
-    from hpctrain.render.script import resolve_dirs
-    return resolve_dirs(template_dirs)
+    return _site(template_dirs).search()
 
 
 def _template_files(dirs: list[Path]) -> dict[str, list[Path]]:
@@ -24,6 +29,17 @@ def _template_files(dirs: list[Path]) -> dict[str, list[Path]]:
     return dict(sorted(found.items()))
 
 
+def _facts_text(part: Any) -> str:
+    """A partition's facts as its file says them, or as TOML where Slurm said them."""
+    if Path(part.source).is_file():
+        return Path(part.source).read_text(encoding="utf-8")
+    from dataclasses import asdict
+
+    from hpctrain.spec.tomlwriter import dumps
+    facts = {k: v for k, v in asdict(part).items() if k != "source" and v not in (None, "", [], {}, ())}
+    return dumps(facts)
+
+
 @click.group()
 def templates() -> None:
     """List, show and check the partition templates (site dirs over the built-in set)."""
@@ -32,10 +48,9 @@ def templates() -> None:
 @templates.command("list")
 @templates_option
 def list_(template_dirs: tuple[str, ...]) -> None:
-    """Templates and partitions on the search path, and where each comes from."""
-    from hpctrain.spec.partitions import partitions_in
-
-    dirs = _dirs(template_dirs)
+    """Templates and partitions (facts files and Slurm's), and where each comes from."""
+    site = _site(template_dirs)
+    dirs = site.search()
     click.echo("search path (first wins):")
     for d in dirs:
         click.echo(f"  {d}")
@@ -45,11 +60,13 @@ def list_(template_dirs: tuple[str, ...]) -> None:
         click.echo(f"  {name:32} {files[0]}{shadow}")
     click.echo("partitions:")
     names = _template_files(dirs)
-    for part in partitions_in(dirs):
+    for part, source in site.partitions():
         tpl = f"partitions/{part.name}.sbatch.j2"
         used = tpl if tpl in names else "base.sbatch.j2"
         click.echo(f"  {part.name:10} {part.gpus_per_node} x {part.gpu_type} per node, "
-                   f"max_nodes={part.max_nodes}, max_time={part.max_time}, template {used}")
+                   f"{part.cpus_per_node} CPUs, {part.mem_per_node_gb:g} GB, "
+                   f"max_nodes={part.max_nodes}, max_time={part.max_time}, template {used}; "
+                   f"facts: {source}")
 
 
 @templates.command()
@@ -59,14 +76,20 @@ def show(name: str, template_dirs: tuple[str, ...]) -> None:
     """Print a template (e.g. base.sbatch.j2, launchers/srun.j2) or a partition's facts."""
     from hpctrain.spec.partitions import partitions_in
 
-    dirs = _dirs(template_dirs)
+    site = _site(template_dirs)
+    dirs = site.search()
     files = _template_files(dirs)
     parts = {p.name: p for p in partitions_in(dirs)}
     candidates = [name, f"{name}.j2", f"{name}.sbatch.j2", f"launchers/{name}.j2"]
+    if name not in parts and not any(c in files for c in candidates):
+        try:
+            parts[name] = site.partition(name)      # Slurm's word
+        except HpctrainError:
+            pass
     if name in parts:
         part = parts[name]
         click.echo(f"# partition {name}: facts from {part.source}")
-        click.echo(Path(part.source).read_text(encoding="utf-8"), nl=False)
+        click.echo(_facts_text(part), nl=False)
         tpl = f"partitions/{name}.sbatch.j2"
         if tpl in files:
             click.echo(f"\n# partition {name}: template {files[tpl][0]}")
@@ -84,13 +107,46 @@ def show(name: str, template_dirs: tuple[str, ...]) -> None:
 
 
 @templates.command()
+@click.argument("names", nargs=-1)
+@click.option("--from-slurm", "from_slurm", is_flag=True, required=True,
+              help="Start from what Slurm says of each partition (the only source so far).")
+@click.option("--dir", "out_dir", type=click.Path(file_okay=False),
+              help="Write DIR/partitions/NAME.toml (a site directory); default: print.")
+@click.option("--force", is_flag=True, help="Overwrite a facts file that exists.")
+def init(names: tuple[str, ...], from_slurm: bool, out_dir: str | None, force: bool) -> None:
+    """Write starting facts files for NAMES (default: every partition Slurm has)."""
+    from hpctrain.commands.options import write_atomically
+    from hpctrain.jobs.facts import slurm_word
+    from hpctrain.slurm.partitions import names as slurm_names
+    from hpctrain.spec import slurmfacts
+
+    for name in names or slurm_names():
+        word = slurm_word(name)
+        if word is None:
+            raise TemplateError(f"Slurm has no partition {name!r}: `sinfo -s` lists them")
+        text = slurmfacts.facts_file(slurmfacts.facts(*word))
+        if out_dir is None:
+            click.echo(text)
+            continue
+        path = Path(out_dir) / "partitions" / f"{name}.toml"
+        if path.exists() and not force:
+            raise TemplateError(f"{path} exists: keep it, or pass --force to overwrite it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, text, mode=0o644)
+        click.echo(f"wrote {path}: check it, then fill in what Slurm does not know", err=True)
+
+
+@templates.command()
 @click.option("--slurm", is_flag=True, help="Also run `sbatch --test-only` on the live cluster.")
 @templates_option
 def check(slurm: bool, template_dirs: tuple[str, ...]) -> None:
     """Render every partition x launcher x layout; bash -n each; with --slurm, sbatch --test-only."""
     from hpctrain.render.check import format_report, run_checks
 
-    results = run_checks(_dirs(template_dirs), slurm=slurm)
+    site = _site(template_dirs)
+    parts = [p for p, _ in site.partitions()] if slurm else None
+    results = run_checks(site.search(), slurm=slurm, partitions=parts,
+                         devcluster=site.devcluster)
     click.echo(format_report(results))
     failed = [r for r in results if not r.ok]
     if failed:

@@ -13,8 +13,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpctrain.errors import DevclusterError
+from hpctrain.slurm.partitions import DEVCLUSTER
 
-CLUSTER_NAME = "hpcdev"
+# the name hpctrain's other commands know the devcluster by (its partitions' facts)
+CLUSTER_NAME = DEVCLUSTER
+# How the cluster counts what a job asks for. "strict" is a real site's: CPUs *and* memory
+# are counted per job (a job that asks for no memory gets DefMemPerCPU per CPU), a step that
+# goes over its memory is killed (OUT_OF_MEMORY), and a GPU partition `gpu` exists that no
+# facts file describes: hpctrain must take its facts from Slurm.
+SITES = ("lenient", "strict")
+STRICT_DEF_MEM_PER_CPU_MB = 256
 ACCOUNT = "hpctrain"
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
@@ -32,8 +40,12 @@ class Shape:
     # nodes only partition `wide` has (besides all the others): room to leave a bad node
     # out, while `debug` and `urgent` stay full enough that an urgent job must preempt
     spare: int = 1
+    # "lenient" counts CPUs only; "strict" counts and limits like real sites (SITES)
+    site: str = "lenient"
 
     def __post_init__(self) -> None:
+        if self.site not in SITES:
+            raise DevclusterError(f"site={self.site!r}: use one of {', '.join(SITES)}")
         limits = {"nodes": (1, 64), "gpus_per_node": (0, 16), "cpus_per_node": (1, 256),
                   "mem_per_node_mb": (100, 1 << 22), "spare": (0, 8)}
         for key, (low, high) in limits.items():
@@ -57,8 +69,8 @@ class Shape:
 MAX_INSTANCES = 8
 # Job ids of instance N start at N * 1,000,000 plus N * 5,000: ids never repeat across
 # instances (job folders, state directories and node-local directories carry them) and
-# the rendezvous ports derived from them (protocol.master_port: id mod 10,000) of jobs
-# started at the same time on two instances lie 5,000 apart.
+# the rendezvous ports derived from them (protocol.master_port: id mod 4,000) of jobs
+# started at the same time on instances 0-3 lie 1,000 apart.
 _JOB_IDS_PER_INSTANCE, _PORT_SHIFT_PER_INSTANCE = 1_000_000, 5_000
 
 
@@ -204,7 +216,7 @@ TaskPlugin=task/none
 # Nodes may declare more CPUs/GPUs than this machine has.
 SlurmdParameters=config_overrides
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+{_counting(shape)}
 SchedulerType=sched/backfill
 # Slurm's default preemption: when GraceTime starts the job's *steps* get SIGTERM (the
 # batch step nothing until the requeue at its end). Sites that set
@@ -237,13 +249,37 @@ AccountingStoragePort={ports.slurmdbd}
 AccountingStoragePass={paths.munge_socket}
 AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=30
+{_gathering(shape)}
 JobCompType=jobcomp/none
 {nodes}
 PartitionName=debug Nodes={_node_range(shape.nodes)} Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
 PartitionName=urgent Nodes={_node_range(shape.nodes)} PriorityTier=10 PreemptMode=OFF MaxTime=04:00:00 State=UP
 PartitionName=wide Nodes={_node_range(shape.nodes + shape.spare)} PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
-"""
+{_site_partitions(shape)}"""
+
+
+def _counting(shape: Shape) -> str:
+    if shape.site == "lenient":
+        return "SelectTypeParameters=CR_Core"
+    return ("# strict: CPUs and memory are counted per job, as at real sites; a job that asks\n"
+            "# for no memory gets DefMemPerCPU for each of its CPUs\n"
+            "SelectTypeParameters=CR_Core_Memory\n"
+            f"DefMemPerCPU={STRICT_DEF_MEM_PER_CPU_MB}")
+
+
+def _gathering(shape: Shape) -> str:
+    if shape.site == "lenient":
+        return "JobAcctGatherFrequency=30"
+    # no cgroups in this sandbox: the accounting poller kills a step over its memory
+    return "JobAcctGatherFrequency=2\nJobAcctGatherParams=OverMemoryKill"
+
+
+def _site_partitions(shape: Shape) -> str:
+    if shape.site == "lenient":
+        return ""
+    return (f"# strict: a GPU partition as sites name them, which no facts file describes\n"
+            f"PartitionName=gpu Nodes={_node_range(shape.nodes)} PriorityTier=1 "
+            "PreemptMode=OFF MaxTime=04:00:00 State=UP\n")
 
 
 def gres_conf(shape: Shape, paths: Paths) -> str:

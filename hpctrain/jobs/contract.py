@@ -18,7 +18,10 @@ from hpctrain.errors import JobError
 from hpctrain.jobs.poll import JobInfo
 from hpctrain.slurm.states import State
 
-POLL_S = 2.0          # how often a wait asks Slurm, by default
+POLL_S = 2.0          # how often a wait asks Slurm, by default, at first
+# while nothing changes the wait asks less often, up to this: 40 users waiting on one
+# login node then ask the controller 4 times a second, not 20 (a change: POLL_S again)
+MAX_POLL_S = 10.0
 # one step of a wait: what Slurm says now, and whether the job has ended for good
 Update = tuple[JobInfo, bool]
 OnUpdate = Callable[[JobInfo], None]

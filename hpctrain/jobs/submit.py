@@ -43,12 +43,13 @@ def prepare(spec: JobSpec, templates: Templates = (), python: str | None = None,
     ``python`` runs the job's supervisor (default: this interpreter, as submitit does);
     ``snapshot`` is the (id, directory) of the code snapshot the job runs.
     """
-    from hpctrain.render.script import render
+    from hpctrain.jobs.facts import render_here
     from hpctrain.spec.site import template_dirs
 
-    rendered = render(spec, template_dirs=template_dirs(templates),
-                      python=python or sys.executable, snapshot=snapshot)
+    rendered = render_here(spec, template_dirs(templates), python=python or sys.executable,
+                           snapshot=snapshot)
     return rendered.script, rendered.plan
+
 
 
 @dataclass(frozen=True)

@@ -84,16 +84,18 @@ HEALTH_CHECK_TIMEOUT_S = "HPCTRAIN_HEALTH_CHECK_TIMEOUT_S"
 CONTAINER = "HPCTRAIN_CONTAINER"              # the step's container (JSON), for an OCI bundle
 
 # ---- the rendezvous port: one rule for the template, the runtime and function jobs ---------
-# 20000-29999 from the job id: clear of Slurm's own ports and of the ephemeral range, and two
-# jobs sharing a node do not collide unless their ids are 10000 apart
-PORT_BASE, PORT_SPAN = 20000, 10000
+# 25000-28999 from the job id: clear of Slurm's own ports, of the ephemeral range (32768+),
+# of torch's defaults (29400 for torchrun's rendezvous, 29500) and of Lightning's (15000 +
+# the job id's last 4 digits: 15000-24999); two jobs sharing a node collide only if their
+# ids are 4000 apart, and then the script takes the next free port (templates: rendezvous)
+PORT_BASE, PORT_SPAN = 25000, 4000
 
 
 def master_port(slurm_job_id: str | int | None) -> int:
     """MASTER_PORT of job ``slurm_job_id`` (the raw SLURM_JOB_ID); outside Slurm, torch's own
     default 29500."""
     digits = str(slurm_job_id or "").strip()
-    return PORT_BASE + (int(digits) % PORT_SPAN if digits.isdigit() else 9500)
+    return PORT_BASE + int(digits) % PORT_SPAN if digits.isdigit() else 29500
 
 
 # ---- the state directory ------------------------------------------------------------------

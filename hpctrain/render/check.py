@@ -165,11 +165,12 @@ def sbatch_test_only_error(script: str) -> str | None:
                                              or f"exit {res.returncode}")
 
 
-def check_one(case: CheckCase, dirs: Sequence[Path], slurm: bool) -> CheckResult:
-    from hpctrain.render.script import render_script
+def check_one(case: CheckCase, dirs: Sequence[Path], slurm: bool,
+              partition: Partition | None = None, devcluster: bool = True) -> CheckResult:
+    from hpctrain.render.script import render
 
     try:
-        script = render_script(case.spec, dirs)
+        script = render(case.spec, dirs, partition=partition, devcluster=devcluster).script
     except HpctrainError as exc:
         return CheckResult(case, False, "render", str(exc))
     err = bash_syntax_error(script)
@@ -185,13 +186,19 @@ def check_one(case: CheckCase, dirs: Sequence[Path], slurm: bool) -> CheckResult
     return CheckResult(case, True, "ok")
 
 
-def run_checks(dirs: Sequence[Path], slurm: bool = False) -> list[CheckResult]:
-    """Check every case on the search path ``dirs``; never raises for a failing case."""
+def run_checks(dirs: Sequence[Path], slurm: bool = False,
+               partitions: Sequence[Partition] | None = None,
+               devcluster: bool = True) -> list[CheckResult]:
+    """Check every case on the search path ``dirs``; never raises for a failing case.
+
+    ``partitions``: the facts to check (the site's files over Slurm's word, from the
+    caller); None: the facts files on ``dirs``. ``devcluster``: see render.script.render."""
     try:
-        parts = partitions_in(dirs)
+        parts = list(partitions) if partitions is not None else partitions_in(dirs)
     except HpctrainError as exc:
         bad = CheckCase("partition facts", _placeholder())
         return [CheckResult(bad, False, "partitions", str(exc))]
+    by_name = {p.name: p for p in parts} if partitions is not None else {}
     skipped = [CheckResult(CheckCase(f"{p.name:10} (no GPUs: hpctrain jobs cannot run here)",
                                      _placeholder()), True, "skipped")
                for p in parts if p.gpus_per_node < 1]
@@ -204,8 +211,8 @@ def run_checks(dirs: Sequence[Path], slurm: bool = False) -> list[CheckResult]:
                              _placeholder())
             runtimes.append(CheckResult(case, err is None, "runtime" if err else "ok",
                                         err or ""))
-    return skipped + runtimes + [check_one(case, dirs, slurm)
-                                 for case in check_cases(gpu_parts)]
+    return skipped + runtimes + [check_one(case, dirs, slurm, by_name.get(case.spec.partition),
+                                           devcluster) for case in check_cases(gpu_parts)]
 
 
 def _placeholder() -> JobSpec:

@@ -5,11 +5,15 @@ documentation, docs/containers.md has the sources):
 
 - ``pyxis`` (NVIDIA pyxis/enroot): flags of ``srun`` itself: ``--container-image``,
   ``--container-mounts=SRC:DST[:FLAGS],...``, ``--container-workdir``,
-  ``--container-env=NAME,...`` (host values that win over the image's),
-  ``--container-writable``/``--container-readonly``, ``--no-container-mount-home``;
-- ``apptainer``: every task runs ``apptainer exec --bind SRC:DST[:ro],... --pwd DIR
-  [--writable-tmpfs] IMAGE`` before its command; host variables that must win over the
-  image's are exported as ``APPTAINERENV_NAME`` by the script;
+  ``--container-name`` (per job: a restart in the allocation reuses the imported image
+  instead of importing it again on every node), ``--container-env=NAME,...`` (host values
+  that win over the image's), ``--container-writable``/``--container-readonly`` only when
+  the spec says (else the site's default, as its home mount is);
+- ``apptainer``: every task runs ``apptainer exec --nv --bind SRC:DST[:ro],... --pwd DIR
+  [--writable-tmpfs] IMAGE`` before its command (``--nv``: the node's GPUs, or
+  ``--nvccli`` where the site says); a registry image (``docker://...``) is pulled into a
+  SIF once per job before the step, as each ``exec`` would convert it again, once per rank;
+  host variables that must win over the image's are exported as ``APPTAINERENV_NAME``;
 - ``oci`` (Slurm's own ``srun --container=BUNDLE``): one flag; mounts and the working
   directory go into a per-job bundle that the job supervisor writes from the image's
   (``hpctrain.supervisor.container``), because srun takes no mount option.
@@ -25,10 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.render.shell import ShellSafe, shq
-from hpctrain.spec.container import ContainerPlan
+from hpctrain.spec.container import APPTAINER_GPU, CACHE_VARIABLES, ContainerPlan
 
 SUBMIT_DIR = '"$SLURM_SUBMIT_DIR"'
 SUBMIT_MOUNT = '"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR"'
+SIF = '"$HPCTRAIN_SIF"'
+CACHE = "HPCTRAIN_CONTAINER_CACHE"
+CACHE_MOUNT = f'",${CACHE}:${CACHE}"'
 
 
 @dataclass(frozen=True)
@@ -54,24 +61,61 @@ def _workdir(flag: str, plan: ContainerPlan) -> str:
     return shq(flag + plan.workdir) if plan.workdir else flag + SUBMIT_DIR
 
 
+def _mounts(plan: ContainerPlan) -> str:
+    listed = shq(plan.mounts_csv) if plan.mounts_csv else ""
+    return listed + SUBMIT_MOUNT + ("" if plan.home else CACHE_MOUNT)
+
+
 def _pyxis(plan: ContainerPlan) -> ContainerWords:
     words = [shq("--container-image=" + plan.image),
-             shq("--container-mounts=" + plan.mounts_csv) + SUBMIT_MOUNT,
+             shq("--container-mounts=") + _mounts(plan),
              _workdir("--container-workdir=", plan),
-             "--no-container-mount-home",
-             "--container-writable" if plan.writable else "--container-readonly"]
+             '"--container-name=hpctrain-$SLURM_JOB_ID"']
+    if plan.writable is not None:
+        words.append("--container-writable" if plan.writable else "--container-readonly")
     if plan.env:
         words.append(shq("--container-env=" + plan.env_csv))
     return ContainerWords(srun=_join(words))
 
 
 def _apptainer(plan: ContainerPlan) -> ContainerWords:
-    words = [shq(plan.apptainer), "exec", "--bind", shq(plan.mounts_csv) + SUBMIT_MOUNT,
+    gpu = APPTAINER_GPU[plan.apptainer_gpu]
+    words = [shq(plan.apptainer), "exec", *([gpu] if gpu else []), "--bind", _mounts(plan),
              "--pwd", shq(plan.workdir) if plan.workdir else SUBMIT_DIR]
     if plan.writable:
         words.append("--writable-tmpfs")
-    words.append(shq(plan.image))
+    words.append(SIF if plan.pulls else shq(plan.image))
     return ContainerWords(wrap=_join(words))
+
+
+def container_setup(plan: ContainerPlan | None) -> list[ShellSafe]:
+    """Script lines before the hand-over: the image pulled once per job into a SIF (apptainer
+    with a registry image); the job-private cache directory where the runtime mounts no home
+    (what Triton, inductor, Hugging Face and pip write there; a variable the job's
+    environment sets is kept)."""
+    lines: list[str] = []
+    if plan is not None and plan.pulls:
+        where = shq(plan.sif_dir) if plan.sif_dir else '"$SLURM_SUBMIT_DIR/.hpctrain-sif"'
+        tmp = '"$HPCTRAIN_SIF.$SLURM_JOB_ID.tmp.sif"'
+        lines += [
+            "# the image as one SIF for the job, on storage every node reads: `apptainer exec`",
+            "# of a registry image would convert it again for every rank",
+            f"export HPCTRAIN_SIF={where}/{shq(plan.sif_name)}",
+            'if [[ ! -s $HPCTRAIN_SIF ]]; then',
+            f'  mkdir -p -- "${{HPCTRAIN_SIF%/*}}" && {shq(plan.apptainer)} pull {tmp} '
+            f"{shq(plan.image)} && mv -f -- {tmp} {SIF} \\",
+            f'    || {{ echo "hpctrain: "{shq(plan.apptainer)}" pull "{shq(plan.image)}" failed" '
+            ">&2; exit 1; }",
+            "fi"]
+    if plan is not None and not plan.home and plan.runtime != "oci":
+        lines += [
+            "# the runtime mounts no home here: caches written under it go to a job-private",
+            "# directory, mounted into the container (a variable the job sets is kept)",
+            f'export {CACHE}="$SLURM_SUBMIT_DIR/.hpctrain-cache/$SLURM_JOB_ID"',
+            f'mkdir -p -m 700 -- "${CACHE}" || {{ echo "hpctrain: cannot create ${CACHE}" >&2; '
+            "exit 1; }"]
+        lines += [f': "${{{v}:=${CACHE}/{v.lower()}}}"; export {v}' for v in CACHE_VARIABLES]
+    return [ShellSafe(line) for line in lines]
 
 
 def _oci(plan: ContainerPlan) -> ContainerWords:

@@ -29,14 +29,15 @@ from jinja2.runtime import BlockReference, Context
 
 from hpctrain import __version__, access, protocol
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
-from hpctrain.render.container import apptainer_env, container_words
+from hpctrain.render.container import apptainer_env, container_setup, container_words
 from hpctrain.render.shell import ShellSafe, directive, envname, shq
 from hpctrain.spec.checks import DIRECTIVE_VALUE_RE
 from hpctrain.spec.container import plan_container
 from hpctrain.spec.layout import LayoutPlan, plan_layout
 from hpctrain.spec.model import JobSpec
 from hpctrain.spec.partitions import Partition, find_partition
-from hpctrain.spec.site import template_dirs as _search_path
+from hpctrain.spec.resources import Requests, plan_requests
+from hpctrain.spec.site import devcluster_templates_dir, template_dirs as _search_path
 
 BASE_TEMPLATE = "base.sbatch.j2"
 DEFAULT_OUTPUT = "hpctrain-%x-%j.out"
@@ -109,13 +110,17 @@ class Rendered:
     spec: JobSpec
     plan: LayoutPlan
     partition: Partition
+    requests: Requests       # the GPUs, CPUs and memory it asks for
     template: str            # template name, e.g. partitions/debug.sbatch.j2
     template_path: str       # the file it came from (shows site overrides)
 
 
-def resolve_dirs(template_dirs: Iterable[str | Path] = ()) -> list[Path]:
-    """``template_dirs`` (checked to exist) followed by the built-in directory; no env read."""
+def resolve_dirs(template_dirs: Iterable[str | Path] = (), devcluster: bool = True) -> list[Path]:
+    """``template_dirs`` (checked to exist) followed by the built-in directory, then the
+    devcluster's partitions when ``devcluster`` (the active Slurm is it); no env read."""
     dirs = _search_path(template_dirs, environ={})
+    if devcluster:
+        dirs.append(devcluster_templates_dir())
     unique = {d.resolve(): d for d in reversed(dirs)}  # keep each dir once, at its first place
     return [d for d in dirs if unique.pop(d.resolve(), None) is not None]
 
@@ -123,16 +128,23 @@ def resolve_dirs(template_dirs: Iterable[str | Path] = ()) -> list[Path]:
 def render(spec: JobSpec, template_dirs: Iterable[str | Path] = (), *,
            python: str = DEFAULT_PYTHON,
            bytecode_cache: jinja2.BytecodeCache | None = None,
-           snapshot: tuple[str, str] | None = None) -> Rendered:
+           snapshot: tuple[str, str] | None = None, partition: Partition | None = None,
+           devcluster: bool = True) -> Rendered:
     """Plan ``spec`` on its partition and render it; raises SpecError/LayoutError/TemplateError.
+
+    ``partition``: its facts as the caller found them (hpctrain.jobs.facts: site files over
+    Slurm's own word); None: from the facts files on the search path alone. ``devcluster``:
+    the devcluster's partitions and templates are on the search path (the active Slurm is
+    the devcluster, or no Slurm is asked: tests, the reference scripts).
 
     ``python`` runs the job supervisor in the job: an interpreter that can import hpctrain
     on the compute nodes (the submitting one, on a cluster with shared home or software).
     ``bytecode_cache``: see :func:`environment`. ``snapshot`` is (id, directory) of the
     code snapshot the job runs (exported as HPCTRAIN_SNAPSHOT_ID/_DIR; the spec's
     workdir already points there)."""
-    dirs = resolve_dirs(template_dirs)
-    partition = find_partition(spec.partition, dirs)
+    dirs = resolve_dirs(template_dirs, devcluster)
+    if partition is None:
+        partition = find_partition(spec.partition, dirs)
     plan = plan_layout(spec, partition)
     context = render_context(spec, plan, partition, python, snapshot)
     env = environment(dirs, bytecode_cache)
@@ -145,7 +157,7 @@ def render(spec: JobSpec, template_dirs: Iterable[str | Path] = (), *,
     except (HpctrainError, jinja2.TemplateError) as exc:
         raise TemplateError(f"{_where(exc, template)}: {exc}") from None
     return Rendered(script=script, spec=spec, plan=plan, partition=partition,
-                    template=name, template_path=str(template.filename))
+                    requests=context["requests"], template=name, template_path=str(template.filename))
 
 
 def render_script(spec: JobSpec, template_dirs: Iterable[str | Path] = (), *,
@@ -185,6 +197,7 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
     container = plan_container(spec.container, partition.container, partition.name,
                                launcher=plan.launcher,
                                checkpoint_dir=spec.checkpoint.dir, workdir=spec.workdir)
+    requests = job_requests(spec, plan, partition)
     exports = job_exports(spec, plan) + health_check_exports(partition)
     if snapshot is not None:
         exports += [(protocol.SNAPSHOT_ID, snapshot[0]), (protocol.SNAPSHOT_DIR, snapshot[1])]
@@ -196,12 +209,18 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         "plan": plan,
         "partition": partition,
         "directives": sbatch_directives(spec, plan, partition),
+        "requests": requests,
+        # what every srun that starts ranks says besides its size: srun does not inherit
+        # the job's --cpus-per-task (Slurm 22.05-23.02), and block placement keeps the
+        # ranks of a tensor-parallel group on one node whatever the site's default
+        "srun_requests": ShellSafe(" ".join(srun_request_words(requests)) + " "),
         "exports": exports,
         "umask": f"{access.modes(spec.run.access).umask:03o}",
         # the container the launcher's tasks run in (render/container.py), else None
         "container": container,
         "container_words": container_words(container),
         "apptainer_env": apptainer_env(container),
+        "container_setup": container_setup(container),
         "launcher_template": f"launchers/{plan.launcher}.j2",
         "supervisor": [python, "-m", SUPERVISOR_MODULE],
         # the batch step's stop signals: the time-limit warning (--signal=B:...) and TERM
@@ -216,15 +235,10 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
 def sbatch_directives(spec: JobSpec, plan: LayoutPlan,
                       partition: Partition) -> list[tuple[str, str | None]]:
     """``#SBATCH`` options as (option, value or None for a flag), in script order."""
-    gpus = (("gres", f"gpu:{plan.gpus_per_node}") if partition.gpu_request == "gres"
-            else ("gpus-per-node", str(plan.gpus_per_node)))
-    if partition.gpu_request not in ("gres", "gpus-per-node"):
-        raise TemplateError(f"{partition.source}: gpu_request={partition.gpu_request!r}: "
-                            "use \"gpus-per-node\" or \"gres\"")
     opts: list[tuple[str, str | None]] = [
         ("job-name", spec.name), ("partition", spec.partition),
-        ("nodes", str(plan.job_nodes)),
-        ("ntasks-per-node", str(plan.tasks_per_node)), gpus, ("time", spec.time)]
+        ("nodes", str(plan.job_nodes)), ("ntasks-per-node", str(plan.tasks_per_node)),
+        *job_requests(spec, plan, partition).directives(), ("time", spec.time)]
     for key, default in (("account", partition.default_account), ("qos", partition.default_qos),
                          ("constraint", partition.default_constraint),
                          ("exclude", ""), ("reservation", "")):
@@ -244,6 +258,21 @@ def sbatch_directives(spec: JobSpec, plan: LayoutPlan,
             raise SpecError(f"--{key}={value!r} cannot go on an #SBATCH line: fix the "
                             "spec or the partition's defaults (no spaces, quotes or $)")
     return opts
+
+
+def job_requests(spec: JobSpec, plan: LayoutPlan, partition: Partition) -> Requests:
+    """The job's GPU, CPU and memory requests (hpctrain.spec.resources)."""
+    if partition.gpu_request not in ("gres", "gpus-per-node"):
+        raise TemplateError(f"{partition.source}: gpu_request={partition.gpu_request!r}: "
+                            "use \"gpus-per-node\" or \"gres\"")
+    return plan_requests(spec.resources, spec.sbatch, partition=partition,
+                         gpus_per_node=plan.gpus_per_node, tasks_per_node=plan.tasks_per_node)
+
+
+def srun_request_words(requests: Requests) -> list[str]:
+    """The options of the srun that starts the ranks, besides its size."""
+    cpus = [f"--cpus-per-task={requests.cpus_per_task}"] if requests.cpus_per_task else []
+    return [*cpus, "--distribution=block"]
 
 
 def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:

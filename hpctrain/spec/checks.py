@@ -34,11 +34,11 @@ SIGNALS = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM", "URG")
 EXTRA_SBATCH_OPTIONS = frozenset({
     "acctg-freq", "batch", "bb", "begin", "cluster-constraint", "clusters", "comment",
     "contiguous", "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu",
-    "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution",
-    "exclusive", "export", "export-file", "extra-node-info", "get-user-env",
+    "deadline", "delay-boot", "dependency",
+    "export", "export-file", "extra-node-info", "get-user-env",
     "gid", "gpu-bind", "gpu-freq", "gpus", "gpus-per-socket", "gpus-per-task",
-    "hint", "hold", "ignore-pbs", "licenses", "mcs-label", "mem", "mem-bind",
-    "mem-per-cpu", "mem-per-gpu", "mincpus", "network", "nice", "no-kill", "nodefile",
+    "hint", "hold", "ignore-pbs", "licenses", "mcs-label", "mem-bind",
+    "mem-per-cpu", "mincpus", "network", "nice", "no-kill", "nodefile",
     "nodelist",
     "ntasks-per-core", "ntasks-per-gpu", "ntasks-per-socket", "overcommit",
     "oversubscribe", "power", "priority", "profile", "propagate", "sockets-per-node",
@@ -55,6 +55,9 @@ OWNED_SBATCH_OPTIONS = {
     "ntasks": "run.launcher", "ntasks-per-node": "run.launcher",
     "requeue": "requeue.max_requeues", "no-requeue": "requeue.max_requeues",
     "signal": "requeue.signal", "open-mode": "(always append)",
+    "cpus-per-task": "resources.cpus_per_task", "mem": "resources.mem_per_node_gb",
+    "mem-per-gpu": "resources.mem_per_gpu_gb", "exclusive": "resources.exclusive",
+    "distribution": "(always block: a tensor-parallel group stays inside a node)",
 }
 
 _TIME_FORMS = (
@@ -160,14 +163,17 @@ def check_sbatch_option(option: object, value: object, where: str) -> tuple[str,
     if not isinstance(option, str):
         raise SpecError(f"{where}: option name {option!r} must be a string")
     key = option.removeprefix("--")
-    if key in OWNED_SBATCH_OPTIONS:
+    owner = OWNED_SBATCH_OPTIONS.get(key)
+    if owner is not None and owner.startswith("("):
+        raise SpecError(f"{where}.{key}: hpctrain sets --{key} itself {owner}: remove it")
+    if owner is not None:
         raise SpecError(f"{where}.{key}: the spec sets --{key} itself: use the field "
-                        f"{OWNED_SBATCH_OPTIONS[key]!r} instead")
+                        f"{owner!r} instead")
     if key not in EXTRA_SBATCH_OPTIONS:
         raise SpecError(f"{where}.{key}: --{key} is not an sbatch option hpctrain passes "
                         "through" + closest(key, EXTRA_SBATCH_OPTIONS))
     if value is True:
-        return key, None          # a flag such as --exclusive
+        return key, None          # a flag such as --contiguous
     if isinstance(value, bool) or value is None:
         raise SpecError(f"{where}.{key}={value!r}: use true for a flag, or a value")
     text = str(value) if isinstance(value, int) else value

@@ -22,6 +22,15 @@ from hpctrain.errors import PartitionError, SpecError
 from hpctrain.spec.checks import ENV_KEY_RE, check_table
 
 RUNTIMES = ("pyxis", "apptainer", "oci")
+# how apptainer gives a container the node's GPUs: --nv (the NVIDIA libraries bound in),
+# --nvccli (nvidia-container-cli, where a site set it up), or not at all
+APPTAINER_GPU = {"nv": "--nv", "nvccli": "--nvccli", "none": ""}
+# images apptainer converts on every `exec`: pulled once per job into a SIF instead
+REGISTRY = ("docker://", "oras://", "library://", "shub://", "docker-daemon://")
+# caches a training stack writes under $HOME; where the runtime mounts no home they go to
+# a job-private directory instead (unless the job's environment names one)
+CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME",
+                   "PIP_CACHE_DIR", "XDG_CACHE_HOME")
 # registry references (enroot's [USER@][REGISTRY#]IMAGE[:TAG], docker://..., oras://...)
 # and paths (squashfs, sif, an OCI bundle directory)
 IMAGE_RE = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_.:/@#+-]*$")
@@ -85,7 +94,7 @@ class ContainerSpec:
     mounts: tuple[Mount, ...] = ()
     workdir: str | None = None        # None: the job's workdir, else the submit directory
     env: tuple[str, ...] = ()         # host variables whose values win over the image's
-    writable: bool = False            # a writable root file system (else read-only)
+    writable: bool | None = None      # a writable root file system; None: the site's default
 
     @classmethod
     def from_dict(cls, data: Any) -> "ContainerSpec":
@@ -101,8 +110,8 @@ class ContainerSpec:
                 isinstance(n, str) and ENV_KEY_RE.match(n) for n in env):
             raise SpecError(f"container.env={env!r} must be a list of variable names, e.g. "
                             'env = ["NCCL_DEBUG", "WANDB_PROJECT"]')
-        writable = data.get("writable", False)
-        if not isinstance(writable, bool):
+        writable = data.get("writable")
+        if writable is not None and not isinstance(writable, bool):
             raise SpecError(f"container.writable={writable!r} must be true or false")
         return cls(image=check_image(data["image"], "container.image"),
                    mounts=_mounts(data.get("mounts", []), "container.mounts"),
@@ -110,7 +119,9 @@ class ContainerSpec:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"image": self.image, "mounts": [str(m) for m in self.mounts],
-                               "env": list(self.env), "writable": self.writable}
+                               "env": list(self.env)}
+        if self.writable is not None:
+            out["writable"] = self.writable
         if self.workdir is not None:
             out["workdir"] = self.workdir
         return out
@@ -125,6 +136,11 @@ class ContainerFacts:
     mounts: tuple[Mount, ...] = ()         # mounted into every job's container
     required: bool = False                 # jobs on this partition must use a container
     apptainer: str = "apptainer"           # the apptainer binary (apptainer or singularity)
+    apptainer_gpu: str = "nv"              # nv (--nv), nvccli (--nvccli) or none
+    # where apptainer keeps the SIF of a registry image, pulled once per job (storage every
+    # node sees); "": the job's submit directory, under .hpctrain-sif/
+    sif_dir: str = ""
+    home: bool = True                      # the runtime mounts the user's home (site default)
 
     @classmethod
     def from_dict(cls, data: Any, source: str) -> "ContainerFacts":
@@ -152,8 +168,19 @@ class ContainerFacts:
         if not isinstance(required, bool) or not isinstance(apptainer, str) or not apptainer:
             raise PartitionError(f"{source}: container.required must be true or false and "
                                  "container.apptainer a program name")
+        gpu = data.get("apptainer_gpu", "nv")
+        if gpu not in APPTAINER_GPU:
+            raise PartitionError(f"{source}: container.apptainer_gpu={gpu!r}: use one of "
+                                 f"{', '.join(APPTAINER_GPU)}")
+        sif_dir, home = data.get("sif_dir", ""), data.get("home", True)
+        if not isinstance(sif_dir, str) or (sif_dir and not PATH_RE.match(sif_dir)):
+            raise PartitionError(f"{source}: container.sif_dir={sif_dir!r} must be an absolute "
+                                 "path on storage every node sees")
+        if not isinstance(home, bool):
+            raise PartitionError(f"{source}: container.home={home!r} must be true or false")
         return cls(runtime=runtime, image_prefixes=tuple(prefixes), mounts=mounts,
-                   required=required, apptainer=apptainer)
+                   required=required, apptainer=apptainer, apptainer_gpu=gpu,
+                   sif_dir=sif_dir, home=home)
 
 
 @dataclass(frozen=True)
@@ -165,8 +192,23 @@ class ContainerPlan:
     mounts: tuple[Mount, ...]
     workdir: str | None
     env: tuple[str, ...]
-    writable: bool
+    writable: bool | None              # None: the runtime's (the site's) default
     apptainer: str = "apptainer"
+    apptainer_gpu: str = "nv"
+    sif_dir: str = ""
+    home: bool = True
+
+    @property
+    def pulls(self) -> bool:
+        """Whether the job converts its image to a SIF once, before the step (apptainer
+        with a registry image: each `apptainer exec` would convert it, once per rank)."""
+        return self.runtime == "apptainer" and self.image.startswith(REGISTRY)
+
+    @property
+    def sif_name(self) -> str:
+        """The SIF's file name: the image reference's digest (the same image, one file)."""
+        import hashlib
+        return hashlib.sha256(self.image.encode()).hexdigest()[:20] + ".sif"
 
     @property
     def mounts_csv(self) -> str:
@@ -181,7 +223,7 @@ class ContainerPlan:
         """What the job supervisor reads (HPCTRAIN_CONTAINER): it builds an OCI bundle."""
         return {"runtime": self.runtime, "image": self.image,
                 "mounts": [str(m) for m in self.mounts], "workdir": self.workdir,
-                "writable": self.writable}
+                "writable": bool(self.writable)}
 
 
 def plan_container(spec_container: ContainerSpec | None, facts: ContainerFacts | None,
@@ -225,4 +267,6 @@ def plan_container(spec_container: ContainerSpec | None, facts: ContainerFacts |
     # templates and the supervisor fill it in) the submit directory
     return ContainerPlan(runtime=facts.runtime, image=image, mounts=tuple(mounts),
                          workdir=spec_container.workdir or workdir, env=spec_container.env,
-                         writable=spec_container.writable, apptainer=facts.apptainer)
+                         writable=spec_container.writable, apptainer=facts.apptainer,
+                         apptainer_gpu=facts.apptainer_gpu, sif_dir=facts.sif_dir,
+                         home=facts.home)

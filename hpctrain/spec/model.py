@@ -23,6 +23,7 @@ from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_name,
                                   closest, slurm_time_seconds)
 from hpctrain.spec.container import ContainerSpec, Mount
 from hpctrain.spec.elastic import ElasticSpec
+from hpctrain.spec.resources import ResourceSpec
 from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
 from hpctrain.spec.source import read_toml
 
@@ -250,7 +251,7 @@ class WatchdogSpec:
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
              "requeue": RequeueSpec, "watchdog": WatchdogSpec, "container": ContainerSpec,
-             "elastic": ElasticSpec}
+             "elastic": ElasticSpec, "resources": ResourceSpec}
 _DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
 
 
@@ -279,6 +280,7 @@ class JobSpec:
     watchdog: WatchdogSpec = WatchdogSpec()
     container: ContainerSpec | None = None   # run the step in a container (docs/containers.md)
     elastic: ElasticSpec = ElasticSpec()     # spare nodes for a lost one
+    resources: ResourceSpec = ResourceSpec()  # CPUs and memory (default: the GPUs' share)
     sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     # ---- construction ------------------------------------------------------------------

@@ -1,9 +1,12 @@
-"""Partition facts that sysadmins keep in ``templates/partitions/<name>.toml``.
+"""Partition facts: what Slurm says of a partition, refined by the site's own file.
 
-One file per partition says what a node offers (GPUs, their type and memory, CPUs,
-memory), the limits (max time, max nodes), site defaults (account, QoS, constraint),
-the environment to load (modules, NCCL/network variables), and figures the planner
-uses (peak TFLOPS per GPU, interconnects). Loading is pure apart from reading files.
+Slurm knows a partition's nodes (CPUs, memory, GPUs and their GRES type) and limits (max
+time, max nodes): :mod:`hpctrain.spec.slurmfacts` turns its word into facts. A site's file,
+``templates/partitions/<name>.toml``, adds what Slurm does not know or overrides it, key by
+key: site defaults (account, QoS, constraint), the environment to load (modules, NCCL and
+network variables), containers, a node health check, and the planner's figures (peak TFLOPS
+per GPU, GPU memory, interconnects). A complete file needs no word from Slurm. Loading is
+pure apart from reading files.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from hpctrain.errors import PartitionError
 from hpctrain.spec.container import ContainerFacts
@@ -29,7 +32,8 @@ class Partition:
     mem_per_node_gb: float
     max_time: str = "UNLIMITED"
     max_nodes: int | None = None
-    gpu_type: str = "gpu"
+    gpu_type: str = "gpu"                # what the GPUs are, in words (plans, reports)
+    gres_type: str = ""                  # Slurm's GRES type ("h100": --gpus-per-node=h100:8)
     gpu_mem_gb: float = 80.0
     gpu_peak_tflops: float = 312.0       # dense bf16 per GPU, for cost estimates
     intra_node_link: str = "nvlink"      # nvlink | pcie
@@ -59,9 +63,11 @@ class Partition:
         if unknown:
             raise PartitionError(f"{source}: unknown key(s) {', '.join(unknown)}; "
                                  f"valid keys: {', '.join(sorted(known))}")
-        for key in ("name", "gpus_per_node", "cpus_per_node", "mem_per_node_gb"):
+        for key in ("name", *REQUIRED):
             if key not in data:
-                raise PartitionError(f"{source}: missing required key {key!r}")
+                raise PartitionError(f"{source}: missing required key {key!r}: give it, or "
+                                     "let hpctrain ask Slurm (a partition Slurm knows, where "
+                                     "scontrol answers)")
         values = dict(data)
         values["modules"] = tuple(values.get("modules", ()))
         check = values.get("health_check", ())
@@ -114,14 +120,40 @@ def list_partitions(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[P
     return [read_partition_file(files[n]) for n in sorted(files)]
 
 
-def find_partition(name: str, dirs: Iterable[Path]) -> Partition:
-    """Like :func:`load_partition` but on an explicit search path (no environment read)."""
+REQUIRED = ("gpus_per_node", "cpus_per_node", "mem_per_node_gb")
+
+
+def find_partition(name: str, dirs: Iterable[Path],
+                   slurm: Mapping[str, Any] | None = None) -> Partition:
+    """Like :func:`load_partition` but on an explicit search path (no environment read).
+
+    ``slurm``: Slurm's facts of the partition (:func:`hpctrain.spec.slurmfacts.facts`), under
+    its file's keys when it has one; None: the file alone, which must then be complete."""
     files = _partition_files(dirs)
-    if name not in files:
+    if name not in files and slurm is None:
         known = ", ".join(sorted(files)) or "none"
         raise PartitionError(f"unknown partition {name!r}: known partitions are {known} "
                              "(add templates/partitions/<name>.toml to define it)")
-    return read_partition_file(files[name])
+    if name not in files:
+        return Partition.from_dict(dict(slurm or {}), source=f"Slurm (partition {name})")
+    if slurm is None:
+        return read_partition_file(files[name])
+    path = files[name]
+    data = read_toml(path, PartitionError, "partition facts")
+    part = Partition.from_dict({**slurm, **data}, source=f"{path}, over Slurm's facts")
+    if part.name != path.stem:
+        raise PartitionError(f"{path}: name={part.name!r} must match the file name {path.stem!r}")
+    return part
+
+
+def needs_slurm(name: str, dirs: Iterable[Path]) -> bool:
+    """Whether the facts of ``name`` need Slurm's word: no file names it, or its file
+    leaves out a node fact (GPUs, CPUs or memory per node)."""
+    path = _partition_files(dirs).get(name)
+    if path is None:
+        return True
+    data = read_toml(path, PartitionError, "partition facts")
+    return any(key not in data for key in REQUIRED)
 
 
 def partitions_in(dirs: Iterable[Path]) -> list[Partition]:

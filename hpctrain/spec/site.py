@@ -6,6 +6,10 @@ checkout; an installed wheel carries the same files as ``hpctrain/templates``
 its own directory outside the package (``HPCTRAIN_TEMPLATES``, ``os.pathsep``
 separated, or ``--templates DIR``); a file there shadows the built-in one of the same
 relative path.
+
+The devcluster's own partitions (``templates/devcluster/``) are a layer below the built-in
+one, on the search path only where the active Slurm is the devcluster: at a real site a
+partition of the same name (``debug`` is a common one) is the site's, never the devcluster's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def builtin_templates_dir() -> Path:
         f"built-in templates not found next to {here}: reinstall hpctrain "
         "(the wheel must contain hpctrain/templates)"
     )
+
+
+def devcluster_templates_dir() -> Path:
+    """The devcluster's partitions and their templates (under the built-in directory)."""
+    return builtin_templates_dir() / "devcluster"
 
 
 def template_dirs(extra: Iterable[str | os.PathLike[str]] = (),

@@ -20,6 +20,11 @@ from pathlib import Path
 
 MAX_SEGMENT = 4 << 20   # bytes of this run's log read at most: the first failure is early
 
+# slurmstepd's own words when Slurm ends a step for memory, in the step's output: the
+# accounting poller (JobAcctGatherParams=OverMemoryKill) or the cgroup's OOM killer
+_MEMORY_KILL = re.compile(r"^slurmstepd(?:-(?P<node>\S+))?: error: (?P<what>.*(?:exceeded memory "
+                          r"limit|Exceeded (?:job|step) memory limit|oom-kill event).*)$")
+
 _SRUN = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<what>.+)$")
 _RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:\s?")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(: .*)?$")   # "ValueError: boom", "KeyboardInterrupt"
@@ -27,6 +32,9 @@ _FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\
 # torchrun's agent's own traceback: it reports a rank's failure, it is never the error
 _LAUNCHER_ERRORS = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
                     "torch.distributed.elastic.multiprocessing.api.SignalException")
+# what a rank raises when a peer died under it: the consequence of a failure, never its cause
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited", "NCCL communicator was aborted")
 # srun names a task's fatal signal by strsignal(3)'s words
 _SRUN_SIGNALS = {"Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
                  "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL",
@@ -117,6 +125,44 @@ def torchrun_root_cause(text: str) -> dict[str, str]:
     return {}
 
 
+def torchrun_hosts(text: str) -> dict[int, str]:
+    """Rank -> host of every failure torchrun's report lists (``Failures:`` and the root
+    cause)."""
+    hosts: dict[int, str] = {}
+    host = None
+    for line in text.splitlines():
+        m = _FIELD.match(line)
+        if m and m.group("key") == "host":
+            host = m.group("value").strip()
+        elif m and m.group("key") == "rank" and host:
+            rank = re.match(r"(\d+)", m.group("value"))
+            if rank:
+                hosts.setdefault(int(rank.group(1)), host)
+    return hosts
+
+
+def _culprit(raised: list[tuple[int | None, str]], rank: int | None) -> tuple[int, str] | None:
+    """Another rank's own error when ``rank`` (torchrun's root cause) only lost a peer:
+    torchrun names the lowest rank among failures it observed in the same second (no
+    error file: its timestamps are whole seconds), often a rank that died of the real
+    culprit's exit."""
+    own = [e for r, e in raised if r == rank]
+    if not own or not any(m in own[0] for m in _PEER_LOST):
+        return None
+    return next(((r, e) for r, e in raised if r is not None and r != rank and
+                 not any(m in e for m in _PEER_LOST)), None)
+
+
+def memory_kill(text: str) -> str | None:
+    """Slurm's first word that it ended the step for memory, with its node, or None:
+    ``n2: StepId=12.0 exceeded memory limit (214884352 > 106954752), being killed``."""
+    for line in text.splitlines():
+        m = _MEMORY_KILL.match(line.strip())
+        if m:
+            return f"{m['node']}: {m['what']}" if m["node"] else m["what"]
+    return None
+
+
 def srun_failures(text: str) -> list[dict[str, str]]:
     """Every ``srun: error: NODE: task N: ...`` line of a task that failed on its own (not
     one srun terminated or killed after another failed), as fields, in order."""
@@ -153,6 +199,11 @@ def diagnose(segment: str, launcher: str, record: Mapping[str, str]) -> Diagnosi
         error = None if not tb or tb.startswith(("To enable traceback", "Signal ")) \
             else tb[:300]
         died_of = _signal_of_code(code)
+        culprit = None if error else _culprit(raised, rank)
+        if culprit is not None:
+            rank, error = culprit
+            host = torchrun_hosts(segment).get(rank)
+            return Diagnosis(rank, srun.get("node") or host, None, error, "torchrun")
         error = error or _first_error(raised, rank, _abort_hint(segment, died_of))
         # srun names the node as Slurm does (torchrun's host is the machine's hostname)
         node = srun.get("node") or root.get("host") or None

@@ -15,7 +15,7 @@ from hpctrain import protocol as p
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Caught, Facts, InPlace, slurm_event
-from hpctrain.supervisor.diagnosis import diagnose
+from hpctrain.supervisor.diagnosis import diagnose, memory_kill
 from hpctrain.supervisor.elastic import step_nodes
 from hpctrain.supervisor.hang import FINISH_WAIT_S, Watch
 from hpctrain.supervisor.nodes import BadNodes
@@ -98,7 +98,8 @@ class Gather:
                           restarts=ledger.restarts, inplace=inplace,
                           lost=self.lost_nodes(view) if status else (),
                           finish=watch.finish(),
-                          failure=diagnose(log, cfg.launcher, record) if status else None)
+                          failure=diagnose(log, cfg.launcher, record) if status else None,
+                          memory=memory_kill(log) if status else None)
 
     def failed_attempt(self) -> Facts:
         """The facts of an attempt that failed while its processes live on (they wait for

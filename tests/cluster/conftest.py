@@ -12,6 +12,7 @@ up, a node down, slurmctld restarted) go through :mod:`helpers.admin`.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -87,3 +88,30 @@ def cluster():
     dev.up(Shape())
     os.environ.update(dev.client_env())
     return dev
+
+
+# the strict site's own devcluster (`devcluster up --site strict`): the last instance, apart
+# from the workers' (./dev.sh test brings it up before the workers start, as it does theirs)
+STRICT_INSTANCE = 7
+
+
+@pytest.fixture(scope="session")
+def strict_cluster() -> dict[str, str]:
+    """A devcluster that counts like a real site (CPUs and memory per job, DefMemPerCPU,
+    steps over their memory killed, a partition `gpu` no facts file describes): the client
+    environment that reaches it (SLURM_CONF), for the commands a test runs there."""
+    require(sys.platform.startswith("linux"), "Linux")
+    admin.require_sudo()
+    from hpctrain.devcluster.cluster import DevCluster
+
+    env = {**os.environ, **DevCluster(instance=STRICT_INSTANCE).client_env()}
+    try:
+        ready = os.path.isfile(env["SLURM_CONF"]) and subprocess.run(
+            ["scontrol", "show", "partition", "gpu"], env=env, capture_output=True,
+            timeout=15).returncode == 0
+    except subprocess.TimeoutExpired:
+        ready = False
+    if not ready:      # `up` is idempotent; here it starts (or reshapes) the instance
+        admin.run([sys.executable, "-m", "hpctrain", "devcluster", "up", "--instance",
+                   str(STRICT_INSTANCE), "--site", "strict"], timeout=600)
+    return DevCluster(instance=STRICT_INSTANCE).client_env()

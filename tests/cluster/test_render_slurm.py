@@ -150,7 +150,7 @@ def test_preempted_job_requeues_itself_and_scancel_ends_it(
     def job(name: str, partition: str, nodes: int, seconds: int) -> str:
         spec = JobSpec.from_dict({
             "name": name, "partition": partition, "nodes": nodes, "time": "00:05:00",
-            "output": f"{work}/{name}-%j.out", "sbatch": {"exclusive": True},
+            "output": f"{work}/{name}-%j.out", "resources": {"exclusive": True},
             "run": {"launcher": "srun", "command": ["sleep", str(seconds)]},
             "requeue": {"signal_lead_s": 30, "max_requeues": 3}})
         path = work / f"{name}.sbatch"

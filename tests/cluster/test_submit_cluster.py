@@ -73,7 +73,7 @@ def test_slurm_refusal_is_one_readable_error_with_slurms_message(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)
-    spec = write_spec(root / "big.toml", name="too-big", sbatch={"mem": "9000G"})
+    spec = write_spec(root / "big.toml", name="too-big", sbatch={"mem-per-cpu": "9000G"})
     assert cli.main(["submit", str(spec)]) == SlurmError.exit_code
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hpctrain: error: Slurm refused the job:")

@@ -210,7 +210,7 @@ def test_a_node_failing_the_partitions_health_check_is_left_out_for_free(
     root = isolate(monkeypatch, tmp_path, shared=True)
     site = root / "site"
     (site / "partitions").mkdir(parents=True)
-    builtin = Path(__file__).resolve().parents[2] / "templates" / "partitions" / "wide.toml"
+    builtin = Path(__file__).resolve().parents[2] / "templates" / "devcluster" / "partitions" / "wide.toml"
     check = "[ $SLURMD_NODENAME != n2 ] || { echo gpu-check: GPU 1 fell off the bus; exit 1; }"
     facts = builtin.read_text().replace(
         "[env]", f"health_check = {json.dumps(['bash', '-c', check])}\n"

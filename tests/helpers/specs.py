@@ -45,7 +45,7 @@ def write_spec(path: Path, *, name: str = "t", nodes: int = 1, gpus: int = 1,
 
     ``requeue`` adds keys to the default ``[requeue]`` (``signal_lead_s = 10``); ``fields``
     are further top-level keys and sections, e.g. ``output="/x/job-%j.out"`` or
-    ``sbatch={"mem": "9000G"}``."""
+    ``sbatch={"mem-per-cpu": "9000G"}``."""
     data: dict[str, Any] = {
         "name": name, "partition": partition, "nodes": nodes, "gpus_per_node": gpus,
         "time": time, **fields, "requeue": {"signal_lead_s": 10, **(requeue or {})},

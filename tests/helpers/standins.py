@@ -33,6 +33,7 @@ for arg in "$@"; do
     --container-image=*) echo "image ${arg#*=}" >> "$STANDIN_LOG/pyxis.args" ;;
     --container-workdir=*) echo "workdir ${arg#*=}" >> "$STANDIN_LOG/pyxis.args" ;;
     --container-env=*) echo "env ${arg#*=}" >> "$STANDIN_LOG/pyxis.args" ;;
+    --container-name=*) echo "name ${arg#*=}" >> "$STANDIN_LOG/pyxis.args" ;;
     --container-writable|--container-readonly|--no-container-mount-home)
       echo "flag ${arg#--}" >> "$STANDIN_LOG/pyxis.args" ;;
     --container-mounts=*)
@@ -93,11 +94,18 @@ printf '%s\n' "$*" >> "$STANDIN_LOG/sacct.calls"
 printf '%b' "${STANDIN_SACCT_STATES:-}"
 ''',
     "apptainer": r'''#!/bin/bash
-# STAND-IN for `apptainer exec` (apptainer-exec(1)): [-B|--bind SPEC]... [--pwd DIR]
-# [--writable-tmpfs] IMAGE COMMAND...; a bind SPEC is src[:dest[:opts]], comma-separated,
-# opts ro or rw. Records what it understood in apptainer.args, then runs the command in
-# DIR on the host (it cannot bind anything), the way the container would see it.
-[[ $1 == exec ]] || { echo "apptainer stand-in: only exec" >&2; exit 1; }
+# STAND-IN for `apptainer exec` (apptainer-exec(1)): [--nv|--nvccli] [-B|--bind SPEC]...
+# [--pwd DIR] [--writable-tmpfs] IMAGE COMMAND...; a bind SPEC is src[:dest[:opts]],
+# comma-separated, opts ro or rw. Records what it understood in apptainer.args, then runs
+# the command in DIR on the host (it cannot bind anything), the way the container would
+# see it. `apptainer pull DEST SOURCE` (apptainer-pull(1)) records the pull and writes DEST
+# (refusing, as apptainer does, a DEST that exists).
+if [[ $1 == pull ]]; then
+  [[ -e $2 ]] && { echo "FATAL: Image file already exists: \"$2\"" >&2; exit 255; }
+  echo "pull $3" >> "$STANDIN_LOG/apptainer.args"
+  echo "SIF of $3" > "$2"; exit 0
+fi
+[[ $1 == exec ]] || { echo "apptainer stand-in: only exec and pull" >&2; exit 1; }
 shift
 pwd_dir=""
 while [[ $# -gt 0 && $1 == -* ]]; do
@@ -111,7 +119,7 @@ while [[ $# -gt 0 && $1 == -* ]]; do
         echo "bind $src ${dst:-$src} ${opts:-rw}" >> "$STANDIN_LOG/apptainer.args"
       done; shift 2 ;;
     --pwd) pwd_dir=$2; echo "pwd $2" >> "$STANDIN_LOG/apptainer.args"; shift 2 ;;
-    --writable-tmpfs) echo "flag writable-tmpfs" >> "$STANDIN_LOG/apptainer.args"; shift ;;
+    --writable-tmpfs|--nv|--nvccli) echo "flag ${1#--}" >> "$STANDIN_LOG/apptainer.args"; shift ;;
     *) echo "Error: unknown flag: $1" >&2; exit 255 ;;
   esac
 done

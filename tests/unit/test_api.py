@@ -28,7 +28,7 @@ def test_rank_environment_from_slurm_variables() -> None:
            "SLURM_JOB_NODELIST": "gpu[07-10]", "SLURM_JOB_ID": "12345"}
     set_rank_environment(env, {"tp": 2, "pp": 2})
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"]) == ("5", "8", "1", "2")
-    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("gpu07", "22345")  # protocol.master_port: the template's rule
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("gpu07", "25345")  # protocol.master_port: the template's rule
     # rank 5 with tp=2, dp=2, pp=2: tp fastest, then dp, then pp -> (pp 1, dp 0, tp 1)
     assert (env["HPCTRAIN_PP_RANK"], env["HPCTRAIN_DP_RANK"], env["HPCTRAIN_TP_RANK"]) == ("1", "0", "1")
     assert env["HPCTRAIN_DP"] == "2"

@@ -114,9 +114,10 @@ def test_partition_facts(tmp_path: Path) -> None:
 
 
 def test_devcluster_partitions_declare_slurms_oci_runtime() -> None:
-    from hpctrain.spec.partitions import list_partitions
+    from hpctrain.spec.partitions import partitions_in
+    from hpctrain.spec.site import devcluster_templates_dir
 
-    facts = {p.name: p.container for p in list_partitions()}
+    facts = {p.name: p.container for p in partitions_in([devcluster_templates_dir()])}
     assert {facts[n].runtime for n in ("debug", "urgent", "wide")} == {"oci"}
 
 
@@ -159,15 +160,19 @@ def test_pyxis_flags(tmp_path: Path) -> None:
     assert ("srun '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
             "--container-mounts=/lustre:/lustre,/ds:/ds:ro,/ck/c:/ck/c,"
             '"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR" --container-workdir="$SLURM_SUBMIT_DIR" '
-            "--no-container-mount-home --container-readonly "
+            '"--container-name=hpctrain-$SLURM_JOB_ID" '
             "--container-env=NCCL_DEBUG,WANDB_PROJECT --nodes=2 --ntasks=2 --ntasks-per-node=1") in line
+    # the site's defaults (writable or not, home mounted or not) stand unless the spec asks
+    assert "--container-readonly" not in line and "mount-home" not in line
+    ro = spec("c-pyxis", {"image": "/i.sqsh", "writable": False})
+    assert "--container-readonly" in launcher_line(render_script(ro, [site(tmp_path)]))
 
 
 def test_apptainer_wrap(tmp_path: Path) -> None:
     s = spec("c-apptainer", {"image": "/img/pt.sif", "workdir": "/code", "writable": True,
                              "env": ["NCCL_DEBUG"]})
     script = render_script(s, [site(tmp_path)])
-    assert ("apptainer exec --bind /lustre:/lustre,\"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR\" "
+    assert ("apptainer exec --nv --bind /lustre:/lustre,\"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR\" "
             "--pwd /code --writable-tmpfs /img/pt.sif python -m torch.distributed.run"
             ) in launcher_line(script)
     assert ('if [[ -v NCCL_DEBUG ]]; then export APPTAINERENV_NCCL_DEBUG="$NCCL_DEBUG"; fi'
@@ -198,12 +203,13 @@ def test_templates_check_covers_containers(tmp_path: Path) -> None:
 
 
 # ---- executed through the stand-ins ---------------------------------------------------------
-def stood_in(tmp_path: Path, partition: str, container: dict, launcher: str = "srun") -> Any:
+def stood_in(tmp_path: Path, partition: str, container: dict, launcher: str = "srun",
+             **env: str) -> Any:
     s = spec(partition, container, nodes=1,
              run={"launcher": launcher,
                   "command": [str(tmp_path / "standin-bin" / "argv-recorder"), "a b"]})
     return run_script(render_script(s, [site(tmp_path)], python=sys.executable), tmp_path,
-                      NCCL_DEBUG="INFO")
+                      NCCL_DEBUG="INFO", **env)
 
 
 def test_pyxis_flags_pass_pyxis_argument_handling(tmp_path: Path) -> None:
@@ -213,7 +219,7 @@ def test_pyxis_flags_pass_pyxis_argument_handling(tmp_path: Path) -> None:
     assert run.read("pyxis.args").splitlines() == [
         "image nvcr.io#nvidia/pytorch:24.05-py3", "mount /lustre /lustre rw",
         "mount /ds /ds ro", f"mount {tmp_path} {tmp_path} rw", f"workdir {tmp_path}",
-        "flag no-container-mount-home", "flag container-readonly", "env NCCL_DEBUG"]
+        "name hpctrain-4242", "env NCCL_DEBUG"]
     assert run.nul_list("command.argv") == ["a b"]
 
 
@@ -222,10 +228,60 @@ def test_apptainer_words_pass_apptainers_argument_handling(tmp_path: Path) -> No
                                              "env": ["NCCL_DEBUG", "UNSET_HERE"]})
     assert run.returncode == 0, run.stderr
     assert run.read("apptainer.args").splitlines() == [
-        "bind /lustre /lustre rw", "bind /ds /ds ro", f"bind {tmp_path} {tmp_path} rw",
+        "flag nv", "bind /lustre /lustre rw", "bind /ds /ds ro", f"bind {tmp_path} {tmp_path} rw",
         f"pwd {tmp_path}", "image /img/pt.sif"]
     assert run.read("apptainer.env").splitlines() == ["APPTAINERENV_NCCL_DEBUG=INFO"]
     assert run.nul_list("command.argv") == ["a b"]
+
+
+def test_a_registry_image_is_pulled_once_for_the_job_not_once_per_rank(tmp_path: Path) -> None:
+    image = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
+    run = stood_in(tmp_path, "c-apptainer", {"image": image})
+    assert run.returncode == 0, run.stderr
+    args = run.read("apptainer.args").splitlines()
+    sif = next(a for a in args if a.startswith("image ")).removeprefix("image ")
+    assert args[0] == f"pull {image}" and args.count(f"pull {image}") == 1
+    assert Path(sif).parent == tmp_path / ".hpctrain-sif" and sif.endswith(".sif")
+    assert Path(sif).read_text() == f"SIF of {image}\n"       # the pulled file, renamed
+    assert run.nul_list("command.argv") == ["a b"]
+    # the next job (a requeue, a sweep point) finds the SIF: no second pull
+    (run.log / "apptainer.args").unlink()
+    again = stood_in(tmp_path, "c-apptainer", {"image": image})
+    assert again.returncode == 0, again.stderr
+    assert not any(a.startswith("pull ") for a in again.read("apptainer.args").splitlines())
+    # a SIF path is run as it is
+    local = stood_in(tmp_path, "c-apptainer", {"image": "/img/pt.sif"})
+    assert "image /img/pt.sif" in local.read("apptainer.args").splitlines()
+
+
+@pytest.mark.parametrize("gpu, flag", [("nvccli", "--nvccli"), ("none", None)])
+def test_the_site_says_how_apptainer_gives_the_gpus(tmp_path: Path, gpu: str,
+                                                     flag: str | None) -> None:
+    FACTS["gpu-" + gpu] = f'runtime = "apptainer"\napptainer_gpu = "{gpu}"\n'
+    try:
+        line = launcher_line(render_script(spec("c-gpu-" + gpu, {"image": "/i.sif"}),
+                                           [site(tmp_path)]))
+    finally:
+        del FACTS["gpu-" + gpu]
+    assert "--nv " not in line and (flag is None or f"exec {flag} --bind" in line), line
+
+
+def test_where_the_runtime_mounts_no_home_caches_go_to_a_job_private_mount(
+        tmp_path: Path) -> None:
+    FACTS["nohome"] = 'runtime = "pyxis"\nhome = false\n'
+    try:
+        run = stood_in(tmp_path, "c-nohome", {"image": "/i.sqsh", "writable": False},
+                       TRITON_CACHE_DIR="/mine/triton")
+    finally:
+        del FACTS["nohome"]
+    assert run.returncode == 0, run.stderr
+    cache = tmp_path / ".hpctrain-cache" / "4242"
+    assert f"mount {cache} {cache} rw" in run.read("pyxis.args").splitlines()
+    assert cache.is_dir() and (cache.stat().st_mode & 0o777) == 0o700
+    env = dict(e.split("=", 1) for e in run.nul_list("command.env"))
+    assert env["TRITON_CACHE_DIR"] == "/mine/triton"           # the job's own is kept
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{cache}/torchinductor_cache_dir"
+    assert env["HF_HOME"] == f"{cache}/hf_home"
 
 
 PAYLOADS = ["$(touch {m})", "`touch {m}`", "'; touch {m}; '", "x; touch {m}", "x\ntouch {m}",

@@ -82,9 +82,9 @@ def test_instances_side_by_side_have_their_own_ports_job_ids_and_hosts_line() ->
     assert len(taken) == len(set(taken))
     firsts = [config.first_job_id(n) for n in range(config.MAX_INSTANCES)]
     assert firsts[0] == 1 and firsts == sorted(firsts)
-    # a million ids each, and their rendezvous ports (id mod 10,000) apart
+    # a million ids each, and their rendezvous ports (id mod 4,000) apart
     assert all(b - a > 1_000_000 for a, b in zip(firsts, firsts[1:]))
-    assert len({f % 10_000 for f in firsts}) == 2   # 5,000 apart: 0 and 5,000 alternate
+    assert len({f % 4_000 for f in firsts[:4]}) == 4   # instances 0-3: 1,000 apart
     lines = config.slurm_conf(Shape(), PATHS, ports[3], "host", instance=3).splitlines()
     assert f"FirstJobId={firsts[3]}" in lines and "SlurmctldPort=16847" in lines
     base = "127.0.0.1 localhost\n"

@@ -57,8 +57,8 @@ def test_lists_slurm_refuses_are_refused(bad: str) -> None:
 
 
 def test_one_port_rule() -> None:
-    # the template computes $(( 20000 + SLURM_JOB_ID % 10000 )); runtime and function jobs
+    # the template computes $(( 25000 + SLURM_JOB_ID % 4000 )); runtime and function jobs
     # call protocol.master_port; tests/unit/test_render.py checks the template uses the constants
-    assert protocol.master_port("12345") == 22345
-    assert protocol.master_port(20000) == 20000
+    assert protocol.master_port("12345") == 25345
+    assert protocol.master_port(4000) == 25000
     assert protocol.master_port(None) == 29500 and protocol.master_port("") == 29500

@@ -233,3 +233,17 @@ def test_a_remote_job_answers_as_the_local_one(
     data = json.loads(here._run(["_serve", "result", "12"]).stdout)
     assert [pickle.loads(base64.b64decode(b)) for b in data["results"]] == [
         ("success", "a"), ("success", "b")]
+
+
+def test_a_wait_asks_less_often_while_nothing_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 s after a change, then half again each unchanged poll up to 10 s: 40 users waiting
+    on one login node ask the controller 4 times a second, not 20."""
+    states = ["PENDING"] * 3 + ["RUNNING"] * 6 + ["COMPLETED"]
+    infos = iter(JobInfo(job_id="7", state=from_slurm(s), slurm_state=s) for s in states)
+    job = Job(JobEntry("7", "w", "script", "/f"))
+    monkeypatch.setattr(job, "info", lambda: next(infos))
+    monkeypatch.setattr(job, "over", lambda info: info.slurm_state == "COMPLETED")
+    pauses: list[float] = []
+    seen = [info.slurm_state for info, _ in job.updates(poll_s=2.0, idle=pauses.append)]
+    assert seen == states
+    assert pauses == [2.0, 3.0, 4.5, 2.0, 3.0, 4.5, 6.75, 10.0, 10.0]

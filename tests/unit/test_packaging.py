@@ -55,7 +55,7 @@ def test_wheel_installs_into_fresh_venv_and_finds_templates(tmp_path: Path) -> N
     env = {**os.environ, "PYTHONPATH": deps}
     code = ("import hpctrain, hpctrain.spec.site as r, hpctrain.spec.partitions as p; "
             "print(hpctrain.__file__); print(r.builtin_templates_dir()); "
-            "print(','.join(x.name for x in p.list_partitions()))")
+            "print(','.join(x.name for x in p.partitions_in([r.devcluster_templates_dir()])))")
     out = subprocess.run([py, "-c", code], cwd=outside, env=env, capture_output=True,
                          text=True, check=True, timeout=60).stdout.splitlines()
     assert out[0].startswith(str(env_dir)), out

@@ -83,7 +83,7 @@ def test_cost_with_tokens_and_price(capsys) -> None:
     (["--params", "-7B", *EIGHT_X_80], "--params='-7B' is not a count"),
     (["--params", "lots", *EIGHT_X_80], "--params='lots' is not a count"),
     (["--params", "7B", "--gpus-per-node", "8", "--gpu-mem", "-80GB"], "--gpu-mem='-80GB'"),
-    (["--params", "7B", "--partition", "nope"], "unknown partition 'nope': known partitions are"),
+    (["--params", "7B", "--partition", "nope"], "unknown partition 'nope': "),
     (["--params", "7B", "--partition", "debug", "--gpus-per-node", "8"], "not both"),
     (["--params", "7B"], "--partition NAME"),
     (["--params", "7B", *EIGHT_X_80, "--write-spec", "x.toml"], "--write-spec needs --partition"),

@@ -33,15 +33,16 @@ def directives(script: str) -> list[str]:
 def test_directives_for_a_full_spec() -> None:
     s = spec(account="proj", qos="high", constraint="a100&ib", exclude="n[3-4]",
              reservation="maint", mail="me@example.org", workdir="/shared/w",
-             output="/shared/logs/%x-%j.out", sbatch={"exclusive": True, "mem": "8G"},
-             requeue={"signal": "SIGUSR1", "signal_lead_s": 90})
+             output="/shared/logs/%x-%j.out", resources={"exclusive": True},
+             sbatch={"mem-per-cpu": "1G"}, requeue={"signal": "SIGUSR1", "signal_lead_s": 90})
     assert directives(render_script(s)) == [
         "--job-name=gpt-tiny", "--partition=debug", "--nodes=2", "--ntasks-per-node=1",
-        "--gpus-per-node=2", "--time=00:30:00", "--account=proj", "--qos=high",
+        "--gpus-per-node=2", "--cpus-per-task=4", "--exclusive", "--time=00:30:00",
+        "--account=proj", "--qos=high",
         "--constraint=a100&ib", "--exclude=n[3-4]", "--reservation=maint",
         "--mail-user=me@example.org", "--mail-type=END,FAIL", "--chdir=/shared/w",
         "--output=/shared/logs/%x-%j.out", "--open-mode=append", "--requeue",
-        "--signal=B:USR1@90", "--exclusive", "--mem=8G"]
+        "--signal=B:USR1@90", "--mem-per-cpu=1G"]
 
 
 def test_directives_come_before_any_command() -> None:

@@ -111,8 +111,9 @@ def test_hostile_arguments_reach_every_launcher_verbatim(tmp_path: Path, launche
     srun_argv = run.nul_list("srun.argv")
     assert srun_argv[-len(args):] == args
     if launcher == "torchrun":
-        assert srun_argv[4:7] == ["python3", "-m", "torch.distributed.run"]
-        assert "--rdzv_endpoint=n1:24242" in srun_argv   # first node, port from the job id
+        at = srun_argv.index("--kill-on-bad-exit=1") + 1
+        assert srun_argv[at:at + 3] == ["python3", "-m", "torch.distributed.run"]
+        assert "--rdzv_endpoint=n1:25242" in srun_argv   # first node, port from the job id
     else:
         assert run.nul_list("command.argv") == args
         env = dict(e.split("=", 1) for e in run.nul_list("command.env"))
@@ -139,8 +140,24 @@ def test_layout_and_env_reach_the_ranks(tmp_path: Path) -> None:
                                 "MASTER_ADDR", "MASTER_PORT", "HPCTRAIN_PREEMPTIBLE")} == {
         "HPCTRAIN_TP": "2", "HPCTRAIN_PP": "1", "HPCTRAIN_DP": "2", "HPCTRAIN_WORLD_SIZE": "4",
         "HPCTRAIN_CKPT_INTERVAL_STEPS": "7", "HPCTRAIN_CKPT_KEEP_LAST": "2",
-        "MASTER_ADDR": "n1", "MASTER_PORT": str(20000 + 4242 % 10000), "HPCTRAIN_PREEMPTIBLE": "1"}
+        "MASTER_ADDR": "n1", "MASTER_PORT": str(25000 + 4242 % 4000), "HPCTRAIN_PREEMPTIBLE": "1"}
     assert "CUDA_VISIBLE_DEVICES" not in env   # nothing relies on it (fake GPUs)
+
+
+def test_a_rendezvous_port_another_job_listens_on_is_passed_over(tmp_path: Path) -> None:
+    """Two jobs whose ids are 4000 apart share the first node: the later one takes the
+    next port of the range, and says so, instead of failing to bind (a "user crash")."""
+    import socket
+
+    taken = 25000 + 4242 % 4000
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", taken))
+        listener.listen()
+        run = run_script(render_script(JobSpec.from_dict(base(tmp_path))), tmp_path,
+                         SLURMD_NODENAME="n1")
+    env = dict(e.split("=", 1) for e in run.nul_list("command.env"))
+    assert env["MASTER_PORT"] == str(taken + 1), run.stderr
+    assert f"hpctrain: port {taken} is taken on n1: the rendezvous takes the next" in run.stderr
 
 
 def test_checkpoint_dir_without_lfs_is_created_silently(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ def test_srun_launch() -> None:
     assert (env.num_nodes, env.local_world_size) == (4, 2)
     assert env.job_id == env.slurm_job_id == "4242"
     assert env.master_addr == "gpu07"
-    assert env.master_port == 20000 + 4242
+    assert env.master_port == 25000 + 4242 % 4000
     assert (env.tp, env.dp, env.pp) == (1, 8, 1)
     assert env.restart_count == 0 and env.last_exit_cause is None
 

@@ -139,7 +139,7 @@ def test_unknown_keys_name_the_key_and_the_closest_valid_one(data, key, hint) ->
     ({"requeue": {"signal": "USR3"}}, "use one of USR1, USR2"),
     ({"requeue": {"signal_lead_s": 70000}}, "out of range: use 0..65535"),
     ({"sbatch": {"nodes": 4}}, "use the field 'nodes' instead"),
-    ({"sbatch": {"mem": "8G\n#SBATCH --x"}}, "cannot go on an #SBATCH line"),
+    ({"sbatch": {"mem-per-cpu": "8G\n#SBATCH --x"}}, "cannot go on an #SBATCH line"),
     ({"sbatch": {"memory": "8G"}}, "is not an sbatch option"),
     ({"watchdog": {"collective_timeout_s": 0}}, "collective_timeout_s=0 is out of range"),
     ({"watchdog": {"collective_timeout_s": 400}},
@@ -194,8 +194,9 @@ def test_parse_set_options_reads_toml_values() -> None:
 
 def test_with_overrides_rechecks_and_keeps_the_rest() -> None:
     s = spec(nodes=1, layout={"tp": 2}, run={"command": ["python", "t.py"], "env": {"A": "1"}})
-    o = s.with_overrides({"layout.tp": 1, "nodes": 2, "run.env.B": "2", "sbatch.mem": "8G"})
-    assert (o.layout.tp, o.nodes, o.run.env, o.sbatch) == (1, 2, {"A": "1", "B": "2"}, {"mem": "8G"})
+    o = s.with_overrides({"layout.tp": 1, "nodes": 2, "run.env.B": "2", "sbatch.mem-per-cpu": "8G"})
+    assert (o.layout.tp, o.nodes, o.run.env, o.sbatch) == (1, 2, {"A": "1", "B": "2"},
+                                                         {"mem-per-cpu": "8G"})
     assert s.layout.tp == 2  # the original is untouched (frozen)
     with pytest.raises(SpecError, match="did you mean 'layout.tp'"):
         s.with_overrides({"layout.tpp": 4})

@@ -152,6 +152,16 @@ ROWS = [
         status=1, requeues={"storage": 3},
         record={"cause": "storage", "requeue": "1", "restart_count": "0"}),
      ("stop", "storage", 1)),
+    # --- row 10b: Slurm ended the step for memory ------------------------------------------
+    ("Slurm killed the step over its memory: its words, not a crash", dict(
+        status=137, memory="n2: StepId=3015014.0 exceeded memory limit (214884352 > "
+                           "106954752), being killed"), ("finish", "out_of_memory", 137)),
+    ("...even with crash restarts to spend: the same request fails again", dict(
+        status=137, memory="oom-kill event", budget=replace(
+            BUDGET, per_cause={**BUDGET.per_cause, "user_crash": 2})),
+     ("finish", "out_of_memory", 137)),
+    ("...a preemption is still Slurm's first fact", dict(
+        view=PREEMPTING, status=137, memory="oom-kill event"), ("requeue", "preemption", 0)),
     # --- row 11: crashes ------------------------------------------------------------------
     ("a rank raised", dict(status=1), ("finish", "user_crash", 1)),
     ("a rank raised; its crash record", dict(status=1, record={"cause": "user_crash",

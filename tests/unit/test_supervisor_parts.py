@@ -285,3 +285,64 @@ def test_only_this_runs_part_of_the_log_is_read(tmp_path: Path) -> None:
     assert log_segment(str(log), offset) == SRUN
     assert log_segment(str(tmp_path / "none"), 0) == ""
     assert os.path.getsize(log) > offset
+
+
+def test_slurms_own_word_that_it_ended_a_step_for_memory() -> None:
+    """As the strict devcluster printed it (JobAcctGatherParams=OverMemoryKill), and as
+    the cgroup OOM killer's notice reads at sites with task/cgroup."""
+    from hpctrain.supervisor.diagnosis import memory_kill
+
+    log = ("slurmstepd-n1: error: *** STEP 3015014.0 ON n1 CANCELLED AT 2026-11-26T21:31:21 ***\n"
+           "slurmstepd-n2: error: StepId=3015014.0 exceeded memory limit (214884352 > "
+           "106954752), being killed\n"
+           "slurmstepd-n1: error: Exceeded job memory limit\n"
+           "srun: error: n1: tasks 0-1: Killed\n")
+    assert memory_kill(log) == ("n2: StepId=3015014.0 exceeded memory limit (214884352 > "
+                                "106954752), being killed")
+    cgroup = ("slurmstepd: error: Detected 1 oom-kill event(s) in StepId=7.0. Some of your "
+              "processes may have been killed by the cgroup out-of-memory handler.\n")
+    assert memory_kill(cgroup).startswith("Detected 1 oom-kill event(s) in StepId=7.0")
+    assert memory_kill("srun: error: n1: task 0: Killed\nMemoryError\n") is None
+
+
+# torchrun's report when both ranks of a node failed within one second and neither wrote an
+# error file: it names the lowest rank, here the one that only lost its peer (as a loaded
+# devcluster printed it for tests/programs/ddp_snapshot.py --crash-at-epoch 2)
+PEER_LOST = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "/w/tests/programs/ddp_snapshot.py", line 68, in main
+[rank1]:     raise RuntimeError(f"bad batch in epoch {epoch}")
+[rank1]: RuntimeError: bad batch in epoch 2
+[rank0]: Traceback (most recent call last):
+[rank0]:   File "/w/tests/programs/ddp_snapshot.py", line 74, in main
+[rank0]:     loss.backward()
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:29641
+E1126 21:20:03.112000 4102 torch/distributed/elastic/multiprocessing/api.py:869] failed (exitcode: 1) local_rank: 0 (pid: 4110) of binary: /venv/bin/python
+Failures:
+[1]:
+  time      : 2026-11-26_21:20:03
+  host      : vm
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 4111)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_21:20:03
+  host      : vm
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 4110)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+srun: error: n1: task 0: Exited with exit code 1
+"""
+
+
+def test_a_rank_that_only_lost_its_peer_is_not_named_for_the_crash() -> None:
+    d = diagnose(PEER_LOST, "torchrun", {})
+    assert (d.rank, d.node, d.error) == (1, "n1", "RuntimeError: bad batch in epoch 2")
+    # a root cause that printed its own error, or none at all, stays torchrun's word
+    assert diagnose(TORCHRUN, "torchrun", {}).rank == 3
+    own = PEER_LOST.replace("Connection closed by peer", "CUDA error: an illegal memory access")
+    assert diagnose(own, "torchrun", {}).rank == 0

@@ -20,8 +20,9 @@ def test_list_shows_templates_partitions_and_sources(tmp_path: Path, capsys) -> 
     out = capsys.readouterr().out
     assert "launchers/srun.j2" in out and f"{tmp_path}/launchers/srun.j2  (overrides 1 more)" in out
     assert "base.sbatch.j2" in out and "launchers/deepspeed.j2" in out
-    assert "debug      2 x a100-80gb per node, max_nodes=2, max_time=1-00:00:00, " \
-           "template partitions/debug.sbatch.j2" in out
+    assert "debug      2 x a100-80gb per node, 4 CPUs, 4 GB, max_nodes=2, " \
+           "max_time=1-00:00:00, template partitions/debug.sbatch.j2; facts: " \
+           f"{ROOT}/templates/devcluster/partitions/debug.toml" in out
     assert "urgent" in out and "template base.sbatch.j2" in out
 
 

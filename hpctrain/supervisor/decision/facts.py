@@ -94,6 +94,7 @@ class Facts:
     finish: Finish | None = None                # the ranks' own last word (runtime scripts)
     lost: tuple[str, ...] = ()                  # the step's nodes lost ([elastic])
     failure: Diagnosis | None = None            # the first failure, as the launcher told it
+    memory: str | None = None                   # Slurm ended the step for memory: its words
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class Decision:
     action: str        # requeue | restart (in place) | finish | stop (a limit ended it)
     #                    | leave (Slurm requeued)
     cause: str         # completed, preemption, time_limit, node_fail, user_crash, cancelled,
-    #                    hang, requeued, health_check, unknown
+    #                    hang, out_of_memory, requeued, health_check, unknown
     exit_code: int
     why: str
     limit: str | None = None
@@ -115,7 +116,7 @@ class Decision:
     def about_a_failure(self) -> bool:
         """Does the verdict name the run's first failure: a crash, a run that ended for no
         known reason, or a rank that died at exit after the work was done (row 6)?"""
-        return self.cause in ("user_crash", "unknown") or \
+        return self.cause in ("user_crash", "out_of_memory", "unknown") or \
             (self.cause == "completed" and bool(self.detail))
 
 

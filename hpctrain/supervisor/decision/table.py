@@ -26,6 +26,8 @@ rows, in order (the first that matches decides):
                                                                        requeue (max_hangs)
 10  the runtime asked for a requeue (75/76, record;    its cause       requeue
     storage trouble)
+10b Slurm ended the step for memory (slurmstepd's     out_of_memory   finish: the same
+    words in its output)                                               request fails again
 11  the step failed                                    user_crash      finish, or (within
                                                                        max_crash_restarts)
                                                                        restart in place, else
@@ -122,6 +124,9 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     word = runtime_word(f.record, f.status)
     if word is not None:
         return word, f"the training process asked for a requeue ({word})"
+    if f.memory:
+        return "out_of_memory", f"Slurm ended the step for memory ({f.memory}): ask for " \
+                                "more ([resources] mem_per_node_gb) or use less"
     if f.status is None:
         return "unknown", "the training step did not run"
     return "user_crash", f"the training step failed ({signal_name(f.status)})"
@@ -140,7 +145,7 @@ def decide(f: Facts) -> Decision:
     cause, why = cause_of_run(f)
     if cause == "completed":
         return Decision("finish", cause, 0, why, detail=death_at_exit(f) or "")
-    if cause in ("cancelled", "unknown") or (cause == "user_crash" and
+    if cause in ("cancelled", "unknown", "out_of_memory") or (cause == "user_crash" and
                                              f.budget.limit_of(cause) == ("max_crash_restarts", 0)):
         return Decision("finish", cause, step_code or 1, why)
     if cause in COUNTED_IN_PLACE:
