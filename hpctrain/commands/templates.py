@@ -36,8 +36,8 @@ def _facts_text(part: Any) -> str:
     from dataclasses import asdict
 
     from hpctrain.spec.tomlwriter import dumps
-    facts = {k: v for k, v in asdict(part).items() if k != "source" and v not in (None, "", [], {}, ())}
-    return dumps(facts)
+    return dumps({k: v for k, v in asdict(part).items()
+                  if k != "source" and v not in (None, "", [], {}, ())})
 
 
 @click.group()
@@ -74,20 +74,22 @@ def list_(template_dirs: tuple[str, ...]) -> None:
 @templates_option
 def show(name: str, template_dirs: tuple[str, ...]) -> None:
     """Print a template (e.g. base.sbatch.j2, launchers/srun.j2) or a partition's facts."""
-    from hpctrain.spec.partitions import partitions_in
+    from hpctrain.spec.partitions import partition_names
 
     site = _site(template_dirs)
     dirs = site.search()
     files = _template_files(dirs)
-    parts = {p.name: p for p in partitions_in(dirs)}
+    parts = partition_names(dirs)
     candidates = [name, f"{name}.j2", f"{name}.sbatch.j2", f"launchers/{name}.j2"]
-    if name not in parts and not any(c in files for c in candidates):
+    part = None
+    if name in parts:
+        part = site.partition(name)                 # its file, over Slurm's word if partial
+    elif not any(c in files for c in candidates):
         try:
-            parts[name] = site.partition(name)      # Slurm's word
+            part = site.partition(name)             # Slurm's word alone
         except HpctrainError:
             pass
-    if name in parts:
-        part = parts[name]
+    if part is not None:
         click.echo(f"# partition {name}: facts from {part.source}")
         click.echo(_facts_text(part), nl=False)
         tpl = f"partitions/{name}.sbatch.j2"
@@ -144,7 +146,10 @@ def check(slurm: bool, template_dirs: tuple[str, ...]) -> None:
     from hpctrain.render.check import format_report, run_checks
 
     site = _site(template_dirs)
-    parts = [p for p, _ in site.partitions()] if slurm else None
+    try:
+        parts = [p for p, _ in site.partitions()]   # the files', over Slurm's word, and Slurm's
+    except HpctrainError:
+        parts = None                                # run_checks reports what is wrong
     results = run_checks(site.search(), slurm=slurm, partitions=parts,
                          devcluster=site.devcluster)
     click.echo(format_report(results))

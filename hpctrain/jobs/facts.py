@@ -26,7 +26,7 @@ from hpctrain.files import atomic_write
 from hpctrain.slurm import client
 from hpctrain.slurm import partitions as slurm_partitions
 from hpctrain.spec import slurmfacts
-from hpctrain.spec.partitions import Partition, find_partition, needs_slurm, partitions_in
+from hpctrain.spec.partitions import Partition, find_partition, needs_slurm, partition_names
 
 CACHE_S = 300.0
 _WORD: dict[tuple[str, str], tuple[float, Any]] = {}    # this process's answers
@@ -59,15 +59,17 @@ class Site:
         return find_partition(name, search, slurm=slurmfacts.facts(*word))
 
     def partitions(self) -> list[tuple[Partition, str]]:
-        """Every partition of the facts files and of Slurm: (facts, where they come from)."""
+        """Every partition of the facts files and of Slurm: (facts, where they come from).
+        A facts file that cannot be read is an error; a partition only Slurm knows and
+        cannot describe (no nodes) is left out."""
         search = self.search()
-        found = {}
-        for name in [p.name for p in partitions_in(search)] + slurm_names():
+        found = {name: self.partition(name) for name in partition_names(search)}
+        for name in slurm_names():
             if name not in found:
                 try:
                     found[name] = self.partition(name)
                 except HpctrainError:
-                    continue      # a partition Slurm lists but cannot describe: skipped
+                    continue
         return [(p, p.source) for _, p in sorted(found.items())]
 
 
@@ -93,7 +95,7 @@ def _any_slurm() -> bool:
 
 
 def _unknown(name: str, search: list[Path], why: str) -> str:
-    files = ", ".join(sorted(p.name for p in partitions_in(search))) or "none"
+    files = ", ".join(partition_names(search)) or "none"
     return (f"unknown partition {name!r}: {why}; facts files name: {files} (a sysadmin "
             f"writes one with `hpctrain templates init --from-slurm {name}`)")
 

@@ -156,6 +156,11 @@ def needs_slurm(name: str, dirs: Iterable[Path]) -> bool:
     return any(key not in data for key in REQUIRED)
 
 
+def partition_names(dirs: Iterable[Path]) -> list[str]:
+    """The partitions a facts file names on an explicit search path, complete or not."""
+    return sorted(_partition_files(dirs))
+
+
 def partitions_in(dirs: Iterable[Path]) -> list[Partition]:
     """Every partition on an explicit search path, by name (no environment read)."""
     files = _partition_files(dirs)
