@@ -11,14 +11,12 @@ pure apart from reading files.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from hpctrain.errors import PartitionError
 from hpctrain.spec.container import ContainerFacts
-from hpctrain.spec.site import template_dirs
 from hpctrain.spec.source import read_toml
 
 
@@ -100,11 +98,6 @@ def _partition_files(dirs: Iterable[Path]) -> dict[str, Path]:
     return found
 
 
-def load_partition(name: str, extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> Partition:
-    """Load one partition's facts; unknown names list the partitions that exist."""
-    return find_partition(name, template_dirs(extra_dirs))
-
-
 def read_partition_file(path: Path) -> Partition:
     """Parse one partition facts file."""
     data = read_toml(path, PartitionError, "partition facts")
@@ -114,18 +107,12 @@ def read_partition_file(path: Path) -> Partition:
     return part
 
 
-def list_partitions(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> list[Partition]:
-    """Every partition visible through the template search path, by name."""
-    files = _partition_files(template_dirs(extra_dirs))
-    return [read_partition_file(files[n]) for n in sorted(files)]
-
-
 REQUIRED = ("gpus_per_node", "cpus_per_node", "mem_per_node_gb")
 
 
 def find_partition(name: str, dirs: Iterable[Path],
                    slurm: Mapping[str, Any] | None = None) -> Partition:
-    """Like :func:`load_partition` but on an explicit search path (no environment read).
+    """The facts of partition ``name`` on the search path ``dirs`` (no environment read).
 
     ``slurm``: Slurm's facts of the partition (:func:`hpctrain.spec.slurmfacts.facts`), under
     its file's keys when it has one; None: the file alone, which must then be complete."""

@@ -24,7 +24,8 @@ import pytest
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.render.check import runtime_error
 from hpctrain.spec.container import ContainerFacts
-from hpctrain.spec.partitions import list_partitions
+from hpctrain.spec.partitions import partitions_in
+from hpctrain.spec.site import devcluster_templates_dir
 from helpers.examples import example_spec, submit_example
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, sbatch, squeue_state, wait_done, wait_until
@@ -37,7 +38,7 @@ TOTAL, EVERY = 16, 8
 
 
 def test_the_devcluster_partitions_have_their_runtime(cluster) -> None:
-    parts = {p.name: p for p in list_partitions()}
+    parts = {p.name: p for p in partitions_in([devcluster_templates_dir()])}
     for name in ("debug", "urgent", "wide"):
         assert runtime_error(parts[name]) is None, name
     # the same check tells a runtime that is not there: this Slurm has no pyxis plugin,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain import protocol
 from hpctrain.render.script import render_script as _render_script
 from hpctrain.slurm import client
 from hpctrain.spec.model import JobSpec
@@ -128,7 +129,7 @@ def test_two_node_torchrun_job_ranks_see_their_coordinates(cluster) -> None:
     assert "hpctrain: training step exited with status 0" in log
     # the rendezvous is hosted by the allocation's first node (torchrun then sets the
     # workers' MASTER_ADDR to its own store host, so the batch log is where to look)
-    assert f"rendezvous n1:{20000 + int(job_id) % 10000}" in log
+    assert f"rendezvous n1:{protocol.master_port(job_id)}" in log
 
 
 def _log_has(path: Path, text: str) -> bool:
