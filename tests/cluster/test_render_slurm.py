@@ -167,8 +167,13 @@ def test_preempted_job_requeues_itself_and_scancel_ends_it(
         wait_until(lambda: _log_has(log, "requeueing job"), 60, "the preempted job to requeue")
         assert wait_done(high, timeout_s=60) == "COMPLETED"
         # the devcluster releases requeued jobs after ~6 s
-        wait_until(lambda: _log_has(log, "restart 1, after a preemption"), 90,
-                   "the requeued job to restart")
+        try:
+            wait_until(lambda: _log_has(log, "restart 1, after a preemption"), 90,
+                       "the requeued job to restart")
+        except AssertionError as exc:     # what held it: Slurm's reason, the nodes' states
+            held = client.run(["scontrol", "show", "job", low], check=False).stdout
+            nodes = client.run(["sinfo", "-N", "-h"], check=False).stdout
+            raise AssertionError(f"{exc}\n{held}\n{nodes}\n{log.read_text()[-3000:]}") from None
         client.run(["scancel", low])
         wait_until(lambda: squeue_state(low) == "", 60, "the cancelled job to leave the queue")
     finally:
