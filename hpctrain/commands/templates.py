@@ -16,10 +16,6 @@ def _site(template_dirs: list[Path]) -> Any:
     return site(template_dirs)
 
 
-def _dirs(template_dirs: list[Path]) -> list[Path]:
-    return _site(template_dirs).search()
-
-
 def _template_files(dirs: list[Path]) -> dict[str, list[Path]]:
     """Relative template name -> every directory file that defines it, winner first."""
     found: dict[str, list[Path]] = {}

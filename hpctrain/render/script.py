@@ -208,7 +208,7 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         "spec": spec,
         "plan": plan,
         "partition": partition,
-        "directives": sbatch_directives(spec, plan, partition),
+        "directives": sbatch_directives(spec, plan, partition, requests),
         "requests": requests,
         # what every srun that starts ranks says besides its size: srun does not inherit
         # the job's --cpus-per-task (Slurm 22.05-23.02), and block placement keeps the
@@ -232,13 +232,15 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
     }
 
 
-def sbatch_directives(spec: JobSpec, plan: LayoutPlan,
-                      partition: Partition) -> list[tuple[str, str | None]]:
-    """``#SBATCH`` options as (option, value or None for a flag), in script order."""
+def sbatch_directives(spec: JobSpec, plan: LayoutPlan, partition: Partition,
+                      requests: Requests | None = None) -> list[tuple[str, str | None]]:
+    """``#SBATCH`` options as (option, value or None for a flag), in script order;
+    ``requests``: the job's (:func:`job_requests`), when the caller has them already."""
+    requests = requests or job_requests(spec, plan, partition)
     opts: list[tuple[str, str | None]] = [
         ("job-name", spec.name), ("partition", spec.partition),
         ("nodes", str(plan.job_nodes)), ("ntasks-per-node", str(plan.tasks_per_node)),
-        *job_requests(spec, plan, partition).directives(), ("time", spec.time)]
+        *requests.directives(), ("time", spec.time)]
     for key, default in (("account", partition.default_account), ("qos", partition.default_qos),
                          ("constraint", partition.default_constraint),
                          ("exclude", ""), ("reservation", "")):
