@@ -75,6 +75,7 @@ run_tests() {
     runuser -u "$TEST_USER" -- env -i HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
         USER="$TEST_USER" LOGNAME="$TEST_USER" LANG=C.UTF-8 PATH="$VENV/bin:/usr/bin:/bin" \
         SLURM_CONF="$SLURM_CONF" ${CI:+CI="$CI"} ${PYTEST_ADDOPTS:+PYTEST_ADDOPTS="$PYTEST_ADDOPTS"} \
+        ${HPCTRAIN_DEVCLUSTER_INSTANCE:+HPCTRAIN_DEVCLUSTER_INSTANCE="$HPCTRAIN_DEVCLUSTER_INSTANCE"} \
         python -m pytest -p no:cacheprovider "$@"
 }
 
@@ -106,6 +107,11 @@ run_suite() {
 cluster_up() {
     hpctrain devcluster up
     export SLURM_CONF=/var/lib/hpctrain/devcluster/etc/slurm.conf
+    # tests named on the command line may run on another instance (work beside a running
+    # suite): HPCTRAIN_DEVCLUSTER_INSTANCE=N ./dev.sh test tests/cluster/test_x.py
+    if [ -n "${HPCTRAIN_DEVCLUSTER_INSTANCE:-}" ] && [ "$HPCTRAIN_DEVCLUSTER_INSTANCE" != 0 ]; then
+        hpctrain devcluster up --instance "$HPCTRAIN_DEVCLUSTER_INSTANCE"
+    fi
 }
 
 case "${1:-}" in

@@ -8,8 +8,12 @@ repeatable): ``crash`` raises before the step's forward pass (just after a save 
 is a multiple of --save-every), ``hang`` sleeps in Python before it (the others wait in the
 all-reduce), ``collective-hang`` waits in a receive nobody sends (stuck in C++, as the
 others then are in the all-reduce), ``save-crash`` puts what cannot be pickled into that
-rank's save (the save fails on every rank). Rank 0 appends JSON events to --events; every rank writes its final
-parameters to ``--final/rank-N.pt`` (bitwise comparisons).
+rank's save (the save fails on every rank), ``oom`` asks for more device memory than any
+device has (``torch.OutOfMemoryError`` on a GPU: not sticky, restarted in place), and
+``device-error`` makes a real sticky CUDA error (a device-side assert; GPU only). The model
+and the data live on ``ctx.device`` (a GPU under NCCL, else the CPU). Rank 0 appends JSON
+events to --events; every rank writes its final parameters to ``--final/rank-N.pt``
+(bitwise comparisons).
 """
 
 from __future__ import annotations
@@ -54,10 +58,21 @@ def log(path: str, **event: object) -> None:
         fh.write(json.dumps({**event, "time": time.time()}) + "\n")
 
 
+def device_fault(kind: str, device: torch.device) -> None:
+    """A fault of the device itself: ``oom`` (not sticky) or ``device-error`` (sticky)."""
+    if kind == "oom":
+        torch.empty(1 << 45, dtype=torch.uint8, device=device)     # 32 TiB
+    elif device.type != "cuda":
+        raise SystemExit("plain_dp_loop: the device-error fault needs a GPU")
+    else:   # an index out of range, checked on the device: CUDA's sticky assert
+        torch.zeros(4, device=device)[torch.tensor([1 << 20], device=device)].sum().item()
+
+
 def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     faults = faults_of(args, ctx)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    model.to(ctx.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     mgr = CheckpointManager(args.ckpt_dir, keep_last=2)
     state = {"model": model.state_dict(), "opt": opt.state_dict()}
@@ -66,7 +81,8 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     opt.load_state_dict(state["opt"])
     if ctx.rank == 0:
         log(args.events, event="start", step=start, attempt=ctx.attempt,
-            restart=ctx.restart_count, pid=os.getpid())
+            restart=ctx.restart_count, pid=os.getpid(), device=str(ctx.device),
+            backend=str(dist.get_backend()))
     for step in range(start, args.steps):
         if faults.get("crash") == step:
             raise RuntimeError(f"simulated crash before step {step}")
@@ -74,9 +90,14 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
             while True:
                 time.sleep(3600)
         if faults.get("collective-hang") == step:     # stuck in C++: a receive nobody sends
-            dist.recv(torch.zeros(1), src=(ctx.rank + 1) % ctx.world_size, tag=4242)
+            dist.recv(torch.zeros(1, device=ctx.device), src=(ctx.rank + 1) % ctx.world_size,
+                      tag=4242)
+        for kind in ("oom", "device-error"):
+            if faults.get(kind) == step:
+                device_fault(kind, ctx.device)
         gen = torch.Generator().manual_seed(step * 1000 + ctx.rank)
         x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
+        x, y = x.to(ctx.device), y.to(ctx.device)
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
@@ -101,7 +122,7 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     mgr.close()
     if args.final:
         os.makedirs(args.final, exist_ok=True)
-        torch.save({k: v.clone() for k, v in model.state_dict().items()},
+        torch.save({k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
                    os.path.join(args.final, f"rank-{ctx.rank}.pt"))
     if ctx.rank == 0:
         log(args.events, event="done", step=args.steps, attempt=ctx.attempt)

@@ -1,27 +1,24 @@
 """hpctrain.runtime.run without a scheduler: two ranks (their own processes, as srun starts
 them) restart their attempt in the same processes after a crash on one rank and after an
-interrupted hang, as a stand-in of the supervisor answers the protocol's records (the
-devcluster runs the real supervisor: tests/cluster/test_inprocess_cluster.py)."""
+interrupted hang, as a stand-in of the supervisor answers the protocol's records
+(tests/helpers/standin_supervisor.py; the devcluster runs the real supervisor:
+tests/cluster/test_inprocess_cluster.py)."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from hpctrain import protocol as p
+from helpers.standin_supervisor import StandIn, records
 from helpers.torchrun import env_for, start_ranks, wait_ranks
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 RUN = {"HPCTRAIN_RUN_ID": "r1", "HPCTRAIN_RESTART_COUNT": "0", "SLURM_RESTART_COUNT": "0"}
-
-
-def records(state: Path, world: int) -> list[dict[str, str]]:
-    return [p.read_record(p.rank_file(state, p.PROGRESS, r)) for r in range(world)]
 
 
 def events(path: Path) -> list[dict]:
@@ -31,45 +28,6 @@ def events(path: Path) -> list[dict]:
 # The word of a rank freed from a collective by its peer's failure: gloo's "Connection
 # closed by peer" or the supervisor's interrupt, whichever reaches it first (CI saw both).
 FREED = ("peer", "interrupted")
-
-
-class StandIn:
-    """The supervisor's side of in-process restarts, no more: when a rank of the current
-    attempt says it failed, every rank is asked to leave it (``interrupt``); once every
-    rank says it is restarting, ``go`` for the next. An interrupt on request too (a hang)."""
-
-    def __init__(self, state: Path, world: int, answer: str = "go") -> None:
-        self.state, self.world, self.answer = state, world, answer
-        self.attempt = 0
-        self.answered: list[tuple[int, float, list[str]]] = []   # (attempt, when, words)
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self) -> None:
-        interrupted = -1
-        while not self.done.wait(0.05):
-            recs = records(self.state, self.world)
-            now = [r for r in recs if r.get("attempt") == str(self.attempt)]
-            waiting = [r for r in now if r.get("phase") == "restarting"]
-            if waiting and interrupted != self.attempt:
-                self.interrupt()
-                interrupted = self.attempt
-            if len(waiting) == self.world:
-                # a rank whose process cannot start another attempt (a device error): stop
-                able = all(r.get("inprocess") == "1" for r in now) and self.answer == "go"
-                if able:
-                    (self.state / p.EXIT).unlink(missing_ok=True)
-                self.attempt += 1
-                p.write_record(self.state / p.RESUME, {"run_id": "r1", "restart_count": 0,
-                                                       "attempt": self.attempt,
-                                                       "action": "go" if able else "stop"})
-                self.answered.append((self.attempt, time.time(),
-                                      sorted(r.get("failed", "") for r in now)))
-
-    def interrupt(self) -> None:
-        p.write_record(self.state / p.INTERRUPT, {"run_id": "r1", "restart_count": 0,
-                                                  "attempt": self.attempt, "seq": time.time()})
 
 
 def test_a_crash_and_a_hang_restart_in_the_same_processes(tmp_path: Path) -> None:
