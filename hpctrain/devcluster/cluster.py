@@ -359,6 +359,11 @@ class DevCluster:
         the caller's business); False when it was not running."""
         return daemons.stop(self._daemon(name))
 
+    def daemon_pid(self, name: str) -> int | None:
+        """The pid of one running daemon (``slurmd-n2``), or None: what a test kills at
+        once with a node's other processes (a power loss)."""
+        return daemons.running_pid(self._daemon(name))
+
     def start_daemon(self, name: str) -> None:
         daemon = self._daemon(name)
         if name == "sshd":

@@ -141,16 +141,21 @@ def torchrun_hosts(text: str) -> dict[int, str]:
     return hosts
 
 
+def is_peer_lost(error: str) -> bool:
+    """Is ``error`` what a rank raises when a peer died under it (a consequence)?"""
+    return any(m in error for m in _PEER_LOST)
+
+
 def _culprit(raised: list[tuple[int | None, str]], rank: int | None) -> tuple[int, str] | None:
     """Another rank's own error when ``rank`` (torchrun's root cause) only lost a peer:
     torchrun names the lowest rank among failures it observed in the same second (no
     error file: its timestamps are whole seconds), often a rank that died of the real
     culprit's exit."""
     own = [e for r, e in raised if r == rank]
-    if not own or not any(m in own[0] for m in _PEER_LOST):
+    if not own or not is_peer_lost(own[0]):
         return None
     return next(((r, e) for r, e in raised if r is not None and r != rank and
-                 not any(m in e for m in _PEER_LOST)), None)
+                 not is_peer_lost(e)), None)
 
 
 def memory_kill(text: str) -> str | None:

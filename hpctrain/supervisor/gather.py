@@ -17,7 +17,10 @@ from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Caught, Facts, InPlace, slurm_event
 from hpctrain.supervisor.diagnosis import diagnose, memory_kill
 from hpctrain.supervisor.elastic import step_nodes
+from hpctrain.supervisor.diagnosis import Diagnosis
 from hpctrain.supervisor.hang import FINISH_WAIT_S, Watch
+from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.lost import suspects
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.scheduler import Scheduler, answered
 from hpctrain.supervisor.statedir import StateDir
@@ -27,6 +30,7 @@ from hpctrain.supervisor.watchdog import Hang
 POLL_S = 0.1                 # how often the step and the signal log are looked at
 SETTLE_S = 3.0               # a failed step Slurm has no word on yet: wait this long for one
 ASK_DEADLINE_S = 60.0        # keep asking an unreachable controller this long for the verdict
+PROBE_S = 30.0               # a node asked for a step (a lost one fails after MessageTimeout)
 
 
 class Gather:
@@ -40,6 +44,7 @@ class Gather:
         self.requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
         self.on: list[str] = []                # [elastic]: the nodes the step runs on
         self.lost: tuple[str, ...] = ()        # ...and those of them found lost
+        self.unanswered: tuple[str, ...] = ()  # nodes a failed step's end found lost
 
     # ---- stop signals ----------------------------------------------------------------------
     def handler(self, signum: int, frame: FrameType | None) -> None:
@@ -91,15 +96,39 @@ class Gather:
             run_state = states[cfg.restart_count] if len(states) > cfg.restart_count else None
             notice = state.read(p.STOP, cfg.restart_count).get("cause")
         ledger = state.ledger()
-        inplace = self.allocation(view, ledger.step_restarts) if status else InPlace()
         # a rank's "exited" may still be on its way beside its exit: a moment for it
         Waiter(self.slurm).until(lambda: not watch.exiting(), FINISH_WAIT_S, 0.05)
+        failure = diagnose(log, cfg.launcher, record) if status else None
+        memory = memory_kill(log) if status else None
+        self.unanswered = () if not status or memory or self.caught or self.hang or \
+            self.lost else self.ask_nodes(failure, watch, log)
+        inplace = self.allocation(view, ledger.step_restarts) if status else InPlace()
         return self.facts(view, status, record=record, run_state=run_state, notice=notice,
                           restarts=ledger.restarts, inplace=inplace,
                           lost=self.lost_nodes(view) if status else (),
-                          finish=watch.finish(),
-                          failure=diagnose(log, cfg.launcher, record) if status else None,
-                          memory=memory_kill(log) if status else None)
+                          finish=watch.finish(), failure=failure, memory=memory)
+
+    def ask_nodes(self, failure: Diagnosis | None, watch: Watch, log: str) -> tuple[str, ...]:
+        """A failed step whose ranks died without a word while the others only lost their
+        peers (:func:`hpctrain.supervisor.lost.suspects`): ask each node where they died
+        for a step before calling it a crash. The nodes that did not answer (lost, noted
+        bad)."""
+        nodes = self.on or hostlist.expand(self.cfg.nodelist)
+        asked = suspects(failure, watch.records(), log, nodes)
+        if not asked:
+            return ()
+        say(f"rank(s) on {','.join(asked)} died without a word and no rank failed of its "
+            "own: asking the node(s) for a step before calling it a crash")
+        lost = {}
+        for node, why in self.slurm.probe_nodes(list(asked), PROBE_S).items():
+            if why is None:
+                say(f"node {node} answered: the step failed on its own")
+            else:
+                say(f"node {node} did not answer a step launched there ({why}): lost, "
+                    "not a crash")
+                lost[node] = "node_fail"
+        self.bad.note(lost)
+        return tuple(lost)
 
     def failed_attempt(self) -> Facts:
         """The facts of an attempt that failed while its processes live on (they wait for
@@ -122,12 +151,14 @@ class Gather:
         frozen = hang.frozen_nodes if hang is not None else ()
         self.bad.note({node: "hang" for node in frozen})
         left = view.end_time - self.slurm.time() if view and view.end_time else None
-        unhealthy = {} if frozen else self.bad.check(view)
+        unhealthy = {} if frozen else {**{n: "answering no step" for n in self.unanswered},
+                                       **self.bad.check(view)}
         healthy = None
         if cfg.spare_nodes and spares:
             healthy = len([n for n in self.allocated(view) if n not in self.bad.found])
+        batch = cfg.batch_node if cfg.batch_node in self.unanswered else ""
         return InPlace(cfg.max_step_restarts, used, frozen, unhealthy, left, cfg.signal_lead_s,
-                       healthy, cfg.nodes)
+                       healthy, cfg.nodes, batch)
 
     # ---- spare nodes ([elastic]) -------------------------------------------------------------
     def allocated(self, view: JobView | None) -> list[str]:
@@ -145,12 +176,13 @@ class Gather:
         return self.on or None
 
     def lost_nodes(self, view: JobView | None) -> tuple[str, ...]:
-        """The step's nodes lost, once it ended: found silent while it ran, or no longer
-        in the job, or marked down by Slurm (only with spare nodes: without them Slurm
-        requeues a job that lost a node)."""
+        """The step's nodes lost, once it ended: those that answered no step at its end
+        (:meth:`ask_nodes`); with spare nodes also those found silent while it ran, no
+        longer in the job, or marked down by Slurm (without spares Slurm requeues a job
+        whose node it marks down)."""
         if not self.cfg.spare_nodes:
-            return ()
+            return self.unanswered
         now = set(self.allocated(view))
         gone = [n for n in self.on if n not in now or self.bad.found.get(n) == "node_fail"]
         self.bad.note({n: "node_fail" for n in gone if n not in self.bad.found})
-        return tuple(dict.fromkeys((*self.lost, *gone)))
+        return tuple(dict.fromkeys((*self.lost, *self.unanswered, *gone)))

@@ -147,6 +147,8 @@ class Supervisor:
                 f"training step ended: node(s) {','.join(seen.lost)} lost")
             facts = seen.at_end(status, watch, log_segment(logfile, offset)
                                 if status and logfile else "")
+            if seen.unanswered and cfg.spare_nodes:
+                self.spares.release(seen.unanswered)    # before Slurm marks them down
             watch.summarize(final=True)     # the ranks' last words are in: the final step
             if self._acted is not None:
                 return self._acted.exit_code

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time as clock
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 from hpctrain.errors import SlurmError
@@ -55,6 +56,7 @@ class Scheduler(Protocol):
     def node_states(self, nodes: list[str]) -> dict[str, str]: ...
     def partition_nodes(self, partition: str) -> list[str]: ...
     def run_on_nodes(self, argv: list[str], nodes: int, timeout: float) -> str: ...
+    def probe_nodes(self, nodes: list[str], timeout: float) -> dict[str, str | None]: ...
 
     # ---- the step and the clock ------------------------------------------------------------
     def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> StepProcess: ...
@@ -84,6 +86,14 @@ class Slurm:
     @staticmethod
     def run_on_nodes(argv: list[str], nodes: int, timeout: float) -> str:
         return control.run_on_nodes(argv, nodes, timeout=timeout)
+
+    @staticmethod
+    def probe_nodes(nodes: list[str], timeout: float) -> dict[str, str | None]:
+        """Each node asked for a step at once (a rack's loss is many nodes, each a
+        MessageTimeout to fail): {node: None if it answered, else what srun said}."""
+        with ThreadPoolExecutor(max_workers=min(len(nodes), 16) or 1) as pool:
+            said = pool.map(lambda n: control.probe_node(n, timeout=timeout), nodes)
+            return dict(zip(nodes, said))
 
     @staticmethod
     def start_step(argv: Sequence[str], env: Mapping[str, str]) -> Step:

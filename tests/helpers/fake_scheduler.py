@@ -18,6 +18,11 @@ keep proving it):
   stop their heartbeat, the others wait in their collective (still beating), srun waits;
   ``DETECT_S`` later Slurm marks the node ``DOWN*`` and ends the run NODE_FAIL unless the
   node was taken from the job (``shrink_job``) first: then only the step on it ends;
+- a node whose processes die first (``die:n2``: a GPU fallen off the bus, then the node
+  dark): srun hears "task N: Killed" from its stepd and ends the step at once (137); the
+  others fail of their lost peers; the node answers no step (``probe_nodes``: srun's
+  "Communication connection failure" after MessageTimeout) and Slurm marks it ``DOWN*``
+  ``DETECT_S`` later; ``kill:n2``: the same deaths on a node that stays up (it answers);
 - a controller that does not answer (``outage``): every call fails "Unable to contact slurm
   controller" for a while.
 
@@ -44,6 +49,9 @@ from hpctrain.slurm.view import JobView
 T0 = 1_800_000_000.0   # the stand-in's wall clock at its start
 GRACE_S = 10.0         # the devcluster's GraceTime
 DETECT_S = 26.0        # SlurmdTimeout: a lost node is noticed this much later
+MESSAGE_S = 11.0       # a step launched on a node whose slurmd is dead fails this much later
+PEER_LOST = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+             "closed by peer [127.0.0.1]:23471")
 SAVE_S = 1.0           # the runtime's emergency save
 
 
@@ -189,6 +197,38 @@ class FakeStep:
             "restart_count": self.env[p.RESTART_COUNT], "rank": 1, "node": "n1",
             "run_id": self.env[p.RUN_ID], "error": "RuntimeError: simulated crash", **waited})
 
+    def killed_on(self, node: str) -> None:
+        """Every process of the step on ``node`` killed: its stepd tells srun, which ends
+        the step; the ranks elsewhere fail of their lost peers and say so."""
+        tasks = [r for r in range(self.fake.world) if self.node_of(r) == node] \
+            if self.kind.launcher == "srun" else [list(self.nodes).index(node)]
+        self.fake.log(f"srun: error: {node}: task {tasks[0]}: Killed")
+        if self.kind.progress:
+            survivors = [r for r in range(self.fake.world) if self.node_of(r) != node]
+            self.write_final(survivors, "restarting" if self.kind.inprocess else "exited")
+            p.write_record(self.env[p.EXIT_FILE], {
+                "cause": "user_crash", "exit_code": 1, "requeue": 0, "step": self.done_steps,
+                "restart_count": self.env[p.RESTART_COUNT], "rank": survivors[0],
+                "node": self.node_of(survivors[0]), "run_id": self.env[p.RUN_ID],
+                "error": PEER_LOST})
+        self.fake.log("srun: error: n1: task 0: Exited with exit code 1")
+        self.status = 137
+
+    def write_final(self, ranks: list[int], phase: str) -> None:
+        """The last word of ``ranks``: their attempt failed of a lost peer."""
+        for rank in ranks:
+            word = {"failed": "peer", "error": PEER_LOST}
+            if phase == "exited":
+                word.update(exit="crash", flushed="1")
+            local = self.relay(self.node_of(rank)).local
+            p.write_record(p.rank_file(local, p.PROGRESS, rank), {
+                "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],
+                "attempt": self.attempt, "rank": rank, "node": self.node_of(rank),
+                "step": self.done_steps, "boundaries": self.done_steps, "phase": phase,
+                "changed_at": f"{self.fake.wall(self.fake.now):.3f}",
+                "beat_at": f"{self.fake.wall(self.fake.now):.3f}", **word})
+        self.relay_all()
+
     # ---- hpctrain.runtime.run ------------------------------------------------------------
     def asked(self, name: str) -> dict[str, str]:
         """The supervisor's record ``name`` when it is for this attempt's successor (resume)
@@ -301,6 +341,7 @@ class FakeSlurm:
     batch: Callable[[int, object], None] | None = None   # the supervisor's signal handler
     node_state: dict[str, str] = field(default_factory=lambda: {"n1": "ALLOCATED"})
     nodes: Sequence[str] = ("n1",)      # the allocation ([elastic]: the spares included)
+    dead: set[str] = field(default_factory=set)   # nodes whose slurmd is gone
     _due: list[tuple[float, str]] = field(default_factory=list)
     _down_until: float | None = None
 
@@ -352,6 +393,14 @@ class FakeSlurm:
                 if running.status is None and node in running.nodes:
                     running.lost_on.add(node)
             self._due.append((self.now + DETECT_S, f"down:{node}"))
+        elif what.startswith(("die:", "kill:")):
+            verb, node = what.split(":", 1)
+            for running in self.started:
+                if running.status is None and node in running.nodes:
+                    running.killed_on(node)
+            if verb == "die":       # then the node goes dark
+                self.dead.add(node)
+                self._due.append((self.now + DETECT_S, f"down:{node}"))
         elif what.startswith("down:"):
             node = what.split(":", 1)[1]
             self.node_state[node] = "DOWN*"
@@ -451,13 +500,21 @@ class FakeSlurm:
         self.calls.append(("run_on_nodes", argv[0]))
         return ""
 
+    def probe_nodes(self, nodes: list[str], timeout: float) -> dict[str, str | None]:
+        self.calls.append(("probe_nodes", ",".join(nodes)))
+        if any(n in self.dead for n in nodes):
+            self.sleep(min(MESSAGE_S, timeout))    # the launch fails after MessageTimeout
+        return {n: "srun: error: Task launch for StepId=42.1 failed on node "
+                   f"{n}: Communication connection failure" if n in self.dead else None
+                for n in nodes}
+
     def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> FakeStep:
         plan = self.steps[min(len(self.started), len(self.steps) - 1)]
         for ended in self.started:      # its processes are gone, and their relay locks
             for relay in ended.relays.values():
                 relay.close()
         placed = next((a.split("=", 1)[1].split(",") for a in argv
-                       if a.startswith("--nodelist=")), list(self.nodes[:1]))
+                       if a.startswith("--nodelist=")), list(self.nodes))
         step = FakeStep(self, self.kind, dict(env), started=self.now, nodes=placed, **plan)
         self.started.append(step)
         self.calls.append(("start_step", *placed))

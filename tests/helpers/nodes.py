@@ -1,7 +1,8 @@
 """Losing an emulated devcluster node for real, and getting it back (:func:`bring_back`).
 
-Killing a node = its slurmd, then (kill -9) the slurmstepds and job processes it started,
-found through /proc (the emulated nodes share this machine's process table).
+Killing a node = its slurmd and (kill -9) the slurmstepds and job processes it started,
+found through /proc (the emulated nodes share this machine's process table), in one of the
+orders real losses come in (:data:`ORDERS`).
 """
 
 from __future__ import annotations
@@ -59,14 +60,38 @@ def node_job_pids(node: str, job: str) -> tuple[set[int], set[int]]:
     return stepds, procs - stepds
 
 
-def lose_node(cluster: admin.Cluster, node: str, job: str) -> int:
-    """Kill the node's slurmd, then -9 its stepds and job processes; returns how many."""
+# How a node dies, as real losses come:
+#   silent-first     the node goes dark, then its processes die unseen: slurmd, then the
+#                    stepds, then the job's processes (nobody reports the tasks' deaths)
+#   processes-first  a GPU falling off the bus: the job's processes die, their stepd
+#                    reports it ("task 1: Killed", srun ends the step at once), then the
+#                    node goes dark: slurmd, then the job's processes, and once srun has
+#                    ended the step (STEPD_LINGER_S), the stepds
+#   all-at-once      a power loss: slurmd, stepds and processes in one kill
+ORDERS = ("silent-first", "processes-first", "all-at-once")
+STEPD_LINGER_S = 3.0
+
+
+def lose_node(cluster: admin.Cluster, node: str, job: str, order: str = "silent-first") -> int:
+    """Kill the node (its slurmd, stepds and job processes, -9) in ``order``
+    (:data:`ORDERS`); returns how many processes of the job it killed."""
     stepds, procs = node_job_pids(node, job)
     assert procs, f"no process of job {job} on {node}"
+    # (they are root's: the operator's kill; some may be gone already: kill's exit status
+    # is not checked)
+    if order == "all-at-once":
+        slurmd = cluster.local.daemon_pid(f"slurmd-{node}")
+        pids = [*stepds, *procs, *([slurmd] if slurmd else [])]
+        admin.run(["kill", "-9", *map(str, pids)], check=False)
+        return len(stepds) + len(procs)
     cluster.stop_daemon(f"slurmd-{node}")
-    # stepds first: nobody reports the tasks' deaths. They are root's: the operator's kill
-    # (some may be gone already: kill's exit status is not checked)
-    admin.run(["kill", "-9", *map(str, [*stepds, *procs])], check=False)
+    first, then = (stepds, procs) if order == "silent-first" else (procs, stepds)
+    if order not in ORDERS:
+        raise ValueError(f"order {order!r}: one of {ORDERS}")
+    admin.run(["kill", "-9", *map(str, first)], check=False)
+    if order == "processes-first":
+        time.sleep(STEPD_LINGER_S)   # the stepd tells srun, which ends the step
+    admin.run(["kill", "-9", *map(str, then)], check=False)
     return len(stepds) + len(procs)
 
 

@@ -40,6 +40,9 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--events", required=True)
     ap.add_argument("--final", default="")
     ap.add_argument("--fault", action="append", default=[])
+    ap.add_argument("--init", action="store_true",
+                    help="hpctrain.runtime.init() instead of run(): no restarts in these "
+                         "processes (a failure restarts the step in new ones)")
     return ap.parse_args()
 
 
@@ -131,4 +134,6 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     arguments = parse()
+    if arguments.init:
+        sys.exit(main(hpctrain.runtime.init(), arguments))
     sys.exit(hpctrain.runtime.run(lambda ctx: main(ctx, arguments)))

@@ -43,12 +43,16 @@ class InPlace:
     lead_s: int = 0                                  # the time-limit warning's lead
     healthy: int | None = None   # [elastic]: the allocation's good nodes (spares included)
     needed: int = 0              # ...and how many the step runs on
+    batch_lost: str = ""         # the batch node, found lost: the step cannot run without it
 
     @property
     def obstacle(self) -> str:
         """What forbids a restart here ('' when nothing does): ranks that stopped
         answering, then a node Slurm calls unhealthy (with spare nodes: too few good nodes
         left for the step instead), then too little time left."""
+        if self.batch_lost:
+            return f"the batch node {self.batch_lost} answered no step (the supervisor and " \
+                   "the rendezvous are there)"
         if self.healthy is not None:    # spare nodes: a bad node is left out, if one is left
             if self.healthy < self.needed:
                 return f"{self.healthy} good node(s) left of the {self.needed} the step " \
@@ -92,7 +96,7 @@ class Facts:
     restarts: Mapping[str, int] = field(default_factory=dict)  # in-place restarts by cause
     inplace: InPlace = InPlace()
     finish: Finish | None = None                # the ranks' own last word (runtime scripts)
-    lost: tuple[str, ...] = ()                  # the step's nodes lost ([elastic])
+    lost: tuple[str, ...] = ()                  # the step's nodes lost
     failure: Diagnosis | None = None            # the first failure, as the launcher told it
     memory: str | None = None                   # Slurm ended the step for memory: its words
 

@@ -20,8 +20,9 @@ rows, in order (the first that matches decides):
 8   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
     (Slurm unreachable: cause ``unknown``, finish)
 8b  a node of the step was lost (its ranks went        node_fail       restart in place on a
-    silent, and it was taken from the job)                             spare, else requeue
-                                                                       (max_node_failures)
+    silent, and it was taken from the job; or its                      spare, else requeue
+    ranks died without a word and it answered no                       (max_node_failures)
+    step)
 9   the watchdog stopped a hung step                   hang            restart in place, else
                                                                        requeue (max_hangs)
 10  the runtime asked for a requeue (75/76, record;    its cause       requeue
@@ -118,7 +119,8 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
                             "cancellation in Slurm: a stop request"
     if f.lost:
         return "node_fail", f"node(s) {','.join(f.lost)} of the step were lost (its ranks " \
-                            "went silent, or the node left the job)"
+                            "went silent or died without a word, and it answered no step " \
+                            "or left the job)"
     if f.hang:
         return "hang", f"the watchdog stopped the hung step: {f.hang}"
     word = runtime_word(f.record, f.status)

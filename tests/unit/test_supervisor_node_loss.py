@@ -1,0 +1,87 @@
+"""A lost node is recognised however it dies (issue 42, item 0): the supervisor against the
+recorded stand-in (tests/helpers/fake_scheduler.py), death order x script kind x spares.
+
+``die:n2``: n2's processes die first (srun hears "task N: Killed" and ends the step at once;
+the others fail of their lost peers), then n2 goes dark: it answers no step. ``kill:n2``: the
+same deaths on a node that stays up. The order where the node goes silent first is
+``lose:n2`` (tests/unit/test_supervisor_matrix.py). tests/cluster/test_node_loss_cluster.py
+does the same to real devcluster nodes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.supervise import SPARES, asked, supervise
+
+NO_SPARES = dict(allocation=("n1", "n2"), nodes=2, world=4, nodelist="n1,n2", job_nodes=2,
+                 batch_node="n1", argv=("srun", "--nodes=2", "--ntasks=4", "python", "x.py"),
+                 where="4 rank(s) on {nodes}, rendezvous n1:20042")
+
+
+@pytest.mark.parametrize("kind", ["runtime", "inprocess", "torchrun", "srun"])
+def test_processes_first_then_dark_is_a_lost_node_and_the_spare_takes_its_place(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's case: before, the first failure (a survivor's "Connection closed by
+    peer") made it a user_crash: FAILED, no spare. Now n2 is asked, answers no step, is
+    taken from the job and the step restarts on n1 and the spare n3."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(5.0, "die:n2")],
+                                            steps=[{"steps": 40}], **SPARES)
+    err = capsys.readouterr().err
+    assert (code, verdict["cause"]) == (0, "completed"), (verdict, err)
+    assert asked(fake, "probe_nodes") == [("probe_nodes", "n2")], fake.calls
+    assert "node n2 did not answer a step launched there" in err, err
+    assert asked(fake, "shrink_job") == [("shrink_job", "n1,n3")]
+    assert asked(fake, "start_step") == [("start_step", "n1", "n2"), ("start_step", "n1", "n3")]
+    assert [line.split()[0] for line in ledger] == ["step", "restart", "exclude", "step"]
+    assert "cause=node_fail" in ledger[1], ledger
+    # taken from the job before Slurm marked it down: the run went on, no NODE_FAIL
+    assert fake.view.restarts == 0
+    # from the deaths to the new step: srun's MessageTimeout for the probe, and no more
+    assert fake.started[1].started - 5.0 < 20.0
+
+
+@pytest.mark.parametrize("kind", ["runtime", "torchrun", "srun"])
+def test_processes_first_without_spares_is_requeued_without_the_node(
+        tmp_path: Path, kind: str) -> None:
+    """No spare: the job is requeued (node_fail, its own limit) and kept off n2, as Slurm
+    would once it marked n2 down, but at once; never a crash."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(5.0, "die:n2")],
+                                            steps=[{"steps": 40}], **NO_SPARES)
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "requeue"), verdict
+    assert "not in place: node(s) n2 answering no step" in verdict["detail"], verdict
+    assert asked(fake, "set_excluded") == [("set_excluded", "n2")]
+    assert asked(fake, "requeue") and code == 0
+
+
+@pytest.mark.parametrize("kind", ["runtime", "torchrun", "srun"])
+def test_processes_killed_on_a_node_that_answers_are_a_crash(tmp_path: Path,
+                                                             kind: str) -> None:
+    """The same deaths, but n2 stays up (an OOM killer, an admin's kill): it answers the
+    step, so the failure is the step's own: user_crash, as before."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(5.0, "kill:n2")],
+                                            steps=[{"steps": 40}], **SPARES)
+    assert (verdict["cause"], verdict["action"]) == ("user_crash", "finish"), verdict
+    assert asked(fake, "probe_nodes") == [("probe_nodes", "n2")]
+    assert not asked(fake, "shrink_job") and code != 0
+
+
+@pytest.mark.parametrize("kind", ["runtime", "srun"])
+def test_a_crash_of_its_own_asks_no_node(tmp_path: Path, kind: str) -> None:
+    """A rank that raised (or exited 3) failed of its own: no node is asked."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, steps=[{"crash_at": 3}],
+                                            **SPARES)
+    assert verdict["cause"] == "user_crash", verdict
+    assert not asked(fake, "probe_nodes"), fake.calls
+
+
+def test_the_batch_node_lost_processes_first_is_requeued(tmp_path: Path) -> None:
+    """n1 hosts the supervisor and the rendezvous: a step cannot restart without it, so
+    even with a spare the job is requeued (here the supervisor outlived its node's
+    processes; on a real loss it dies with them and Slurm requeues the job NODE_FAIL)."""
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", events=[(5.0, "die:n1")],
+                                            steps=[{"steps": 40}], **SPARES)
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "requeue"), verdict
+    assert "the batch node n1 answered no step" in verdict["detail"], verdict
