@@ -85,7 +85,10 @@ class CheckpointManager:
         self.unpickle = unpickle
         self.comm = Comm()
         self._lock: storage.RootLock | None = None
+        self._peers = None
         self._setup()
+        from hpctrain.checkpoint.peers import PeerCopies
+        self._peers = PeerCopies.start(self.comm)   # collective: where each rank listens
         self._staging = Staging()
         self._snap_staging = Staging()   # snapshot()'s own: a save in flight reads the other
         self._bg = Background() if async_save else None
@@ -142,13 +145,15 @@ class CheckpointManager:
         # in the background, from the staged copy
         snapshot.forget(self.root)   # its buffers may be the ones about to be overwritten
         try:
+            if self._peers is not None:
+                self._peers.wait_written()   # the last copy into node memory reads them
             staged = self._staging.stage(chunks, extras)
             fps = extras_fingerprints(extras) if self.comm.active else {}
         except Exception as exc:  # noqa: BLE001 - reaches every rank through the collectives
             staged, fps, failure = None, {}, exc
         else:
             failure = None
-            snapshot.keep(self.root, step, staged)   # the staged copy: a snapshot for free
+            self._keep(step, staged)   # the staged copy: a snapshot for free
         self._bg.submit(lambda: self._persist(
             step, rank_writer(self.comm, staged.chunks if staged else [], {}, staged, fps,
                               failure),
@@ -255,28 +260,48 @@ class CheckpointManager:
         step_dirname(step)
         chunks, extras = flatten(state)
         snapshot.forget(self.root)   # a copy cut short (an exception) must not be restored
-        snapshot.keep(self.root, step, self._snap_staging.stage(chunks, extras))
+        if self._peers is not None:
+            self._peers.wait_written()
+        self._keep(step, self._snap_staging.stage(chunks, extras))
+
+    def _keep(self, step: int, staged: Any) -> None:
+        """``staged`` is the newest snapshot: in this process, and with peer copies in node
+        memory and at the partner (:mod:`hpctrain.checkpoint.peers`)."""
+        snapshot.keep(self.root, step, staged)
+        if self._peers is not None:
+            self._peers.put(step, staged.chunks, staged.extras)
 
     def load_latest(self, state: dict, verify: bool | None = None) -> int | None:
         """Load the newest step into ``state`` in place; return it (or None).
 
         From this process's memory when every rank holds a snapshot of the same step, as
         new as the newest durable one (a restart in the same process: no storage read);
-        else the newest step on storage that verifies (one that does not is skipped with a
-        warning). Collective under torch.distributed (all ranks agree on the step).
+        else, with peer copies, from node memory (a restart in new processes, on a spare
+        node too); else the newest step on storage that verifies (one that does not is
+        skipped with a warning). Collective under torch.distributed (all ranks agree on
+        the step).
         """
         with progress.phase("loading"):
             self.wait()
             step = self._restore_snapshot(state)
-            if step is not None:
-                return step
-            return self.first_loadable(lambda step: self._load(step, state, verify, listed=True))
+            if step is None:
+                step = self.first_loadable(
+                    lambda step: self._load(step, state, verify, listed=True))
+            if self._peers is not None:
+                self._peers.forget_others(step)   # copies of another past
+            return step
 
     def _restore_snapshot(self, state: dict) -> int | None:
         """The step restored from memory on every rank, or None (nothing restored that
         the caller keeps: storage is read)."""
         kept = snapshot.newest(self.root)
-        durable = self.latest_step() if kept is not None else None
+        durable = self.latest_step() if kept is not None or self._peers else None
+        step = self._from_memory(kept, durable, state)
+        if step is None and self._peers is not None:
+            step = self._peers.restore(state, durable, self.unpickle)
+        return step
+
+    def _from_memory(self, kept: Any, durable: int | None, state: dict) -> int | None:
         mine = kept.step if kept is not None and (durable is None or kept.step >= durable) \
             else -1
         steps = self.comm.all_gather(mine)
@@ -380,6 +405,9 @@ class CheckpointManager:
             if getattr(self, "_bg", None) is not None:
                 self._bg.collect()
         finally:
+            if getattr(self, "_peers", None) is not None:
+                self._peers.close()
+                self._peers = None
             for removal in getattr(self, "_removals", ()):
                 removal.result()  # remove_tree ignores errors: this only waits
             if self._lock is not None:

@@ -138,7 +138,14 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "tasks_per_node": plan.tasks_per_node, "procs_per_task": plan.procs_per_task,
             "world": plan.world, "tp": plan.tp, "dp": plan.dp, "pp": plan.pp,
             "time_s": plan.time_s, "spare_nodes": plan.spare_nodes,
-            "job_nodes": plan.job_nodes}
+            "job_nodes": plan.job_nodes, "peer_copies": plan.peer_copies}
+
+
+PEER_COPIES_COST = (
+    "peer copies: each rank's newest snapshot is also kept in its node's memory (/dev/shm) "
+    "and in a partner's on another node, so a lost node costs at most the snapshot "
+    "interval: 2 more copies of a rank's snapshot in host memory ([elastic] peer_copies = "
+    "false to turn it off)")
 
 
 def spare_cost(plan: Any) -> str:
@@ -161,6 +168,8 @@ def plan_table(plan: Any, max_rows: int = 16) -> str:
     ]
     if plan.spare_nodes:
         lines.insert(1, spare_cost(plan))
+    if plan.peer_copies:
+        lines.insert(1, PEER_COPIES_COST)
     rows = [[rank, plan.node_of(rank), *plan.coords(rank)] for rank in
             range(min(plan.world, max_rows))]
     lines.append(table(["rank", "node", "pp", "dp", "tp"], rows, right=range(5), gap=" "))

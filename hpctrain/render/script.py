@@ -28,6 +28,7 @@ import jinja2
 from jinja2.runtime import BlockReference, Context
 
 from hpctrain import __version__, access, protocol
+from hpctrain.protocol import nodemem
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
 from hpctrain.render.container import apptainer_env, container_setup, container_words
 from hpctrain.render.shell import ShellSafe, directive, envname, shq
@@ -309,6 +310,8 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.COLLECTIVE_TIMEOUT_S, wd.collective_timeout_s)) if value is not None]
     if plan.spare_nodes:
         pairs.append((protocol.SPARE_NODES, plan.spare_nodes))
+    if plan.peer_copies:
+        pairs.append((nodemem.PEER_COPIES, 1))
     if ck.dir is not None:
         pairs.append((protocol.CKPT_DIR, ck.dir))
     if ck.access != "private":  # the manager's default; said only when it differs

@@ -143,10 +143,13 @@ def set_excluded(key: str, nodes: list[str], *, timeout: float = 10.0, tries: in
             time.sleep(1.0)
 
 
-def run_on_nodes(argv: list[str], nodes: int, *, timeout: float = 60.0) -> str:
-    """Run ``argv`` once per node of this job's allocation, beside the running step
-    (``srun --overlap``: from inside the batch step); what it printed, failures included."""
-    res = client.run(["srun", "--overlap", f"--nodes={nodes}", "--ntasks-per-node=1",
+def run_on_nodes(argv: list[str], nodes: int, *, timeout: float = 60.0,
+                 nodelist: list[str] | None = None) -> str:
+    """Run ``argv`` once per node of this job's allocation (``nodes`` of them, or those of
+    ``nodelist``), beside the running step (``srun --overlap``: from inside the batch
+    step); what it printed, failures included."""
+    where = [f"--nodelist={','.join(nodelist)}"] if nodelist else []
+    res = client.run(["srun", "--overlap", f"--nodes={nodes}", *where, "--ntasks-per-node=1",
                       "--kill-on-bad-exit=0", "--quiet", *argv], timeout=timeout, retries=0,
                      check=False)
     return res.stdout + res.stderr

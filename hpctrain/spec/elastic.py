@@ -20,6 +20,15 @@ class ElasticSpec:
     allocation. Spares cost their GPU-hours for the whole job (``plan``, ``report``)."""
 
     spare_nodes: int = 0
+    # every rank's newest snapshot (CheckpointManager.snapshot, an async save's staged copy)
+    # also kept in its node's memory and a partner's on another node, so that a lost node
+    # costs at most the snapshot interval (hpctrain.checkpoint.peers); None: on with spares
+    peer_copies: bool | None = None
+
+    def copies(self, nodes: int) -> bool:
+        """Are peer copies on for a step on ``nodes`` nodes (a partner needs another)?"""
+        wanted = self.spare_nodes > 0 if self.peer_copies is None else self.peer_copies
+        return wanted and nodes > 1
 
     @classmethod
     def from_dict(cls, data: Any) -> "ElasticSpec":
@@ -29,4 +38,9 @@ class ElasticSpec:
                 not 0 <= spares <= MAX_SPARES:
             raise SpecError(f"elastic.spare_nodes={spares!r} must be a whole number 0.."
                             f"{MAX_SPARES} (nodes held for a lost one; 1 is the usual)")
-        return cls(spare_nodes=spares)
+        copies = d.get("peer_copies")
+        if copies is not None and not isinstance(copies, bool):
+            raise SpecError(f"elastic.peer_copies={copies!r} must be true or false (snapshots "
+                            "also kept in a partner node's memory; on by default with "
+                            "spare_nodes)")
+        return cls(spare_nodes=spares, peer_copies=copies)

@@ -37,6 +37,7 @@ class LayoutPlan:
     partition: str
     time_s: int | None       # None: no time limit
     spare_nodes: int = 0     # held beyond ``nodes`` for a lost one ([elastic])
+    peer_copies: bool = False    # snapshots also in a partner node's memory ([elastic])
 
     @property
     def job_nodes(self) -> int:
@@ -88,7 +89,7 @@ def plan_layout(spec: JobSpec, partition: Partition) -> LayoutPlan:
     return LayoutPlan(layout=layout, nodes=spec.nodes, gpus_per_node=gpn,
                       launcher=spec.run.launcher, tasks_per_node=per_node,
                       procs_per_task=gpn // per_node, partition=partition.name, time_s=time_s,
-                      spare_nodes=spares)
+                      spare_nodes=spares, peer_copies=spec.elastic.copies(spec.nodes))
 
 
 def _check_time(spec: JobSpec, partition: Partition) -> int | None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpctrain import protocol as p
+from hpctrain.protocol import nodemem
 from hpctrain.errors import SupervisorError
 from hpctrain.supervisor.decision import Budget, Caught
 from hpctrain.supervisor.watchdog import Limits
@@ -44,6 +45,7 @@ class Config:
     container: dict | None = None        # the step's container (HPCTRAIN_CONTAINER), if any
     submit_dir: str = ""                 # SLURM_SUBMIT_DIR: mounted into a container
     spare_nodes: int = 0                 # [elastic]: nodes held to replace a lost one
+    peer_copies: bool = False            # [elastic]: snapshots kept in node memory too
     batch_node: str = ""                 # SLURMD_NODENAME: where this supervisor runs
 
     def where_on(self, nodes: str) -> str:
@@ -104,6 +106,7 @@ class Config:
             health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S, 120),
             container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
             spare_nodes=_int(env, p.SPARE_NODES, 0),
+            peer_copies=env.get(nodemem.PEER_COPIES) == "1",
             batch_node=env.get("SLURMD_NODENAME", ""),
             where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on {{nodes}}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")

@@ -48,6 +48,9 @@ from hpctrain.supervisor.step import step_env
 from hpctrain.supervisor.watchdog import Hang
 
 
+FORGET_S = 30.0      # removing a run's peer copies from its nodes' memory, at its end
+
+
 class Supervisor:
     """Owns one run of the batch step: see the module docstring."""
 
@@ -155,11 +158,27 @@ class Supervisor:
             decision = decide(facts)
             diagnosis = facts.failure if decision.about_a_failure else None
             if decision.action != "restart":
+                self.forget_copies(facts.view or view)
                 return self.actor.act(decision, facts, diagnosis, hang=seen.hang)
             attempt += 1
             last_cause = decision.cause
             self.actor.restart_in_place(decision, facts, attempt, diagnosis, seen.hang)
             view = facts.view or view    # Slurm's newest word on the allocation's nodes
+
+    def forget_copies(self, view: JobView | None) -> None:
+        """The run is over (it finishes, or a new one starts elsewhere): the peer copies of
+        its snapshots leave the memory of every node still good (a lost one took its own
+        along), one task per node (:mod:`hpctrain.protocol.nodemem`)."""
+        cfg = self.cfg
+        nodes = [n for n in self.seen.allocated(view) if n not in self.bad.found]
+        if not cfg.peer_copies or not nodes:
+            return
+        argv = [sys.executable, "-m", "hpctrain.protocol.nodemem", self.state.run_id,
+                str(cfg.restart_count)]
+        try:
+            self.slurm.run_on(argv, nodes, FORGET_S)
+        except HpctrainError as exc:     # the memory goes with the job's end at most sites
+            say(f"could not remove the snapshots' copies from node memory ({exc})")
 
     def check_health(self, view: JobView | None) -> int | None:
         """The partition's health check before each step. None to go on: it passed, or

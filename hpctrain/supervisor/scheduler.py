@@ -56,6 +56,7 @@ class Scheduler(Protocol):
     def node_states(self, nodes: list[str]) -> dict[str, str]: ...
     def partition_nodes(self, partition: str) -> list[str]: ...
     def run_on_nodes(self, argv: list[str], nodes: int, timeout: float) -> str: ...
+    def run_on(self, argv: list[str], nodes: list[str], timeout: float) -> str: ...
     def probe_nodes(self, nodes: list[str], timeout: float) -> dict[str, str | None]: ...
 
     # ---- the step and the clock ------------------------------------------------------------
@@ -86,6 +87,10 @@ class Slurm:
     @staticmethod
     def run_on_nodes(argv: list[str], nodes: int, timeout: float) -> str:
         return control.run_on_nodes(argv, nodes, timeout=timeout)
+
+    @staticmethod
+    def run_on(argv: list[str], nodes: list[str], timeout: float) -> str:
+        return control.run_on_nodes(argv, len(nodes), timeout=timeout, nodelist=nodes)
 
     @staticmethod
     def probe_nodes(nodes: list[str], timeout: float) -> dict[str, str | None]:

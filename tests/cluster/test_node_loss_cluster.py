@@ -189,3 +189,33 @@ def test_a_plain_script_that_loses_a_node_processes_first_moves_to_the_spare(
     row = status(job)
     assert row["restarts_in_place"] == {"node_fail": 1} and row["requeues"] == {}, row
     assert max(counted()) == total and len(events(log, "done")) == 1, out
+
+
+def test_the_batch_node_lost_processes_first_is_requeued_by_slurm_and_resumes(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n1 hosts the batch step: the supervisor dies with the node's processes, so Slurm
+    ends the run NODE_FAIL and requeues it (never worse off than plain Slurm); the next
+    run's supervisor enters that requeue from accounting, and the job resumes from its
+    checkpoint and completes, every step done."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    dev = admin.Cluster()
+    empty_queue()
+    job = submit(root, loop_spec(root, "srun"))
+    try:
+        wait_until(lambda: step_done(root, EVERY + 2), 240, f"step {EVERY + 2}")
+        lose_node(dev, "n1", job, order="processes-first")
+        wait_until(lambda: squeue_state(job) == "PENDING", 120, "Slurm's requeue")
+        bring_back(dev, job)
+        state = wait_done(job, 240)
+    finally:
+        dev.make_nodes_usable()
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    out = job_log(root, job)
+    assert state == "COMPLETED", out
+    row = status(job)
+    assert row["cause"] == "completed" and row["requeues"] == {"node_fail": 1}, row
+    starts = events(root / "events.jsonl", "start")
+    assert starts[-1]["restart"] == 1 and starts[-1]["step"] >= EVERY, starts
+    done = [e["step"] for e in events(root / "events.jsonl", "step")]
+    assert sorted(set(done)) == list(range(TOTAL)), done

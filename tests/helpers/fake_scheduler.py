@@ -500,6 +500,10 @@ class FakeSlurm:
         self.calls.append(("run_on_nodes", argv[0]))
         return ""
 
+    def run_on(self, argv: list[str], nodes: list[str], timeout: float) -> str:
+        self.calls.append(("run_on", " ".join(argv[1:3]), ",".join(nodes)))
+        return ""
+
     def probe_nodes(self, nodes: list[str], timeout: float) -> dict[str, str | None]:
         self.calls.append(("probe_nodes", ",".join(nodes)))
         if any(n in self.dead for n in nodes):

@@ -35,6 +35,9 @@ def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--save-every", type=int, default=10)
+    ap.add_argument("--snapshot-every", type=int, default=0,
+                    help="CheckpointManager.snapshot every N steps (host memory; with peer "
+                         "copies also a partner node's)")
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--events", required=True)
@@ -117,6 +120,8 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
             mgr.save(done, {"model": model.state_dict(), "opt": opt.state_dict()})
             mgr.close()
             ctx.exit_for_requeue(done)
+        if args.snapshot_every and done % args.snapshot_every == 0 and done < args.steps:
+            mgr.snapshot(done, {"model": model.state_dict(), "opt": opt.state_dict()})
         if done % args.save_every == 0 and done < args.steps:
             saved = {"model": model.state_dict(), "opt": opt.state_dict()}
             if faults.get("save-crash") == done:

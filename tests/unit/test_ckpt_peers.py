@@ -1,0 +1,150 @@
+"""Peer copies of snapshots (hpctrain.checkpoint.peers): who keeps whose copy, which step is
+restored from where, one copy's file (checksums, layout), and four ranks on two "nodes" in
+real processes (gloo) through a node's loss, a damaged copy and both copies lost."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.checkpoint.peers import partners, restore_plan
+
+PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "peer_copy_worker.py"
+
+
+# ---- who keeps whose copy --------------------------------------------------------------------
+@pytest.mark.parametrize("hosts", [
+    ["n1", "n1", "n2", "n2"],
+    ["n1", "n1", "n2", "n2", "n3", "n3"],
+    ["a", "a", "a", "b"],                       # nodes of unequal size
+    ["n1", "n2", "n1", "n2"],                   # cyclic placement
+    [f"n{i // 8}" for i in range(64)],
+])
+def test_a_partner_is_never_on_the_rank_s_own_node(hosts: list[str]) -> None:
+    plan = partners(hosts)
+    assert all(p is not None and hosts[p] != hosts[r] for r, p in enumerate(plan)), plan
+    # with nodes of equal size every rank keeps exactly one copy: memory spread evenly
+    if len({hosts.count(h) for h in hosts}) == 1:
+        assert sorted(plan) == list(range(len(hosts)))
+
+
+def test_one_node_has_no_partner() -> None:
+    assert partners(["n1", "n1"]) == [None, None]
+
+
+# ---- which step, from where -------------------------------------------------------------------
+def test_the_newest_step_every_rank_has_a_copy_of_is_restored() -> None:
+    # ranks 2, 3 were on a lost node, now a spare's: no own copy; rank 0 and 1 keep theirs
+    held = [(7, {2: 7}), (7, {3: 7}), (None, {}), (None, {})]
+    assert restore_plan(held, durable=4) == (7, {0: 0, 1: 1, 2: 0, 3: 1})
+
+
+def test_a_copy_missing_for_one_rank_falls_back_to_an_older_common_step_or_none() -> None:
+    held = [(7, {2: 7}), (7, {}), (None, {}), (None, {})]
+    assert restore_plan(held, durable=None) is None
+    assert restore_plan([(7, {1: 6}), (6, {0: 7})], durable=None) is None
+    assert restore_plan([(7, {1: 6}), (6, {0: 6})], durable=None) == (6, {0: 1, 1: 1})
+
+
+def test_a_durable_checkpoint_newer_than_every_copy_wins() -> None:
+    assert restore_plan([(7, {1: 7}), (7, {0: 7})], durable=10) is None
+    assert restore_plan([(10, {}), (10, {})], durable=10) == (10, {0: 0, 1: 1})
+
+
+# ---- one copy's file --------------------------------------------------------------------------
+@pytest.mark.torch
+def test_a_copy_round_trips_and_a_damaged_or_foreign_one_is_refused(tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+
+    from hpctrain.checkpoint.peers import read_meta, restore_copy, write_copy
+    from hpctrain.checkpoint.writer import Staging
+
+    state = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+             "b": torch.ones(5, dtype=torch.bfloat16), "step": 9, "cfg": {"lr": 0.1}}
+    from hpctrain.checkpoint.tree import flatten
+    chunks, extras = flatten(state)
+    staged = Staging().stage(chunks, extras)
+    path = tmp_path / "0.snap"
+    size = write_copy(path, 0, 9, staged.chunks, staged.extras)
+    meta = read_meta(path)
+    assert meta is not None and meta["step"] == 9 and meta["size"] == size
+    blob = np.fromfile(path, dtype=np.uint8)
+    dest = {"w": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16), "step": 0,
+            "cfg": {}}
+    assert restore_copy(blob, dest, "safe") == ""
+    assert torch.equal(dest["w"], state["w"]) and torch.equal(dest["b"], state["b"])
+    assert dest["step"] == 9 and dest["cfg"] == {"lr": 0.1}
+    damaged = blob.copy()
+    damaged[5] ^= 0xFF
+    assert restore_copy(damaged, dest, "safe").startswith("checksum mismatch in ['w']")
+    other = {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.bfloat16)}
+    assert restore_copy(blob, other, "safe") == "the state is laid out otherwise"
+    # a value the copy holds and the state lacks is added (a fresh optimizer's moments),
+    # as a load from storage adds it; one the state holds and the copy lacks is refused
+    fresh: dict = {"w": torch.zeros(3, 4)}
+    assert restore_copy(blob, fresh, "safe") == ""
+    assert torch.equal(fresh["b"], state["b"]) and fresh["cfg"] == {"lr": 0.1}
+    more = {**dest, "extra": torch.zeros(2)}
+    assert restore_copy(blob, more, "safe") == "the state is laid out otherwise"
+    assert restore_copy(blob[:-3], dest, "safe") == "not a whole copy"
+    (tmp_path / "cut.snap").write_bytes(path.read_bytes()[:-1])
+    assert read_meta(tmp_path / "cut.snap") is None
+
+
+# ---- four ranks on two nodes, for real ---------------------------------------------------------
+def run_ranks(tmp: Path, phase: str, nodes: list[str], extra: dict | None = None) -> list[dict]:
+    """PROGRAM on 4 ranks (their own processes, as srun starts them), rank r on nodes[r]."""
+    from helpers.ckpt import free_port
+
+    port = str(free_port())
+    base = {"HPCTRAIN_PEER_COPIES": "1", "HPCTRAIN_PROGRESS_TOKEN": "secret-token",
+            "HPCTRAIN_RUN_ID": "r1", "HPCTRAIN_RESTART_COUNT": "0",
+            "HPCTRAIN_LOCAL_DIR": str(tmp / "shm"), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port, "WORLD_SIZE": "4", "OMP_NUM_THREADS": "1",
+            "PATH": "/usr/bin:/bin", **(extra or {})}
+    procs = [subprocess.Popen([sys.executable, str(PROGRAM), phase, str(tmp / "ckpt"),
+                               str(tmp / f"out-{phase}-{r}.json")],
+                              env={**base, "RANK": str(r), "SLURMD_NODENAME": nodes[r]},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(4)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)[-4000:]
+    return [json.loads((tmp / f"out-{phase}-{r}.json").read_text()) for r in range(4)]
+
+
+def shm(tmp: Path, node: str) -> Path:
+    (found,) = (tmp / "shm").glob(f"hpctrain-*/r1-0-{node}.peer")
+    return found
+
+
+@pytest.mark.torch
+@pytest.mark.slow
+def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) -> None:
+    """Ranks 0-1 on n1, 2-3 on n2 snapshot steps 1-7 (a durable save at 4); n2 is lost
+    (its node memory gone) and ranks 2-3 start again on the spare n3: every rank restores
+    step 7, ranks 2-3 from the copies n1 keeps, bitwise, each rank its own values. Then one
+    of those copies is damaged in node memory: it is checked before use, and every rank
+    loads the durable step 4 instead (both copies of a rank lost: restore_plan above)."""
+    (tmp_path / "ckpt").mkdir()
+    first = run_ranks(tmp_path, "train", ["n1", "n1", "n2", "n2"])
+    assert sorted(p.name for p in shm(tmp_path, "n1").iterdir()) == \
+        ["0.snap", "1.snap", "2.copy", "3.copy"]
+    shutil.rmtree(shm(tmp_path, "n2"))                      # n2 is gone
+    after = run_ranks(tmp_path, "resume", ["n1", "n1", "n3", "n3"])
+    assert [a["step"] for a in after] == [7] * 4, after
+    assert [a["w"] for a in after] == [f["w"] for f in first]          # bitwise (as hex)
+    assert [a["rng"] for a in after] == [f["rng"] for f in first]      # each rank its own
+
+    # the step-7 copies stay (the training goes on from step 7); one of them damaged
+    copy = shm(tmp_path, "n1") / "2.copy"
+    data = bytearray(copy.read_bytes())
+    data[10] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    again = run_ranks(tmp_path, "resume", ["n1", "n1", "n3", "n3"])
+    assert [a["step"] for a in again] == [4] * 4, again
