@@ -15,7 +15,10 @@ A job's state directory, on storage every node sees (``state_dir``)::
         exit       the runtime's exit record (a requeue request, or a crash and its error)
         outcome    the supervisor's verdict on the last run (cause, action, rank, node, error)
         summary    rank 0's newest progress record, rewritten at most every 15 s by the
-                   supervisor (``hpctrain status``'s live line)
+                   supervisor (``hpctrain status``'s live line when the supervisor
+                   cannot be asked), and at once as the step ends (its final step)
+        live       where the running supervisor answers ``hpctrain status`` and the
+                   secret a request must prove (0600; :mod:`hpctrain.protocol.live`)
         stacks/rank-N     a rank's Python stacks, asked for by the supervisor (a hang)
         history    rank 0's progress over time, one JSON line per step boundary and phase
                    change (``hpctrain report`` reads it)
@@ -102,7 +105,7 @@ def master_port(slurm_job_id: str | int | None) -> int:
 STATE_SUBDIR = (".hpctrain", "jobs")
 IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"
 PROGRESS, DUMP, STACKS, HISTORY = "progress", "dump", "stacks", "history"
-SUMMARY = "summary"
+SUMMARY, LIVE = "summary", "live"
 INTERRUPT, RESUME = "interrupt", "resume"
 DEFAULT_HEARTBEAT_S = 2.0
 

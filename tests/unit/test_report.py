@@ -152,23 +152,6 @@ def test_the_html_page_carries_the_runs_causes_and_numbers_of_the_json() -> None
         "http://www.w3.org/2000/svg", "")
 
 
-def test_the_live_progress_line_reads_rank_0s_record_and_history(tmp_path) -> None:
-    import json
-
-    from hpctrain import protocol as p
-    from hpctrain.jobs.view import live_progress
-
-    assert live_progress("42", str(tmp_path)) == ""            # no runtime: nothing to say
-    state = p.state_dir(tmp_path, "42")
-    # the supervisor's summary of rank 0's record (hpctrain.supervisor.hang.Watch.summarize)
-    p.write_record(state / p.SUMMARY, {"rank": 0, "restart_count": 1, "attempt": 0,
-                                       "step": 17, "phase": "training"})
-    lines = [ev(100.0 + i / 2, 1, 0, event="step", step=10 + i, n=i) for i in range(8)]
-    lines.insert(0, ev(50.0, 0, 0, event="step", step=3, n=1))   # an earlier run: not counted
-    (state / p.HISTORY).write_text("".join(json.dumps(x) + "\n" for x in lines))
-    assert live_progress("42", "", str(tmp_path)) == "step 17 (training, 2.00 steps/s)"
-
-
 # ---- a partition over a period (sysadmins) ---------------------------------------------------
 def test_a_partitions_requeues_gpu_hours_goodput_and_emergency_saves() -> None:
     from hpctrain.commands.report_partition import since_arg

@@ -1,0 +1,68 @@
+"""``hpctrain status`` during a real job (issue 43): the step it shows is the one the job is
+at, a few seconds old at most (its supervisor is asked: hpctrain.protocol.live), never one
+it has not begun; once the job has ended, the step it ended at. The lag's figures are
+benchmarks/status_lag_bench.py's."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain import cli, protocol
+from helpers.jobs import isolate
+from helpers.lag import Poll, ahead, figures
+from helpers.specs import write_spec
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]   # ~25 s
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+STEPS = 30
+# a step shown is at most a heartbeat (2 s) and the relay's tick (0.5 s) old when the
+# supervisor has it; the bound leaves room for a loaded machine (the summary file it
+# replaced was up to 15 s old)
+WORST_S = 6.0
+
+
+def _status(capsys: pytest.CaptureFixture[str], job: str) -> dict:
+    assert cli.main(["status", job, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["jobs"][0]
+
+
+def test_status_shows_the_step_the_job_is_at_and_then_the_one_it_ended_at(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    log = root / "events.jsonl"
+    cmd = [sys.executable, str(PROGRAMS / "runtime_steps.py"), "--steps", str(STEPS),
+           "--save-every", "10", "--step-sleep", "0.5", "--events", str(log)]
+    spec = write_spec(root / "live.toml", name="live", nodes=2, gpus=2, command=cmd,
+                      checkpoint_dir=str(root / "ckpt"))
+    assert cli.main(["submit", str(spec), "--json"]) == 0
+    job = json.loads(capsys.readouterr().out)["job_id"]
+    polls: list[Poll] = []
+    deadline = time.monotonic() + 240
+    while (row := _status(capsys, job))["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, row
+        if row["state"] == "RUNNING" and row["progress_step"] is not None:
+            polls.append(Poll(time.time(), row["progress_step"], row["progress_source"]))
+        time.sleep(1.0)
+    assert row["state"] == "COMPLETED", row
+    done_at = {e["step"]: e["time"] for e in map(json.loads, log.read_text().splitlines())
+               if e["event"] == "step"}
+    assert sorted(done_at) == list(range(STEPS))
+    during = [p for p in polls if p.at <= done_at[STEPS - 1]]
+    assert len(during) >= 8, polls          # 30 steps of 0.5 s: a poll a second saw them
+    # the supervisor answers while it runs (the summary once it has left: the final step)
+    assert {p.source for p in during} == {"supervisor"}, polls
+    assert not [p for p in polls if ahead(p, done_at)], (polls, done_at)
+    found = figures(during, done_at)
+    print(f"status during job {job}: {found}")
+    assert found["worst_s"] <= WORST_S, (found, polls, done_at)
+    assert len({p.step for p in during}) >= 4     # it moved along with the job
+    # ended: the step it ended at, from the supervisor's final summary; its address gone
+    assert (row["progress_step"], row["progress_source"]) == (STEPS - 1, "summary"), row
+    state = protocol.state_dir(root / "ckpt", job)
+    assert (state / protocol.SUMMARY).exists() and not (state / protocol.LIVE).exists()
