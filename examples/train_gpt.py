@@ -33,8 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import hpctrain.runtime
-from common import Faults, StepLog, dump_final_state, parse_args
-from hpctrain.checkpoint import CheckpointManager
+from common import Faults, StepLog, checkpoints, dump_final_state, parse_args
 from tinygpt import GPT, Config, batch_for, keep_stage, loss_fn
 
 MICROBATCHES = 2
@@ -166,8 +165,7 @@ def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     cfg = Config()
     model, opt = build(ctx, cfg, args.seed)
     prime_optimizer(model, opt)
-    os.makedirs(args.ckpt_dir, exist_ok=True)  # every rank: the manager checks visibility
-    ckpt = CheckpointManager(args.ckpt_dir, keep_last=3)
+    ckpt = checkpoints(args)   # the spec's [checkpoint] dir, keep_last and interval
     state = state_of(model, opt)
     template = state_of(model, opt)
     if faults.hit("load-crash"):
@@ -203,7 +201,7 @@ def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
                   flush=True)
             log.close()
             ctx.exit_for_requeue(done)
-        if done % args.save_every == 0 and done < args.steps:
+        if ckpt.due(done) and done < args.steps:
             state = state_of(model, opt)
             if faults.hit("save-crash", done):
                 state["broken"] = lambda: None   # cannot be pickled: the save fails

@@ -55,8 +55,13 @@ EARLY_SIGNALS = "HPCTRAIN_EARLY_SIGNALS"      # caught by the batch shell before
 SUBMISSION_ID = "HPCTRAIN_SUBMISSION_ID"      # set by `hpctrain submit` in sbatch's environment
 SNAPSHOT_ID = "HPCTRAIN_SNAPSHOT_ID"          # the code snapshot the job runs ([run] snapshot)
 SNAPSHOT_DIR = "HPCTRAIN_SNAPSHOT_DIR"        # where that copy is (the job's working directory)
+# [checkpoint], for CheckpointManager()'s defaults (hpctrain.checkpoint.settings)
 CKPT_DIR = "HPCTRAIN_CKPT_DIR"
-CKPT_ACCESS = "HPCTRAIN_CKPT_ACCESS"          # [checkpoint] access: the manager's default
+CKPT_ACCESS = "HPCTRAIN_CKPT_ACCESS"
+CKPT_INTERVAL_STEPS = "HPCTRAIN_CKPT_INTERVAL_STEPS"
+CKPT_KEEP_LAST = "HPCTRAIN_CKPT_KEEP_LAST"
+CKPT_KEEP_EVERY = "HPCTRAIN_CKPT_KEEP_EVERY"
+CKPT_STRIPE_COUNT = "HPCTRAIN_CKPT_STRIPE_COUNT"
 LAUNCHER = "HPCTRAIN_LAUNCHER"
 REQUEUE_SIGNAL = "HPCTRAIN_REQUEUE_SIGNAL"
 SPARE_NODES = "HPCTRAIN_SPARE_NODES"          # [elastic] spare_nodes: nodes beyond the step's
