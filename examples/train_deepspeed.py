@@ -20,7 +20,7 @@ import torch
 import hpctrain.runtime
 from common import StepLog, checkpoints, dump_final_state, parse_args
 from hpctrain.checkpoint import load_deepspeed, save_deepspeed
-from tinygpt import GPT, Config, batch_for, loss_fn
+from tinygpt import GPT, Config, batch_for, loss_fn, param_count
 
 
 def ds_config(cfg: Config) -> dict:
@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
 
     cfg = Config()
+    # what a step does, for `hpctrain report`'s throughput and MFU (before the seed)
+    ctx.set_work(tokens=cfg.batch * cfg.seq * ctx.dp_size, params=param_count(cfg))
     torch.manual_seed(args.seed)
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, foreach=False)

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 import hpctrain.runtime
 from common import Faults, StepLog, checkpoints, dump_final_state, parse_args
-from tinygpt import GPT, Config, batch_for, keep_stage, loss_fn
+from tinygpt import GPT, Config, batch_for, keep_stage, loss_fn, param_count
 
 MICROBATCHES = 2
 
@@ -163,6 +163,9 @@ def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     """Train until ``args.steps`` from the newest checkpoint (or snapshot)."""
     faults = Faults(args.fault, ctx.rank, ctx.attempt, ctx.restart_count)
     cfg = Config()
+    # what a step does, for `hpctrain report`'s throughput and MFU: every data-parallel
+    # rank's batch of cfg.seq tokens, through the whole model (before build: it seeds)
+    ctx.set_work(tokens=cfg.batch * cfg.seq * ctx.dp_size, params=param_count(cfg))
     model, opt = build(ctx, cfg, args.seed)
     prime_optimizer(model, opt)
     ckpt = checkpoints(args)   # the spec's [checkpoint] dir, keep_last and interval

@@ -174,9 +174,10 @@ class Shown:
 
 
 def progress_of(state: Path, answer: live.Answer | None, running: bool = True) -> Shown:
-    """``step 17 (training, 3.2 steps/s)`` from rank 0's progress record (the supervisor's
-    ``answer``, else the summary file it writes) and, ``running``, the rate from the tail
-    of its history (a job using hpctrain.runtime); an empty :class:`Shown` without one."""
+    """``step 17 (training, 3.2 steps/s, 26,214 tokens/s)`` from rank 0's progress record
+    (the supervisor's ``answer``, else the summary file it writes) and, ``running``, the
+    rate from the tail of its history (a job using hpctrain.runtime; tokens or samples
+    when the script said a step's work); an empty :class:`Shown` without one."""
     record, source = None, ""
     if answer is not None and answer.record:
         record, source = Progress.parse(answer.record), "supervisor"
@@ -191,7 +192,10 @@ def progress_of(state: Path, answer: live.Answer | None, running: bool = True) -
              ] if running else []
     rate = ""
     if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
-        rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
+        per_s = (len(steps) - 1) / (steps[-1]["t"] - steps[0]["t"])
+        rate = f", {per_s:.2f} steps/s"
+        if record.work is not None:     # the script said a step's work (ctx.set_work)
+            rate += f", {per_s * record.work.per_step:,.0f} {record.work.unit}/s"
     shown = record.step or str(record.boundaries)
     return Shown(f"step {shown} ({record.phase}{rate})", source,
                  int(shown) if shown.isdigit() else None)

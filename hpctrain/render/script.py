@@ -317,6 +317,9 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         pairs.append((protocol.CKPT_KEEP_EVERY, ck.keep_every))
     if ck.stripe_count is not None:
         pairs.append((protocol.CKPT_STRIPE_COUNT, ck.stripe_count))
+    if spec.model is not None:   # a step's FLOPs for report's MFU (hpctrain.runtime.work)
+        pairs += [(protocol.MODEL_PARAMS, f"{spec.model.params:g}"),
+                  (protocol.MODEL_MODE, spec.model.mode)]
     return [(k, str(v)) for k, v in pairs]
 
 

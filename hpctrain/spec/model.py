@@ -27,6 +27,7 @@ from hpctrain.spec.elastic import ElasticSpec
 from hpctrain.spec.resources import ResourceSpec
 from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
 from hpctrain.spec.source import read_toml
+from hpctrain.spec.workload import ModelSpec
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
@@ -211,7 +212,7 @@ class WatchdogSpec:
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
              "requeue": RequeueSpec, "watchdog": WatchdogSpec, "container": ContainerSpec,
-             "elastic": ElasticSpec, "resources": ResourceSpec}
+             "elastic": ElasticSpec, "resources": ResourceSpec, "model": ModelSpec}
 _DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
 
 
@@ -241,6 +242,7 @@ class JobSpec:
     container: ContainerSpec | None = None   # run the step in a container (docs/containers.md)
     elastic: ElasticSpec = ElasticSpec()     # spare nodes for a lost one
     resources: ResourceSpec = ResourceSpec()  # CPUs and memory (default: the GPUs' share)
+    model: ModelSpec | None = None           # its parameter count: a step's FLOPs (report)
     sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     # ---- construction ------------------------------------------------------------------

@@ -210,6 +210,10 @@ def test_the_line_reads_rank_0s_record_and_the_rate_from_its_history(tmp_path: P
     fresh = live.Answer({"rank": "0", "restart_count": "1", "step": "19"}, time.time())
     assert progress_of(state, fresh).line == "step 19 (training, 2.00 steps/s)"
     assert progress_of(state, live.Answer({}, time.time())).step == 17
+    # the script said a step's work: its throughput beside the steps
+    said = {**fresh.record, "work": "4096", "work_unit": "tokens"}
+    assert progress_of(state, live.Answer(said, time.time())).line == \
+        "step 19 (training, 2.00 steps/s, 8,192 tokens/s)"
 
 
 # ---- the waiting views: Slurm as seldom as before, the step every LIVE_S -------------------------
