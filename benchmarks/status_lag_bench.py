@@ -1,7 +1,9 @@
 """How old is the step ``hpctrain status`` shows? The live query against the summary file it
-replaced, measured on one job in the same run (issue 43).
+replaced, measured on one job in the same run (issue 43); and what an answer costs the
+supervisor as the job grows.
 
-    .venv/bin/python benchmarks/status_lag_bench.py [--steps 60] [--step-s 0.5] [--json out]
+    .venv/bin/python benchmarks/status_lag_bench.py [--steps 60] [--step-s 0.5]
+                                                    [--ranks 8,8192] [--json out]
 
 A job of tests/programs/runtime_steps.py on 2 nodes x 2 fake GPUs (srun, the runtime's
 real progress reporter, relay and supervisor) logs the time each step is done. Every
@@ -10,6 +12,12 @@ prints came from the supervisor (``progress_source``); right after, the summary 
 read as status read it before (the baseline). A shown step's *lag* is how long it had been
 over when it was printed: 0 while the job was still in it (tests/helpers/lag.py). Needs the
 devcluster (HPCTRAIN_DEVCLUSTER_INSTANCE picks the instance) and an idle queue.
+
+At scale, without Slurm: the supervisor's real board holding --ranks ranks' records (sent
+as the nodes' relays send them, 8 ranks a datagram) behind its real live server; the time
+of one authenticated ask and answer over UDP (median and worst of 50), against a board of
+8 ranks in the same run. What a shown step's age adds up to at any size: the heartbeat
+(rank 0's node sends every 2 s), the relay's tick (0.5 s) and this.
 """
 
 from __future__ import annotations
@@ -30,8 +38,14 @@ from helpers.lag import Poll, figures  # noqa: E402
 
 from hpctrain import protocol  # noqa: E402
 from hpctrain.devcluster.cluster import DevCluster  # noqa: E402
+from hpctrain.protocol import channel, live as live_query  # noqa: E402
 from hpctrain.protocol.progress import Progress  # noqa: E402
 from hpctrain.spec.model import JobSpec  # noqa: E402
+from hpctrain.supervisor.board import Board  # noqa: E402
+from hpctrain.supervisor.live import LiveServer  # noqa: E402
+from hpctrain.supervisor.statedir import StateDir  # noqa: E402
+
+PER_NODE, ASKS = 8, 50
 
 SHARED = Path("/var/lib/hpctrain/devcluster/shared")
 
@@ -85,14 +99,63 @@ def measure(steps: int, step_s: float) -> dict:
     return result
 
 
+def answer_time(ranks: int) -> dict:
+    """Median and worst seconds of one ask and answer, the board holding ``ranks`` ranks."""
+    import socket
+    import statistics
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        state, _ = StateDir.claim(tmp, "1", 0, "bench", "")
+        board = Board()
+        server = LiveServer(state, "1", 0, board, "localhost")
+        sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        now = time.time()
+        rows = [{"run_id": state.run_id, "restart_count": "0", "attempt": "0",
+                 "rank": str(r), "node": f"n{r // PER_NODE:04d}", "step": "1234",
+                 "boundaries": "1235", "phase": "training", "changed_at": f"{now:.3f}",
+                 "beat_at": f"{now:.3f}"} for r in range(ranks)]
+        for i in range(0, ranks, PER_NODE):
+            for gram in channel.records_messages(board.token, rows[i]["node"],
+                                                 rows[i:i + PER_NODE], relay=True):
+                sender.sendto(gram, ("127.0.0.1", board.port))
+            if i % (256 * PER_NODE) == 0:
+                board.drain()            # in bursts the kernel's buffer holds
+        board.drain()
+        assert len(board.records()) == ranks, len(board.records())
+        times = []
+        for _ in range(ASKS):
+            t0 = time.perf_counter()
+            answer = live_query.ask([server.address])["1"]
+            times.append(time.perf_counter() - t0)
+            assert answer.record["step"] == "1234"
+        server.close()
+        board.close()
+        sender.close()
+    return {"ranks": ranks, "median_ms": statistics.median(times) * 1e3,
+            "worst_ms": max(times) * 1e3}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--step-s", type=float, default=0.5)
+    ap.add_argument("--ranks", default="8,8192",
+                    help="board sizes for the answer's cost, the first the baseline")
+    ap.add_argument("--no-job", action="store_true", help="only the answer's cost")
     ap.add_argument("--json", dest="out")
     args = ap.parse_args()
+    sizes = [answer_time(int(n)) for n in args.ranks.split(",")]
+    base = sizes[0]
+    for size in sizes:
+        print(f"answer with {size['ranks']:>5} ranks on the board: median "
+              f"{size['median_ms']:.2f} ms, worst {size['worst_ms']:.2f} ms "
+              f"({size['median_ms'] / base['median_ms']:.2f}x the {base['ranks']}-rank board)")
+    if args.no_job:
+        return 0
     os.environ.update(DevCluster().client_env())
     result = measure(args.steps, args.step_s)
+    result["answer"] = sizes
     live, old = result["live"], result["summary"]
     print(f"job {result['job']} ({result['state']}, last line shows step "
           f"{result['final_step_shown']}): {live['polls']} polls of `hpctrain status` "

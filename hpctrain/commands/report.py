@@ -53,9 +53,13 @@ def report(job_id: str | None, as_json: bool, html: str | None, base: str | None
         return sweep_report(job_id, as_json)
     state = state_dir(job_id, base)
     history = protocol.read_history(state)
-    result = job_report(job_id, state, history=history)
+    runs = job_runs(job_id).get(job_id, [])
+    result = job_report(job_id, state, runs, history)
     entry = statedir.entry_of(job_id)
-    measured = efficiency(result, history, entry.partition if entry is not None else "")
+    # where it ran, as sacct says (a job hpctrain did not submit too), else its entry
+    partition = runs[-1].partition if runs and runs[-1].partition else \
+        (entry.partition if entry is not None else "")
+    measured = efficiency(result, history, partition)
     if html:
         from hpctrain.report.html import to_html
 

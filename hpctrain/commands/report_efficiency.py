@@ -93,13 +93,14 @@ def text_lines(eff: Efficiency) -> list[str]:
                      f"stepping, {share(eff.allocation_mfu or 0)} of the whole allocation "
                      f"({amount(eff.flops_per_unit or 0)} model FLOPs per {eff.unit[:-1]})")
     elif eff.throughput is not None:
-        lines.append("MFU: unknown (" + ("no peak TFLOPS for the partition" if
-                                         eff.flops_per_unit else
+        lines.append("MFU: unknown (" + (f"no facts of partition {facts.partition or '?'}"
+                                         if eff.flops_per_unit else
                                          "the model's FLOPs per unit are not known: "
                                          "set_work(flops_per_token=... or params=...), or "
                                          "[model] params in the spec") + ")")
     price = (f", {money(eff.cost, facts)} at {facts.price:g} {facts.currency} per GPU-hour"
-             if eff.cost is not None else " (no price: the partition has no gpu_hour_price)")
+             if eff.cost is not None else f" (no price: partition {facts.partition or '?'} has "
+             "no gpu_hour_price)")
     lines.append(f"GPU-hours: {eff.gpu_hours:.3g} allocated{price}")
     if eff.estimate is not None:
         cost = f", {money(eff.estimate.cost, facts)}" if eff.estimate.cost is not None else ""

@@ -166,7 +166,7 @@ def wait_progress(job_id: str, entry: JobEntry, running: bool = True
 
 @dataclass(frozen=True)
 class Shown:
-    """A running job's progress as shown: the line, where it came from, its step."""
+    """A job's progress as shown: the line, where it came from, its step."""
 
     line: str = ""
     source: str = ""         # "supervisor" | "summary" | "" (none)

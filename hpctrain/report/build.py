@@ -49,6 +49,7 @@ class RunFacts:
     nodes: str
     gpus: int
     gpu_s: float | None = None   # when the run's GPUs changed (Slurm took a lost node)
+    partition: str = ""          # where it ran (its facts: peak TFLOPS, price)
 
     @property
     def allocated_gpu_s(self) -> float:

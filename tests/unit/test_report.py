@@ -257,7 +257,7 @@ def test_a_run_slurm_resized_is_one_run_with_the_gpu_seconds_of_each_part() -> N
         return {"JobID": "733", "State": state, "Submit": "2026-11-26T03:39:00",
                 "Start": f"2026-11-26T{start}", "End": f"2026-11-26T{end}",
                 "ElapsedRaw": str(elapsed), "NodeList": nodes,
-                "AllocTRES": f"cpu={gpus},gres/gpu={gpus},node={gpus // 2}"}
+                "AllocTRES": f"cpu={gpus},gres/gpu={gpus},node={gpus // 2}", "Partition": "wide"}
 
     runs = runs_from_rows([row("RESIZING", "03:39:05", "03:39:19", 14, "n[1-3]", 6),
                            row("RESIZING", "03:39:19", "03:39:36", 17, "n[1,3]", 4),
@@ -265,6 +265,7 @@ def test_a_run_slurm_resized_is_one_run_with_the_gpu_seconds_of_each_part() -> N
     assert [(r.restart, r.state, r.nodes, r.gpus, r.elapsed_s) for r in runs] == [
         (0, "REQUEUED", "n[1-3]", 6, 31.0), (1, "COMPLETED", "n[1-3]", 6, 9.0)]
     assert runs[0].allocated_gpu_s == 14 * 6 + 17 * 4
+    assert {r.partition for r in runs} == {"wide"}    # its facts: peak, price (report)
     assert build("733", runs, [], []).allocated_gpu_s == 14 * 6 + 17 * 4 + 9 * 6
 
 
