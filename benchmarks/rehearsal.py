@@ -16,7 +16,9 @@ a recorded-behaviour stand-in for torch.distributed's all-reduce). Then:
   on all the nodes; the job is requeued and completes;
 - all along: file events under the job's checkpoint directory (inotify; the state
   directory is there), and the supervisor's CPU time (/proc, every batch step process of
-  the job; the emulated nodes are this machine's processes).
+  the job; the emulated nodes are this machine's processes);
+- every loop, `hpctrain status JOB --json`: how old the step it shows is (the live query,
+  tests/helpers/lag.py), against rank 0's history.
 
 At the end the devcluster is brought back to its default shape (unless --keep).
 """
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from helpers.inotify import Inotify  # noqa: E402
+from helpers.lag import Poll, staleness  # noqa: E402
 
 from hpctrain import protocol  # noqa: E402
 from hpctrain.spec.model import JobSpec  # noqa: E402
@@ -100,7 +103,7 @@ def site_partitions(root: Path, nodes: int, gpus: int) -> Path:
     the built-in)."""
     site = root / "site-templates"
     (site / "partitions").mkdir(parents=True)
-    builtin = ROOT / "templates" / "partitions"
+    builtin = ROOT / "templates" / "devcluster" / "partitions"
     for name in ("debug", "urgent"):
         text = (builtin / f"{name}.toml").read_text()
         text = re.sub(r"(?m)^max_nodes = \d+$", f"max_nodes = {nodes}", text)
@@ -126,10 +129,14 @@ def rehearse(nodes: int, per_node: int) -> dict:
     job = json.loads(hpctrain("submit", str(root / "job.toml"), "--json"))["job_id"]
     cpu: dict[int, float] = {}
     marks: dict[str, float] = {}
+    polls: list[Poll] = []
     preempted = False
     while True:
         counter.read()
         supervisor_cpu(job, cpu)
+        row = json.loads(hpctrain("status", job, "--json"))["jobs"][0]
+        if row["state"] == "RUNNING" and row["progress_source"] == "supervisor":
+            polls.append(Poll(time.time(), row["progress_step"], "supervisor"))
         evs = events(root)
         starts = [e for e in evs if e["event"] == "start"]
         if starts and "first_start" not in marks:
@@ -159,7 +166,9 @@ def rehearse(nodes: int, per_node: int) -> dict:
     named = re.search(r"HANG: stopped first: rank\(s\) (\S+) on (\S+)", log)
     states = run("sacct", "-n", "-P", "-j", job, "-o", "State", "--duplicates", "-X").split()
     training = (marks["attempt1"] + 3, marks["preempt"] - 1)
+    lag = status_lag(polls, protocol.read_history(protocol.state_dir(ckpt, job)))
     return {
+        "status_lag_s": lag,
         "job": job, "nodes": nodes, "ranks": nodes * per_node, "state": now_state,
         "states": states, "hang_rank": hang["rank"], "hang_node": hang["node"],
         "named": named.group(0) if named else "",
@@ -175,6 +184,24 @@ def rehearse(nodes: int, per_node: int) -> dict:
         "busiest_files": sorted(counter.names.items(), key=lambda kv: -kv[1])[:6],
         "root": str(root),
     }
+
+
+def status_lag(polls: list[Poll], history: list[dict]) -> dict:
+    """How old the step `hpctrain status` showed was, as the job ran: each attempt's steps
+    as rank 0's history marks them begun (a step is over once the next one began); polls
+    in a restart or a requeue are left out (the step numbers start again there)."""
+    begun: dict[tuple, dict[int, float]] = {}
+    for e in history:
+        if e.get("event") == "step" and isinstance(e.get("step"), int):
+            begun.setdefault((e["restart"], e["attempt"]), {})[e["step"]] = e["t"]
+    mine = []
+    for steps in begun.values():
+        first, last = min(steps.values()), max(steps.values())
+        done_at = {step - 1: t for step, t in steps.items()}
+        mine += [(p, done_at) for p in polls if first <= p.at <= last]
+    ages = sorted(staleness(p, done) for p, done in mine)
+    return {"polls": len(ages), "median_s": round(ages[len(ages) // 2], 2) if ages else None,
+            "worst_s": round(ages[-1], 2) if ages else None}
 
 
 def main() -> int:

@@ -10,16 +10,19 @@ from pathlib import Path
 
 import torch
 
+from hpctrain.checkpoint import CheckpointManager
+
 
 def parse_args(description: str, argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=200, help="train until this many steps are done")
-    # defaults come from the job spec's [checkpoint] table, exported by the batch script
-    p.add_argument("--ckpt-dir", default=os.environ.get("HPCTRAIN_CKPT_DIR"),
-                   help="checkpoint root on shared storage [default: $HPCTRAIN_CKPT_DIR]")
-    p.add_argument("--save-every", type=int,
-                   default=int(os.environ.get("HPCTRAIN_CKPT_INTERVAL_STEPS", "50")),
-                   help="periodic checkpoint interval [default: $HPCTRAIN_CKPT_INTERVAL_STEPS or 50]")
+    # in a job, CheckpointManager() takes both from the spec's [checkpoint] table
+    p.add_argument("--ckpt-dir", default=None,
+                   help="checkpoint root on shared storage [default: the spec's "
+                        "[checkpoint] dir]")
+    p.add_argument("--save-every", type=int, default=None,
+                   help="periodic checkpoint interval [default: the spec's [checkpoint] "
+                        "interval_steps]")
     p.add_argument("--seed", type=int, default=0)
     # --log-file first: torchrun's own argparse rejects a bare --log as ambiguous
     p.add_argument("--log-file", "--log", dest="log", default=None,
@@ -42,11 +45,17 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
                         "simulated), save-crash, load-crash (STEP ignored), on that attempt "
                         "(default 0) of the first run")
     args = p.parse_args(argv)
-    if not args.ckpt_dir:
-        p.error("no checkpoint directory: pass --ckpt-dir or set [checkpoint] dir in the job spec")
-    if args.steps < 0 or args.save_every < 1:
+    if args.steps < 0 or (args.save_every is not None and args.save_every < 1):
         p.error(f"--steps={args.steps} must be >= 0 and --save-every={args.save_every} >= 1")
     return args
+
+
+def checkpoints(args: argparse.Namespace) -> CheckpointManager:
+    """The checkpoint manager: the spec's [checkpoint] dir, keep_last, keep_every and
+    interval in a job (CheckpointManager() alone), --ckpt-dir/--save-every by hand."""
+    if args.ckpt_dir:
+        os.makedirs(args.ckpt_dir, exist_ok=True)  # every rank: the manager checks visibility
+    return CheckpointManager(args.ckpt_dir, interval_steps=args.save_every)
 
 
 class StepLog:

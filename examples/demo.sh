@@ -17,4 +17,7 @@ echo "last training steps ($run/steps.jsonl):"
 tail -n 3 "$run/steps.jsonl"
 hpctrain ckpt list "$run/ckpt"
 hpctrain status
+# where its GPU-time went, and its throughput and MFU (CPU figures here: the GPUs are emulated)
+job=$(hpctrain status --limit 1 --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["jobs"][0]["job_id"])')
+hpctrain report "$job" --html "$run/report.html"
 hpctrain devcluster status

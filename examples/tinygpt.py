@@ -130,3 +130,9 @@ def keep_stage(model: GPT, stage: int, stages: int) -> GPT:
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def param_count(cfg: Config) -> int:
+    """The full model's parameters (every stage and shard together): its FLOPs per token
+    are 6 times that to train, which ``ctx.set_work(params=...)`` tells hpctrain report."""
+    return sum(p.numel() for p in GPT(cfg).parameters())

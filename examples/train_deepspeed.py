@@ -18,9 +18,9 @@ import time
 import torch
 
 import hpctrain.runtime
-from common import StepLog, dump_final_state, parse_args
-from hpctrain.checkpoint import CheckpointManager, load_deepspeed, save_deepspeed
-from tinygpt import GPT, Config, batch_for, loss_fn
+from common import StepLog, checkpoints, dump_final_state, parse_args
+from hpctrain.checkpoint import load_deepspeed, save_deepspeed
+from tinygpt import GPT, Config, batch_for, loss_fn, param_count
 
 
 def ds_config(cfg: Config) -> dict:
@@ -45,12 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     import deepspeed
 
     cfg = Config()
+    # what a step does, for `hpctrain report`'s throughput and MFU (before the seed)
+    ctx.set_work(tokens=cfg.batch * cfg.seq * ctx.dp_size, params=param_count(cfg))
     torch.manual_seed(args.seed)
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, foreach=False)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config(cfg))
-    os.makedirs(args.ckpt_dir, exist_ok=True)
-    ckpt = CheckpointManager(args.ckpt_dir, keep_last=3)
+    ckpt = checkpoints(args)   # the spec's [checkpoint] dir, keep_last and interval
     resumed, _client = load_deepspeed(ckpt, engine)
     start = resumed or 0
     log = StepLog(args.log, enabled=ctx.is_main)
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hpctrain: rank {ctx.rank} stopping after step {done} ({ctx.stop_cause})",
                   flush=True)
             ctx.exit_for_requeue(done)
-        if done % args.save_every == 0 and done < args.steps:
+        if ckpt.due(done) and done < args.steps:
             save_deepspeed(ckpt, done, engine)
     save_deepspeed(ckpt, args.steps, engine)
     ckpt.close()

@@ -33,9 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 import hpctrain.runtime
-from common import Faults, StepLog, dump_final_state, parse_args
-from hpctrain.checkpoint import CheckpointManager
-from tinygpt import GPT, Config, batch_for, keep_stage, loss_fn
+from common import Faults, StepLog, checkpoints, dump_final_state, parse_args
+from tinygpt import GPT, Config, batch_for, keep_stage, loss_fn, param_count
 
 MICROBATCHES = 2
 
@@ -164,10 +163,12 @@ def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     """Train until ``args.steps`` from the newest checkpoint (or snapshot)."""
     faults = Faults(args.fault, ctx.rank, ctx.attempt, ctx.restart_count)
     cfg = Config()
+    # what a step does, for `hpctrain report`'s throughput and MFU: every data-parallel
+    # rank's batch of cfg.seq tokens, through the whole model (before build: it seeds)
+    ctx.set_work(tokens=cfg.batch * cfg.seq * ctx.dp_size, params=param_count(cfg))
     model, opt = build(ctx, cfg, args.seed)
     prime_optimizer(model, opt)
-    os.makedirs(args.ckpt_dir, exist_ok=True)  # every rank: the manager checks visibility
-    ckpt = CheckpointManager(args.ckpt_dir, keep_last=3)
+    ckpt = checkpoints(args)   # the spec's [checkpoint] dir, keep_last and interval
     state = state_of(model, opt)
     template = state_of(model, opt)
     if faults.hit("load-crash"):
@@ -203,7 +204,7 @@ def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
                   flush=True)
             log.close()
             ctx.exit_for_requeue(done)
-        if done % args.save_every == 0 and done < args.steps:
+        if ckpt.due(done) and done < args.steps:
             state = state_of(model, opt)
             if faults.hit("save-crash", done):
                 state["broken"] = lambda: None   # cannot be pickled: the save fails

@@ -18,19 +18,21 @@ def atomic_write(path: str | os.PathLike[str], data: bytes | str, *, durable: bo
     """Replace ``path`` with ``data`` in one rename; on failure the old file stays.
 
     The temporary file is created new (``O_EXCL``, never following a planted name), with
-    ``mode`` when given, else 0666 less the umask like any new file; ``tmp_prefix`` names
+    exactly ``mode`` when given, else 0666 less the umask like any new file; ``tmp_prefix`` names
     it (the checkpoint code sweeps its own ``.tmp-`` leftovers). Raises OSError.
     """
     path = Path(path)
     # os.urandom, not uuid: uuid imports platform, a cost on every CLI start
     tmp = path.with_name(f"{tmp_prefix}{path.name}.{os.urandom(4).hex()}.tmp")
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    # created no more open than ``mode`` (a secret is never readable by others, not even
+    # until the chmod), then given exactly ``mode`` whatever the umask
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
             if mode is not None:
                 os.fchmod(fh.fileno(), mode)
+            fh.write(raw)
             if durable:
                 fh.flush()
                 os.fsync(fh.fileno())

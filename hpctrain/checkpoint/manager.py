@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from hpctrain import access as access_levels
 from hpctrain import protocol
-from hpctrain.checkpoint import catalog, commit, live, snapshot, storage
+from hpctrain.checkpoint import catalog, commit, live, settings, snapshot, storage
 from hpctrain.checkpoint.hashing import hash_files
 from hpctrain.checkpoint.manifest import RankRecords, step_dirname
 from hpctrain.checkpoint.reader import read_manifest
@@ -43,7 +43,11 @@ class CheckpointManager:
     ``keep_last`` newest valid steps are kept plus every step divisible by
     ``keep_every``; ``async_save`` makes :meth:`save` return once the state is copied to
     host staging buffers; ``verify`` checks checksums on load; ``stripe_count`` is passed
-    to ``lfs setstripe -c`` on Lustre. Raises CheckpointError at construction when
+    to ``lfs setstripe -c`` on Lustre; :meth:`due` says a step is due every
+    ``interval_steps``. In an hpctrain job, what is not given comes from the spec's
+    ``[checkpoint]`` table (``CheckpointManager()`` alone: its dir, keep_last, keep_every,
+    stripe_count, interval_steps; :mod:`hpctrain.checkpoint.settings`); outside one, a
+    manager without ``root`` is refused. Raises CheckpointError at construction when
     ``root`` is missing or not writable, and StorageUnavailable when another job still
     holds its lock after ``lock_wait_s`` (default 120 s: a lock of a dead node's job
     lingers until the file system gives up on that node).
@@ -56,11 +60,16 @@ class CheckpointManager:
     unpickler either way unless ``unpickle="any"`` (see :mod:`hpctrain.checkpoint.unpickle`).
     """
 
-    def __init__(self, root: str | os.PathLike[str], keep_last: int = 3,
+    def __init__(self, root: str | os.PathLike[str] | None = None, keep_last: int | None = None,
                  keep_every: int | None = None, async_save: bool = False, *,
                  verify: bool = True, stripe_count: int | None = None,
                  lock_wait_s: float | None = None, trust: bool = False,
-                 access: str | None = None, unpickle: str = "safe") -> None:
+                 access: str | None = None, unpickle: str = "safe",
+                 interval_steps: int | None = None) -> None:
+        given = settings.resolve(root, keep_last=keep_last, keep_every=keep_every,
+                                 stripe_count=stripe_count, interval_steps=interval_steps)
+        root, keep_last, keep_every = given.root, given.keep_last, given.keep_every
+        stripe_count, self.interval_steps = given.stripe_count, given.interval_steps
         try:
             select_deletions([], [], keep_last, keep_every)  # validates the policy
         except ValueError as exc:
@@ -158,6 +167,19 @@ class CheckpointManager:
             step, rank_writer(self.comm, staged.chunks if staged else [], {}, staged, fps,
                               failure),
             {"kind": "torch"}))
+
+    def due(self, step: int) -> bool:
+        """Is a save due after ``step`` steps (every ``interval_steps``, the spec's
+        ``[checkpoint] interval_steps`` in a job)?"""
+        return step > 0 and step % self.interval_steps == 0
+
+    def save_if_due(self, step: int, state: dict) -> bool:
+        """:meth:`save` ``state`` as ``step`` when :meth:`due`; whether it saved.
+        Collective like :meth:`save`: every rank calls it with the same ``step``."""
+        if not self.due(step):
+            return False
+        self.save(step, state)
+        return True
 
     def wait(self) -> None:
         """Block until an in-flight async save is durable; raise its failure if it failed."""

@@ -57,10 +57,11 @@ def job_json(job: Any, **extra: Any) -> dict[str, Any]:
 
 
 def progress_line(job: Any, info: Any) -> str:
-    """One line of ``submit --wait`` progress."""
+    """One line of ``submit --wait`` progress (a running job's supervisor asked for its
+    step)."""
     from hpctrain.jobs.view import wait_progress
 
-    live, step = wait_progress(job.job_id, job.entry)
+    live, step = wait_progress(job.job_id, job.entry, running=str(info.state) == "RUNNING")
     return (f"job {job.job_id}: {info.state}  elapsed {format_elapsed(info.elapsed_s)}  "
             f"{live + '  ' if live else ''}requeues {format_requeues(info.requeues)}  "
             f"last checkpoint step {'-' if step is None else step}")

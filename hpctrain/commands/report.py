@@ -1,15 +1,18 @@
-"""``hpctrain report JOB [--json] [--html FILE]``: where a job's GPU-time went, run by run.
+"""``hpctrain report JOB [--json] [--html FILE]``: where a job's GPU-time went, run by run,
+and what its steps did with it.
 
 Gathers sacct's runs (one call, :mod:`hpctrain.jobs.accounting`), the job's ledger and
 outcome, and rank 0's progress history from the job's state directory
 (:mod:`hpctrain.jobs.statedir`), then :func:`hpctrain.report.build.build` (pure) does the
-accounting and :mod:`hpctrain.report.html` draws the timeline. No torch.
+accounting, :mod:`hpctrain.commands.report_efficiency` the measured throughput, MFU and
+cost, and :mod:`hpctrain.report.html` draws the timeline. No torch.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -18,6 +21,7 @@ from hpctrain import protocol
 from hpctrain.commands.options import job_ids as check_ids
 from hpctrain.errors import ReportError
 from hpctrain.jobs import index, statedir
+from hpctrain.commands.report_efficiency import efficiency, text_lines
 from hpctrain.jobs.accounting import job_runs
 from hpctrain.report.build import CATEGORIES, Report, RunFacts, build
 
@@ -47,28 +51,39 @@ def report(job_id: str | None, as_json: bool, html: str | None, base: str | None
     rec = index.find(job_id)
     if rec is not None and rec.kind == "sweep" and rec.sweep_id == job_id:
         return sweep_report(job_id, as_json)
-    result = job_report(job_id, state_dir(job_id, base))
+    state = state_dir(job_id, base)
+    history = protocol.read_history(state)
+    runs = job_runs(job_id).get(job_id, [])
+    result = job_report(job_id, state, runs, history)
+    entry = statedir.entry_of(job_id)
+    # where it ran, as sacct says (a job hpctrain did not submit too), else its entry
+    partition = runs[-1].partition if runs and runs[-1].partition else \
+        (entry.partition if entry is not None else "")
+    measured = efficiency(result, history, partition)
     if html:
         from hpctrain.report.html import to_html
 
-        Path(html).write_text(to_html(result), encoding="utf-8")
+        Path(html).write_text(to_html(result, measured), encoding="utf-8")
     if as_json:
-        click.echo(json.dumps(result.to_json()))
+        click.echo(json.dumps({**result.to_json(), "efficiency": asdict(measured)}))
     else:
         click.echo(format_text(result))
+        click.echo("\n".join(text_lines(measured)))
         if html:
             click.echo(f"timeline: {html}")
     return 0
 
 
-def job_report(key: str, state: Path, runs: list[RunFacts] | None = None) -> Report:
+def job_report(key: str, state: Path, runs: list[RunFacts] | None = None,
+               history: list[dict] | None = None) -> Report:
     """One job's (or sweep point's) report from Slurm (``runs``: already asked) and its
-    state directory."""
+    state directory (``history``: rank 0's, already read)."""
     if runs is None:
         runs = job_runs(key).get(key, [])
     verdict = protocol.read_record(state / protocol.OUTCOME)
     cause = verdict.get("cause", "")
-    return build(key, runs, statedir.ledger_lines(state), protocol.read_history(state), cause,
+    return build(key, runs, statedir.ledger_lines(state),
+                 protocol.read_history(state) if history is None else history, cause,
                  verdict.get("detail", "") if cause == "completed" else "")
 
 

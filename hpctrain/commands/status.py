@@ -14,7 +14,8 @@ from hpctrain.commands.jobview import format_cause, format_elapsed, format_reque
 from hpctrain.commands.options import job_ids as check_ids
 from hpctrain.commands.table import table
 from hpctrain.jobs import index
-from hpctrain.jobs.listing import Item, SweepSummary, collect
+from hpctrain.jobs.contract import LIVE_S
+from hpctrain.jobs.listing import Item, Listing, SweepSummary, collect
 from hpctrain.jobs.view import JobStatus
 from hpctrain.slurm.states import ORDER
 
@@ -43,7 +44,8 @@ class Row:
 @click.option("--watch", "watch_s", type=float, default=None, is_flag=False, flag_value=5.0,
               metavar="[SECONDS]",
               help="Show the table again every SECONDS (default 5) until the jobs have ended "
-                   "or Ctrl-C; in place on a terminal.")
+                   "or Ctrl-C; in place on a terminal, where running jobs' steps are "
+                   "shown again every 2 s in between.")
 def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
            watch_s: float | None) -> int:
     """State, elapsed time, nodes, requeues by cause, last checkpoint step and why the
@@ -53,40 +55,53 @@ def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
     A sweep is one row with per-state counts; give its id (or --expand) for its tasks.
     """
     if watch_s is None:
-        return _once(job_ids, as_json, expand, limit)
+        _show(collect(job_ids, expand, limit), job_ids, as_json)
+        return 0
+    return _watch(job_ids, as_json, expand, limit, max(watch_s, 1.0))
+
+
+def _watch(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
+           every_s: float) -> int:
+    """The table again every ``every_s`` until every job has ended (or Ctrl-C). On a
+    terminal the running jobs' steps are shown again every LIVE_S between Slurm's polls
+    (their supervisors are asked, not Slurm); a log gets one table per poll."""
     tty = sys.stdout.isatty()
+    snap, next_poll = None, 0.0
     try:
         while True:
+            polled = time.monotonic() >= next_poll
+            if polled:
+                next_poll = time.monotonic() + every_s
+            listing = collect(job_ids, expand, limit, None if polled else snap)
+            snap = listing.snapshot
             if tty:
                 click.echo("\033[H\033[J", nl=False)   # clear the screen, then the table
-            if _once(job_ids, as_json, expand, limit, watching=True):
+            if tty or polled:
+                _show(listing, job_ids, as_json)
+            if polled and listing.ended():
                 return 0
-            time.sleep(max(watch_s, 1.0))
+            until_poll = max(0.0, next_poll - time.monotonic())
+            time.sleep(min(LIVE_S, until_poll) if tty else until_poll)
     except KeyboardInterrupt:
         return 0
 
 
-def _once(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
-          watching: bool = False) -> int:
-    """One table (or JSON object). Watching: 1 once every job has ended, else 0."""
-    listing = collect(job_ids, expand, limit)
+def _show(listing: Listing, job_ids: tuple[str, ...], as_json: bool) -> None:
+    """One table (or JSON object)."""
     if as_json:
         click.echo(json.dumps(listing.to_json()))
-    else:
-        snap = listing.snapshot
-        if snap.note:
-            click.echo(f"note: {snap.note}", err=True)
-        rows = [_row(item) for item in listing.items]
-        click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
-                   f"({index.index_path()}); submit one with `hpctrain submit SPEC`")
-        if job_ids:   # the jobs asked for by id: what identifies their runs and code
-            for r in rows:
-                ident = [f"{k}={r.detail[k]}" for k in ("run_id", "snapshot") if r.detail.get(k)]
-                if ident:
-                    click.echo(f"  {r.job_id}: {' '.join(ident)}")
-    if watching:
-        return int(listing.ended())
-    return 0
+        return
+    snap = listing.snapshot
+    if snap.note:
+        click.echo(f"note: {snap.note}", err=True)
+    rows = [_row(item) for item in listing.items]
+    click.echo(_table(rows) if rows else "no hpctrain jobs recorded yet "
+               f"({index.index_path()}); submit one with `hpctrain submit SPEC`")
+    if job_ids:   # the jobs asked for by id: what identifies their runs and code
+        for r in rows:
+            ident = [f"{k}={r.detail[k]}" for k in ("run_id", "snapshot") if r.detail.get(k)]
+            if ident:
+                click.echo(f"  {r.job_id}: {' '.join(ident)}")
 
 
 def _row(item: Item) -> Row:

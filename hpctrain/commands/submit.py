@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import Any
 
 import click
@@ -66,11 +67,14 @@ def run_submit(spec: JobSpec, *, spec_path: str, template_dirs: list[Any], folde
 
 
 def _wait(job: Any, as_json: bool) -> int:
-    last = [""]
+    from hpctrain.jobs.contract import LIVE_S, wait_for
+
+    last, latest = [""], [None]
     # one line updated in place on a terminal; a new line per change otherwise (a log)
     tty = (sys.stderr if as_json else sys.stdout).isatty()
 
     def show(info: Any) -> None:
+        latest[0] = info
         line = progress_line(job, info)
         if line == last[0]:
             return
@@ -80,8 +84,18 @@ def _wait(job: Any, as_json: bool) -> int:
             click.echo(line, err=as_json)
         last[0] = line
 
+    def idle(pause: float) -> None:
+        """Between Slurm's polls (up to 10 s apart while nothing changes there), the
+        running job's step again every LIVE_S: its supervisor is asked, not Slurm."""
+        end = time.monotonic() + pause
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(LIVE_S, left))
+            if left > LIVE_S and latest[0] is not None and str(latest[0].state) == "RUNNING":
+                show(latest[0])
+
     try:
-        info = job.wait(on_update=show)
+        info = wait_for(job.job_id, job.updates(idle=idle), on_update=show,
+                        cancel_hint=job.cancel_hint)
         if tty:
             click.echo("", err=as_json)
     except KeyboardInterrupt:
@@ -94,7 +108,8 @@ def _wait(job: Any, as_json: bool) -> int:
     else:
         from hpctrain.jobs.view import wait_progress
 
-        live, _ = wait_progress(job.job_id, job.entry)   # the step it ended at, when known
+        # the step it ended at, from the supervisor's final summary (it has left)
+        live, _ = wait_progress(job.job_id, job.entry, running=False)
         click.echo(f"job {job.job_id} ended {info.state} after {format_elapsed(info.elapsed_s)}"
                    + (f"  {live}" if live else ""))
     return exit_code_for(info)

@@ -4,7 +4,8 @@ Run with ``launcher = "srun"`` (one task per device, as Lightning's SLURM enviro
 expects). The callback
 
 - reports each optimizer step to the supervisor's watchdog (a hung rank is found and the
-  step restarted in the allocation; ``status`` shows the step; ``report`` the goodput);
+  step restarted in the allocation; ``status`` shows the step; ``report`` the goodput, and
+  the throughput and MFU given ``tokens_per_step=`` or ``samples_per_step=``);
 - on any stop (preemption, the time-limit warning, a ``scancel``) agrees with the other
   ranks at the next batch's end, saves Lightning's own checkpoint of that step where
   Lightning's SLURM requeue saves it (``hpc_ckpt_N.ckpt`` in ``default_root_dir``, also
@@ -35,8 +36,14 @@ __all__ = ["HpctrainCallback"]
 class HpctrainCallback(Callback):
     """hpctrain's runtime for a Lightning ``Trainer`` (see the module's docstring)."""
 
-    def __init__(self) -> None:
-        self._session = Session()
+    def __init__(self, *, tokens_per_step: float | None = None,
+                 samples_per_step: float | None = None, flops_per_token: float | None = None,
+                 flops_per_sample: float | None = None, params: float | None = None) -> None:
+        """What one optimizer step does, every rank's together (``tokens_per_step`` or
+        ``samples_per_step``; the model's FLOPs per unit, or its ``params``): ``hpctrain
+        report`` measures throughput, MFU and cost from it (``Context.set_work``)."""
+        self._session = Session(tokens_per_step, samples_per_step, flops_per_token,
+                                flops_per_sample, params)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":

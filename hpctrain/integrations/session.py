@@ -13,18 +13,35 @@ from typing import NoReturn
 
 from hpctrain.runtime import Context, attach
 from hpctrain.runtime.context import BETWEEN_STEPS
+from hpctrain.runtime.work import make_work
 
 
 class Session:
     """The runtime's side of one framework's training run (one per process)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens_per_step: float | None = None,
+                 samples_per_step: float | None = None, flops_per_token: float | None = None,
+                 flops_per_sample: float | None = None, params: float | None = None) -> None:
+        """What a step does, as a callback's arguments say (:meth:`Context.set_work
+        <hpctrain.runtime.Context.set_work>`; none: not said). Checked now: a wrong value
+        fails where the callback is made, not in the job's first step."""
         self.ctx: Context | None = None
+        given = {"tokens": tokens_per_step, "samples": samples_per_step,
+                 "flops_per_token": flops_per_token, "flops_per_sample": flops_per_sample,
+                 "params": params}
+        self.work = {k: v for k, v in given.items() if v is not None}
+        if self.work:
+            make_work(**self.work)
 
-    def start(self) -> Context:
-        """Attach to the framework's process group (once: a second fit reuses it)."""
+    def start(self, samples_per_step: float | None = None) -> Context:
+        """Attach to the framework's process group (once: a second fit reuses it), and
+        say what a step does: the callback's arguments, else ``samples_per_step`` (what
+        the framework's own settings say, where it knows)."""
         if self.ctx is None:
             self.ctx = attach()
+            work = self.work or ({"samples": samples_per_step} if samples_per_step else {})
+            if work:
+                self.ctx.set_work(**work)
         return self.ctx
 
     def claim_signals(self) -> None:

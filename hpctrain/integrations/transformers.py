@@ -3,7 +3,9 @@
 Run with ``launcher = "torchrun"``. The callback
 
 - reports each optimizer step to the supervisor's watchdog (a hung rank is found and the
-  step restarted in the allocation; ``status`` shows the step; ``report`` the goodput);
+  step restarted in the allocation; ``status`` shows the step; ``report`` the goodput and
+  the throughput: the Trainer's samples per step, or ``tokens_per_step=`` and the model's
+  FLOPs for its MFU);
 - on any stop (preemption, the time-limit warning, a ``scancel``: under torchrun every rank
   gets SIGTERM) agrees with the other ranks at the step's end, has the Trainer save its own
   checkpoint of that step (``checkpoint-N`` in ``output_dir``, no evaluation first), and
@@ -30,13 +32,21 @@ __all__ = ["HpctrainCallback"]
 class HpctrainCallback(TrainerCallback):
     """hpctrain's runtime for a Hugging Face ``Trainer`` (see the module's docstring)."""
 
-    def __init__(self) -> None:
-        self._session = Session()
+    def __init__(self, *, tokens_per_step: float | None = None,
+                 samples_per_step: float | None = None, flops_per_token: float | None = None,
+                 flops_per_sample: float | None = None, params: float | None = None) -> None:
+        """What one optimizer step does, every rank's together (``tokens_per_step`` or
+        ``samples_per_step``; the model's FLOPs per unit, or its ``params``), for
+        ``hpctrain report``'s throughput and MFU; by default the samples the Trainer's
+        arguments make a step (batch per device x accumulation x processes)."""
+        self._session = Session(tokens_per_step, samples_per_step, flops_per_token,
+                                flops_per_sample, params)
         self._stopping = False
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:
-        self._session.start()
+        self._session.start(samples_per_step=args.per_device_train_batch_size
+                            * args.gradient_accumulation_steps * args.world_size)
 
     def on_step_begin(self, args: TrainingArguments, state: TrainerState,
                       control: TrainerControl, **kwargs: Any) -> None:

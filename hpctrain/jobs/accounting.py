@@ -21,7 +21,7 @@ from hpctrain.slurm.parse import (parse_elapsed, parse_kv_records, parse_sacct_p
                                   parse_scontrol_config, resized)
 from hpctrain.slurm.view import slurm_time
 
-RUN_FIELDS = "JobID,State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES"
+RUN_FIELDS = "JobID,State,Submit,Start,End,ElapsedRaw,NodeList,AllocTRES,Partition"
 PARTITION_FIELDS = "JobID,Account,State,ElapsedRaw,AllocTRES"
 
 
@@ -66,7 +66,8 @@ def _run(restart: int, segments: list[dict[str, str]]) -> RunFacts:
                     start=slurm_time(first["Start"]), end=slurm_time(last["End"]),
                     elapsed_s=sum(elapsed), nodes=first["NodeList"],
                     gpus=gpus_of(first["AllocTRES"]),
-                    gpu_s=sum(e * gpus_of(x["AllocTRES"]) for e, x in zip(elapsed, segments)))
+                    gpu_s=sum(e * gpus_of(x["AllocTRES"]) for e, x in zip(elapsed, segments)),
+                    partition=last.get("Partition", ""))
 
 
 def partition_runs(partition: str, start: str) -> list[RunRow]:

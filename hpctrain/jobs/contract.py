@@ -22,6 +22,9 @@ POLL_S = 2.0          # how often a wait asks Slurm, by default, at first
 # while nothing changes the wait asks less often, up to this: 40 users waiting on one
 # login node then ask the controller 4 times a second, not 20 (a change: POLL_S again)
 MAX_POLL_S = 10.0
+# between those polls a waiting view (submit --wait, status --watch) shows a running job's
+# step again this often: it asks the job's supervisor (hpctrain.protocol.live), not Slurm
+LIVE_S = 2.0
 # one step of a wait: what Slurm says now, and whether the job has ended for good
 Update = tuple[JobInfo, bool]
 OnUpdate = Callable[[JobInfo], None]

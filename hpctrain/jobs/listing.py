@@ -15,7 +15,7 @@ from hpctrain.jobs import index, poll
 from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.poll import Snapshot
 from hpctrain.jobs.statedir import task_entry
-from hpctrain.jobs.view import JobStatus, job_status, slurm_info
+from hpctrain.jobs.view import JobStatus, fill_progress, job_status, slurm_info
 
 # (index entry, the id as asked for): a job, a sweep task, or one array of a sweep
 Target = tuple[JobEntry, str]
@@ -60,19 +60,24 @@ class Listing:
                    for rec, given in self.targets)
 
 
-def collect(job_ids: tuple[str, ...] = (), expand: bool = False, limit: int = 20) -> Listing:
+def collect(job_ids: tuple[str, ...] = (), expand: bool = False, limit: int = 20,
+            snap: Snapshot | None = None) -> Listing:
     """The listing of ``job_ids`` (a sweep id brings its tasks), or of the ``limit`` most
-    recent submissions; sweeps summarised unless ``expand`` or asked for by id."""
+    recent submissions; sweeps summarised unless ``expand`` or asked for by id. ``snap``:
+    Slurm's word from an earlier listing of the same jobs (``status --watch`` between its
+    polls: the running jobs' progress is new, Slurm is not asked)."""
     targets = _targets(job_ids, limit)
     asked = set(job_ids)
-    snap = poll.snapshot([rec.job_id for rec, _ in targets])
+    if snap is None:
+        snap = poll.snapshot([rec.job_id for rec, _ in targets])
     items: list[Item] = []
     for rec, given in targets:
         if rec.kind != "sweep":
-            items.append(job_status(given, rec, snap))
+            items.append(job_status(given, rec, snap, ask=False))
         elif _first_of_sweep(rec, targets):
             by_task = expand or rec.sweep_id in asked or given in asked
             items += _sweep_items(rec, targets, snap, by_task)
+    fill_progress(i for i in items if isinstance(i, JobStatus))   # asked all at once
     return Listing(targets, snap, items)
 
 
@@ -115,7 +120,7 @@ def _sweep_items(rec: JobEntry, targets: list[Target], snap: Snapshot,
     if by_task:
         views = []
         for tid, m, t in tasks:
-            view = job_status(tid, task_entry(m, t), snap)
+            view = job_status(tid, task_entry(m, t), snap, ask=False)
             view.point = m.points[t] if t < len(m.points) else {}
             views.append(view)
         return list(views)

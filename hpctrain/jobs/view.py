@@ -4,20 +4,23 @@ Slurm (one batched :func:`hpctrain.jobs.poll.snapshot`) is the source of truth f
 state; the job's state directory adds detail Slurm does not keep (requeue causes from the
 supervisor's ledger, its verdict on the last run, live progress) and the checkpoint dir
 the last saved step. :meth:`Job.info <hpctrain.jobs.handle.Job.info>`, ``hpctrain status``
-and ``submit --wait`` all build their view here. Plain file reads: no torch, no extra
-Slurm call.
+and ``submit --wait`` all build their view here. Plain file reads and, for a running job,
+one datagram to its supervisor (:mod:`hpctrain.protocol.live`; the summary file when it
+does not answer): no torch, no extra Slurm call.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterable
 
 from hpctrain import protocol
 from hpctrain.jobs import statedir
 from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.poll import JobInfo, Snapshot, ended_without_accounting, last_checkpoint_step
 from hpctrain.jobs.statedir import state_dirs
+from hpctrain.protocol import live
 from hpctrain.protocol.ledger import Ledger, requeues_by_cause
 from hpctrain.protocol.progress import Progress
 from hpctrain.slurm.states import by_name
@@ -44,7 +47,9 @@ class JobStatus:
     ledger: Ledger | None = None
     verdict: dict[str, str] = field(default_factory=dict)   # the supervisor's outcome record
     last_step: int | None = None
-    live: str = ""                                           # progress line while RUNNING
+    live: str = ""            # rank 0's progress line (the last one once it stopped)
+    progress_source: str = ""    # where it came from: "supervisor" (asked now), "summary"
+    progress_step: int | None = None                         # ...and its step
     run_id: str = ""                                         # HPCTRAIN_RUN_ID, once it ran
     point: dict[str, str] | None = None                      # a sweep task's overrides
 
@@ -77,6 +82,7 @@ class JobStatus:
                "restarts_in_place": self.restarts_in_place,
                "restarts_in_process": self.restarts_in_process,
                "excluded_nodes": self.excluded_nodes, "progress": self.live,
+               "progress_source": self.progress_source, "progress_step": self.progress_step,
                "hangs": self.hangs, "last_checkpoint_step": self.last_step,
                "folder": self.entry.folder, "cause": self.verdict.get("cause"),
                "verdict": self.verdict, "run_id": self.run_id,
@@ -104,41 +110,92 @@ def info_from_json(job_id: str, data: dict[str, Any]) -> JobInfo:
                    requeues=dict(data.get("requeues") or {}))
 
 
-def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = True) -> JobStatus:
+def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = True,
+               ask: bool = True) -> JobStatus:
     """The view of ``job_id``; ``details=False`` stops at Slurm's info and the ledger
-    (what :meth:`Job.info` needs), skipping the verdict, checkpoint and progress reads."""
+    (what :meth:`Job.info` needs), skipping the verdict, checkpoint and progress reads;
+    ``ask=False`` leaves the progress to the caller (:func:`fill_progress`, many at once)."""
     dirs = state_dirs(entry)
     info = slurm_info(job_id, entry, snap)
     ledger = statedir.ledger(job_id, entry)
     info = replace(info, requeues=requeues_by_cause(info.requeues, ledger))
     if not details:
         return JobStatus(job_id, entry, info, ledger)
-    return JobStatus(job_id, entry, info, ledger,
+    view = JobStatus(job_id, entry, info, ledger,
                      verdict=protocol.find_record(job_id, protocol.OUTCOME, *dirs),
-                     run_id=protocol.find_record(job_id, protocol.IDENTITY, *dirs).get("run_id", ""),
-                     last_step=last_checkpoint_step(entry.checkpoint_dir),
-                     live=live_progress(job_id, *dirs) if str(info.state) == "RUNNING" else "")
+                     run_id=protocol.find_record(job_id, protocol.IDENTITY, *dirs).get(
+                         "run_id", ""),
+                     last_step=last_checkpoint_step(entry.checkpoint_dir))
+    if ask:
+        fill_progress([view])
+    return view
 
 
-def wait_progress(job_id: str, entry: JobEntry) -> tuple[str, int | None]:
-    """What ``submit --wait`` adds to Slurm's word: the live progress line ('' when there
-    is none) and the last checkpoint step."""
-    return live_progress(job_id, *state_dirs(entry)), last_checkpoint_step(entry.checkpoint_dir)
+def fill_progress(views: Iterable[JobStatus]) -> None:
+    """The progress of ``views``: a running job's supervisor asked (all at once, one
+    datagram each: :func:`hpctrain.protocol.live.ask`), the summary file for those that do
+    not answer and for a job not running now (the step a finished job ended at, or where a
+    requeued one stopped)."""
+    found = []
+    for view in views:
+        state = protocol.find_state_dir(view.job_id, *state_dirs(view.entry))
+        if state is not None:
+            running = str(view.info.state) == "RUNNING"
+            found.append((view, state, live.read_address(state) if running else None))
+    answers = live.ask([a for _, _, a in found if a is not None])
+    for view, state, address in found:
+        shown = progress_of(state, answers.get(address.key) if address is not None else None,
+                            running=str(view.info.state) == "RUNNING")
+        view.live, view.progress_source, view.progress_step = shown.line, shown.source, \
+            shown.step
 
 
-def live_progress(key: str, *bases: str) -> str:
-    """``step 17 (training, 3.2 steps/s)`` from rank 0's progress record and the tail of
-    its history (a job using hpctrain.runtime); '' when there is none."""
-    state = protocol.find_state_dir(key, *bases)
-    if state is None:
-        return ""
-    record = Progress.parse(protocol.read_record(state / protocol.SUMMARY))
+def wait_progress(job_id: str, entry: JobEntry, running: bool = True
+                  ) -> tuple[str, int | None]:
+    """What ``submit --wait`` adds to Slurm's word: the progress line ('' when there is
+    none) and the last checkpoint step. ``running=False`` (the job has ended): the final
+    summary, without asking a supervisor that is gone."""
+    state = protocol.find_state_dir(job_id, *state_dirs(entry))
+    line = ""
+    if state is not None:
+        address = live.read_address(state) if running else None
+        answer = live.ask([address]).get(address.key) if address is not None else None
+        line = progress_of(state, answer, running).line
+    return line, last_checkpoint_step(entry.checkpoint_dir)
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A job's progress as shown: the line, where it came from, its step."""
+
+    line: str = ""
+    source: str = ""         # "supervisor" | "summary" | "" (none)
+    step: int | None = None
+
+
+def progress_of(state: Path, answer: live.Answer | None, running: bool = True) -> Shown:
+    """``step 17 (training, 3.2 steps/s, 26,214 tokens/s)`` from rank 0's progress record
+    (the supervisor's ``answer``, else the summary file it writes) and, ``running``, the
+    rate from the tail of its history (a job using hpctrain.runtime; tokens or samples
+    when the script said a step's work); an empty :class:`Shown` without one."""
+    record, source = None, ""
+    if answer is not None and answer.record:
+        record, source = Progress.parse(answer.record), "supervisor"
     if record is None:
-        return ""
+        record, source = Progress.parse(protocol.read_record(state / protocol.SUMMARY)), \
+            "summary"
+    if record is None:
+        return Shown()
     run = (record.address.restart_count, record.address.attempt)
     steps = [e for e in protocol.read_history(state, tail_bytes=8192)
-             if e.get("event") == "step" and (e.get("restart"), e.get("attempt")) == run]
+             if e.get("event") == "step" and (e.get("restart"), e.get("attempt")) == run
+             ] if running else []
     rate = ""
     if len(steps) >= 2 and steps[-1]["t"] > steps[0]["t"]:
-        rate = f", {(len(steps) - 1) / (steps[-1]['t'] - steps[0]['t']):.2f} steps/s"
-    return f"step {record.step or record.boundaries} ({record.phase}{rate})"
+        per_s = (len(steps) - 1) / (steps[-1]["t"] - steps[0]["t"])
+        rate = f", {per_s:.2f} steps/s"
+        if record.work is not None:     # the script said a step's work (ctx.set_work)
+            rate += f", {per_s * record.work.per_step:,.0f} {record.work.unit}/s"
+    shown = record.step or str(record.boundaries)
+    return Shown(f"step {shown} ({record.phase}{rate})", source,
+                 int(shown) if shown.isdigit() else None)

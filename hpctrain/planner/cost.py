@@ -43,8 +43,21 @@ def estimate(mode: str, params: float, tokens: float, peak_tflops: float, gpus: 
     if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
         raise PlanError(f"--price-per-gpu-hour={price_per_gpu_hour} must be >= 0")
     per = FLOPS_PER_PARAM_TOKEN[mode]
-    flops = per * params * tokens
+    return for_flops(per * params * tokens, peak_tflops, gpus, mfu, price_per_gpu_hour, per)
+
+
+def for_flops(flops: float, peak_tflops: float, gpus: int, mfu: float = DEFAULT_MFU,
+              price_per_gpu_hour: float | None = None,
+              flops_per_param_token: float = 0.0) -> Cost:
+    """GPU-hours (and cost) of ``flops`` model FLOPs at ``mfu`` of ``peak_tflops``: the
+    estimate's one formula (``hpctrain report`` asks it for the work a job kept)."""
     gpu_hours = flops / (mfu * peak_tflops * 1e12) / 3600
-    return Cost(gpu_hours=gpu_hours, wall_hours=gpu_hours / gpus, gpus=gpus,
+    return Cost(gpu_hours=gpu_hours, wall_hours=gpu_hours / max(gpus, 1), gpus=gpus,
                 cost=None if price_per_gpu_hour is None else gpu_hours * price_per_gpu_hour,
-                flops=flops, mfu=mfu, peak_tflops=peak_tflops, flops_per_param_token=per)
+                flops=flops, mfu=mfu, peak_tflops=peak_tflops,
+                flops_per_param_token=flops_per_param_token)
+
+
+def flops_per_token(mode: str, params: float) -> float:
+    """Model FLOPs per token of a ``params``-parameter model (the module docstring)."""
+    return FLOPS_PER_PARAM_TOKEN[mode] * params

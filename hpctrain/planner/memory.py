@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 from hpctrain.planner.model import Arch
 from hpctrain.planner.sizes import GB
+from hpctrain.spec.workload import MODES  # the modes a step's FLOPs know (one list)
 
-MODES = ("train", "lora", "qlora", "inference")
 RECOMPUTE = ("none", "selective", "full")
 ADAM_BYTES = {"weights": 2.0, "gradients": 2.0, "optimizer": 12.0}  # ZeRO paper, mixed precision
 FROZEN_BYTES = {"lora": 2.0, "qlora": 0.5}

@@ -46,6 +46,9 @@ def spec_dict(plan: Recommendation, *, partition: str, name: str | None = None, 
         "run": {"launcher": launcher or launcher_for(plan),
                 "command": list(command or ["python", "train.py"])},
         "checkpoint": {"interval_steps": 100, "keep_last": 3},
+        # the step's FLOPs for report's MFU, beside this plan's estimate
+        "model": {"params": float(plan.request.workload.params),
+                  "mode": plan.request.workload.mode},
     }
     # the divisibility checks `render` makes are only worth making on the real model's
     # figures: an assumed shape is left out (and named in the header instead)

@@ -15,7 +15,10 @@ A job's state directory, on storage every node sees (``state_dir``)::
         exit       the runtime's exit record (a requeue request, or a crash and its error)
         outcome    the supervisor's verdict on the last run (cause, action, rank, node, error)
         summary    rank 0's newest progress record, rewritten at most every 15 s by the
-                   supervisor (``hpctrain status``'s live line)
+                   supervisor (``hpctrain status``'s live line when the supervisor
+                   cannot be asked), and at once as the step ends (its final step)
+        live       where the running supervisor answers ``hpctrain status`` and the
+                   secret a request must prove (0600; :mod:`hpctrain.protocol.live`)
         stacks/rank-N     a rank's Python stacks, asked for by the supervisor (a hang)
         history    rank 0's progress over time, one JSON line per step boundary and phase
                    change (``hpctrain report`` reads it)
@@ -52,9 +55,16 @@ EARLY_SIGNALS = "HPCTRAIN_EARLY_SIGNALS"      # caught by the batch shell before
 SUBMISSION_ID = "HPCTRAIN_SUBMISSION_ID"      # set by `hpctrain submit` in sbatch's environment
 SNAPSHOT_ID = "HPCTRAIN_SNAPSHOT_ID"          # the code snapshot the job runs ([run] snapshot)
 SNAPSHOT_DIR = "HPCTRAIN_SNAPSHOT_DIR"        # where that copy is (the job's working directory)
+# [checkpoint], for CheckpointManager()'s defaults (hpctrain.checkpoint.settings)
 CKPT_DIR = "HPCTRAIN_CKPT_DIR"
-CKPT_ACCESS = "HPCTRAIN_CKPT_ACCESS"          # [checkpoint] access: the manager's default
+CKPT_ACCESS = "HPCTRAIN_CKPT_ACCESS"
+CKPT_INTERVAL_STEPS = "HPCTRAIN_CKPT_INTERVAL_STEPS"
+CKPT_KEEP_LAST = "HPCTRAIN_CKPT_KEEP_LAST"
+CKPT_KEEP_EVERY = "HPCTRAIN_CKPT_KEEP_EVERY"
+CKPT_STRIPE_COUNT = "HPCTRAIN_CKPT_STRIPE_COUNT"
 LAUNCHER = "HPCTRAIN_LAUNCHER"
+MODEL_PARAMS = "HPCTRAIN_MODEL_PARAMS"        # [model] params: a step's FLOPs, for report
+MODEL_MODE = "HPCTRAIN_MODEL_MODE"            # [model] mode: train, lora, qlora, inference
 REQUEUE_SIGNAL = "HPCTRAIN_REQUEUE_SIGNAL"
 SPARE_NODES = "HPCTRAIN_SPARE_NODES"          # [elastic] spare_nodes: nodes beyond the step's
 SIGNAL_LEAD_S = "HPCTRAIN_SIGNAL_LEAD_S"
@@ -102,7 +112,7 @@ def master_port(slurm_job_id: str | int | None) -> int:
 STATE_SUBDIR = (".hpctrain", "jobs")
 IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"
 PROGRESS, DUMP, STACKS, HISTORY = "progress", "dump", "stacks", "history"
-SUMMARY = "summary"
+SUMMARY, LIVE = "summary", "live"
 INTERRUPT, RESUME = "interrupt", "resume"
 DEFAULT_HEARTBEAT_S = 2.0
 

@@ -24,6 +24,47 @@ FINAL_PHASES = ("exiting", "exited", "restarting")
 NEWS = ("rank", "restart_count", "attempt", "phase", "failed", "exit", "flushed", "inprocess")
 
 
+UNITS = ("tokens", "samples")
+MODES = ("train", "lora", "qlora", "inference")   # how FLOPs follow from params (planner)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one training step does, all ranks together, as the script says it
+    (``ctx.set_work``): ``report`` turns it into throughput and MFU."""
+
+    per_step: float             # tokens or samples per optimizer step, every rank's together
+    unit: str = "tokens"        # "tokens" | "samples"
+    flops: float = 0.0          # model FLOPs per unit, when the script gives them (else 0)
+    params: float = 0.0         # the model's parameter count, when known (FLOPs follow)
+    mode: str = "train"         # with ``params``: 6 FLOPs per parameter and token to train
+
+    def fields(self) -> dict[str, str]:
+        """Its wire form, in a progress record and a history line (defaults left out)."""
+        out = {"work": f"{self.per_step:g}", "work_unit": self.unit}
+        if self.flops:
+            out["work_flops"] = f"{self.flops:g}"
+        if self.params:
+            out.update(work_params=f"{self.params:g}", work_mode=self.mode)
+        return out
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, object]) -> Work | None:
+        """The work ``fields`` carry; None without any (or when it is not a number)."""
+        if not text(fields, "work"):
+            return None
+        try:
+            work = cls(float(text(fields, "work")), text(fields, "work_unit") or "tokens",
+                       float(text(fields, "work_flops") or 0),
+                       float(text(fields, "work_params") or 0),
+                       text(fields, "work_mode") or "train")
+        except ValueError:
+            return None
+        ok = work.per_step > 0 and work.unit in UNITS and work.mode in MODES and \
+            work.flops >= 0 and work.params >= 0
+        return work if ok else None
+
+
 @dataclass(frozen=True)
 class Progress:
     """One rank's newest progress record."""
@@ -42,6 +83,7 @@ class Progress:
     inprocess: bool = False   # can restart in its own process (runtime.run)
     failed: str = ""          # this attempt failed: crash, hang, timeout, peer
     error: str = ""           # the failure, one line
+    work: Work | None = None  # what a step does (tokens or samples), once the script says
 
     @classmethod
     def parse(cls, fields: Mapping[str, object]) -> Progress | None:
@@ -61,7 +103,8 @@ class Progress:
                 node=get("node"), pid=int(get("pid") or 0), step=get("step"),
                 boundaries=int(get("boundaries") or 0), phase=get("phase") or "training",
                 exit=get("exit"), flushed=None if flushed == "" else flushed == "1",
-                inprocess=get("inprocess") == "1", failed=get("failed"), error=get("error"))
+                inprocess=get("inprocess") == "1", failed=get("failed"), error=get("error"),
+                work=Work.parse(fields))
         except ValueError:
             return None
 
@@ -79,6 +122,8 @@ class Progress:
             out["inprocess"] = "1"
         if self.failed:
             out.update(failed=self.failed, error=self.error)
+        if self.work is not None:
+            out.update(self.work.fields())
         return out
 
     @property

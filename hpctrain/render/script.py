@@ -286,8 +286,8 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.LAUNCHER, plan.launcher), ("HPCTRAIN_NODES", plan.nodes),
         ("HPCTRAIN_GPUS_PER_NODE", plan.gpus_per_node), ("HPCTRAIN_WORLD_SIZE", plan.world),
         ("HPCTRAIN_TP", plan.tp), ("HPCTRAIN_PP", plan.pp), ("HPCTRAIN_DP", plan.dp),
-        ("HPCTRAIN_CKPT_INTERVAL_STEPS", ck.interval_steps),
-        ("HPCTRAIN_CKPT_KEEP_LAST", ck.keep_last),
+        (protocol.CKPT_INTERVAL_STEPS, ck.interval_steps),
+        (protocol.CKPT_KEEP_LAST, ck.keep_last),
         # the supervisor's settings (hpctrain.supervisor.config reads them)
         (protocol.MAX_REQUEUES, rq.max_requeues),
         (protocol.MAX_PREEMPTIONS, rq.max_preemptions),
@@ -316,6 +316,13 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         pairs.append((protocol.CKPT_DIR, ck.dir))
     if ck.access != "private":  # the manager's default; said only when it differs
         pairs.append((protocol.CKPT_ACCESS, ck.access))
+    if ck.keep_every is not None:
+        pairs.append((protocol.CKPT_KEEP_EVERY, ck.keep_every))
+    if ck.stripe_count is not None:
+        pairs.append((protocol.CKPT_STRIPE_COUNT, ck.stripe_count))
+    if spec.model is not None:   # a step's FLOPs for report's MFU (hpctrain.runtime.work)
+        pairs += [(protocol.MODEL_PARAMS, f"{spec.model.params:g}"),
+                  (protocol.MODEL_MODE, spec.model.mode)]
     return [(k, str(v)) for k, v in pairs]
 
 

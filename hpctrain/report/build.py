@@ -49,6 +49,7 @@ class RunFacts:
     nodes: str
     gpus: int
     gpu_s: float | None = None   # when the run's GPUs changed (Slurm took a lost node)
+    partition: str = ""          # where it ran (its facts: peak TFLOPS, price)
 
     @property
     def allocated_gpu_s(self) -> float:
@@ -74,6 +75,7 @@ class Attempt:
     first_at: float | None = None         # when its first and last step completed
     last_at: float | None = None
     seconds: dict[str, float] = field(default_factory=dict)   # category -> s
+    saving: list[tuple[float, float]] = field(default_factory=list)   # (from, to) of saves
 
 
 @dataclass
@@ -227,6 +229,7 @@ def _account(att: Attempt, events: Sequence[Mapping[str, Any]],
              kept_at: Mapping[Any, float]) -> list[float]:
     """Fill one attempt's seconds per category from its history; its step durations."""
     saving = _saving_intervals(events, att.end)
+    att.saving = saving
     steps = [e for e in events if e.get("event") == "step"]
     secs = {c: 0.0 for c in CATEGORIES if c != "other"}
     secs["saving"] = sum(b - a for a, b in saving)

@@ -24,6 +24,7 @@ from hpctrain.runtime.environment import Environment
 from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
 from hpctrain.runtime.progress import Reporter
 from hpctrain.runtime.signals import DEFAULT_SIGNALS, StopFlag, parse_signals
+from hpctrain.runtime.work import make_work
 
 if TYPE_CHECKING:
     import torch
@@ -95,6 +96,20 @@ class Context:
         self._step = value
         if self.reporter is not None:
             self.reporter.set_step(value)
+
+    def set_work(self, *, tokens: float | None = None, samples: float | None = None,
+                 flops_per_token: float | None = None, flops_per_sample: float | None = None,
+                 params: float | None = None) -> None:
+        """What one optimizer step does, every rank's together: ``tokens`` (global batch x
+        sequence length) or ``samples``; the model's FLOPs per token (or sample), or its
+        ``params`` (6 FLOPs per parameter and token to train), else the spec's ``[model]
+        params``. ``hpctrain report`` measures throughput, MFU and cost from it. Call it
+        before the loop (again when it changes); ValueError for a value that is not one."""
+        work = make_work(tokens=tokens, samples=samples, flops_per_token=flops_per_token,
+                         flops_per_sample=flops_per_sample, params=params,
+                         spec_params=self.env.model_params, mode=self.env.model_mode)
+        if self.reporter is not None:
+            self.reporter.set_work(work)
 
     # -- stopping -----------------------------------------------------------------------
     def stop_requested(self) -> bool:

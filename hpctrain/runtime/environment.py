@@ -42,6 +42,8 @@ class Environment:
     node: str | None  # SLURMD_NODENAME: the node this rank runs on
     job_end_time: float | None  # SLURM_JOB_END_TIME (epoch s), to tell preemption by USR2
     signal_lead_s: float | None  # HPCTRAIN_SIGNAL_LEAD_S, the template's --signal lead
+    model_params: float | None = None  # HPCTRAIN_MODEL_PARAMS: the spec's [model] params
+    model_mode: str = "train"          # HPCTRAIN_MODEL_MODE: ...and how it is trained
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -82,6 +84,8 @@ class Environment:
             node=_node(env),
             job_end_time=_float(env, "SLURM_JOB_END_TIME"),
             signal_lead_s=_float(env, protocol.SIGNAL_LEAD_S),
+            model_params=_float(env, protocol.MODEL_PARAMS),
+            model_mode=env.get(protocol.MODEL_MODE) or "train",
         )
 
 
@@ -139,4 +143,4 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
         return float(raw)
     except ValueError:
         raise SpecError(f"environment variable {name}={raw!r} is not a number: "
-                        f"unset it or give seconds as a number") from None
+                        f"unset it or give a number") from None

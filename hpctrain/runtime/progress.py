@@ -39,7 +39,7 @@ from pathlib import Path
 from hpctrain import protocol as p
 from hpctrain.files import atomic_write
 from hpctrain.protocol.dialog import Attempt, new_seq
-from hpctrain.protocol.progress import Progress
+from hpctrain.protocol.progress import Progress, Work
 from hpctrain.runtime.relay import Relay
 from hpctrain.runtime.relay import from_env as relay_from_env
 
@@ -76,6 +76,7 @@ class Reporter:
         self.failed = ""    # this attempt failed in-process: crash or hang (runtime.run)
         self.error = ""     # ...and the error, one line
         self.inprocess = False   # runtime.run: an attempt can restart in this process
+        self.work: Work | None = None   # what a step does (ctx.set_work), for report's MFU
         self.on_interrupt: Callable[[], None] | None = None   # runtime.run's, else None
         self._answered = ""
         self._interrupted = ""
@@ -89,6 +90,13 @@ class Reporter:
     def set_step(self, step: int | None) -> None:
         if step != self.step:
             self.step, self.changed_at = step, time.time()
+
+    def set_work(self, work: Work) -> None:
+        """What each step does from now on (tokens or samples, FLOPs): in the record and,
+        once per change, in the history (``report`` counts each step's work from it)."""
+        if work != self.work:
+            self.work = work
+            self._note(event="work", **work.fields())
 
     def boundary(self) -> None:
         """A step boundary was reached (``stop_requested()`` was called)."""
@@ -208,7 +216,7 @@ class Reporter:
             node=str(self.ident["node"]), pid=int(self.ident["pid"]),
             step="" if self.step is None else str(self.step), boundaries=self.boundaries,
             phase=self.phase, exit=self.exit, flushed=self.flushed, inprocess=self.inprocess,
-            failed=self.failed, error=self.error).fields()
+            failed=self.failed, error=self.error, work=self.work).fields()
 
     def write(self, urgent: bool = False) -> None:
         """Rewrite the record; ``urgent``: also send it to the supervisor now, from this

@@ -74,6 +74,22 @@ _UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 _LIMIT = {"h": 24, "m": 60, "s": 60}
 
 
+def check_int(value: Any, where: str, minimum: int, maximum: int | None = None) -> int:
+    """A whole number within ``minimum``..``maximum``; SpecError naming ``where`` and the
+    fix otherwise (a bool is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SpecError(f"{where}={value!r} must be a whole number "
+                        f"(e.g. {where}={max(minimum, 1)})")
+    if value < minimum or (maximum is not None and value > maximum):
+        top = f"..{maximum}" if maximum is not None else " or more"
+        raise SpecError(f"{where}={value} is out of range: use {minimum}{top}")
+    return value
+
+
+def check_opt_int(value: Any, where: str, minimum: int) -> int | None:
+    return None if value is None else check_int(value, where, minimum)
+
+
 def check_table(data: Any, where: str, cls: type) -> dict[str, Any]:
     """A TOML table for dataclass ``cls`` (``where`` names it, "" for the top level):
     unknown keys name the closest valid one; keys set to None are dropped."""

@@ -18,14 +18,16 @@ from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import SpecError
 from hpctrain.protocol import COLLECTIVE_MARGIN_S, DEFAULT_HANG_S, DEFAULT_SAVE_S
-from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_name,
-                                  check_sbatch_option, check_signal, check_table, check_text,
-                                  closest, slurm_time_seconds)
+from hpctrain.spec.checkpoint import CheckpointSpec
+from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_int, check_name,
+                                  check_opt_int, check_sbatch_option, check_signal, check_table,
+                                  check_text, closest, slurm_time_seconds)
 from hpctrain.spec.container import ContainerSpec, Mount
 from hpctrain.spec.elastic import ElasticSpec
 from hpctrain.spec.resources import ResourceSpec
 from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
 from hpctrain.spec.source import read_toml
+from hpctrain.spec.workload import ModelSpec
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
 MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
@@ -34,19 +36,6 @@ MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND"
 
 
 # ---- small typed readers: each names the key and the fix ------------------------------
-def _int(value: Any, where: str, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(f"{where}={value!r} must be a whole number (e.g. {where}={max(minimum, 1)})")
-    if value < minimum or (maximum is not None and value > maximum):
-        top = f"..{maximum}" if maximum is not None else " or more"
-        raise SpecError(f"{where}={value} is out of range: use {minimum}{top}")
-    return value
-
-
-def _opt_int(value: Any, where: str, minimum: int) -> int | None:
-    return None if value is None else _int(value, where, minimum)
-
-
 def _str_list(value: Any, where: str, *, allow_empty: bool = True,
               newlines: bool = False) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Sequence):
@@ -73,10 +62,11 @@ class LayoutSpec:
     @classmethod
     def from_dict(cls, data: Any) -> "LayoutSpec":
         d = check_table(data, "layout", cls)
-        return cls(tp=_int(d.get("tp", 1), "layout.tp", 1), pp=_int(d.get("pp", 1), "layout.pp", 1),
-                   dp=_opt_int(d.get("dp"), "layout.dp", 1),
-                   num_layers=_opt_int(d.get("num_layers"), "layout.num_layers", 1),
-                   num_heads=_opt_int(d.get("num_heads"), "layout.num_heads", 1))
+        return cls(tp=check_int(d.get("tp", 1), "layout.tp", 1),
+                   pp=check_int(d.get("pp", 1), "layout.pp", 1),
+                   dp=check_opt_int(d.get("dp"), "layout.dp", 1),
+                   num_layers=check_opt_int(d.get("num_layers"), "layout.num_layers", 1),
+                   num_heads=check_opt_int(d.get("num_heads"), "layout.num_heads", 1))
 
 
 @dataclass(frozen=True)
@@ -121,35 +111,6 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
-class CheckpointSpec:
-    """Where and how often the job checkpoints; exported to the job as HPCTRAIN_CKPT_*."""
-
-    dir: str | None = None
-    interval_steps: int = 100
-    keep_last: int = 3
-    stripe_count: int | None = None   # Lustre stripes (-1 = all OSTs), applied when lfs exists
-    access: str = "private"           # who may read the checkpoints: "private" or "group"
-
-    @classmethod
-    def from_dict(cls, data: Any) -> "CheckpointSpec":
-        d = check_table(data, "checkpoint", cls)
-        ckpt_dir = d.get("dir")
-        if ckpt_dir is not None:
-            check_text(ckpt_dir, "checkpoint.dir")
-            if not ckpt_dir.startswith("/"):
-                raise SpecError(f"checkpoint.dir={ckpt_dir!r} must be an absolute path on "
-                                "storage every node sees (e.g. /shared/ckpt/NAME)")
-        stripes = d.get("stripe_count")
-        if stripes is not None and (_int(stripes, "checkpoint.stripe_count", -1) == 0):
-            raise SpecError("checkpoint.stripe_count=0 means nothing: use -1 (all OSTs) or "
-                            "a positive count, or leave it out")
-        return cls(dir=ckpt_dir, stripe_count=stripes,
-                   access=access_level(d.get("access", "private"), "checkpoint.access"),
-                   interval_steps=_int(d.get("interval_steps", 100), "checkpoint.interval_steps", 1),
-                   keep_last=_int(d.get("keep_last", 3), "checkpoint.keep_last", 1))
-
-
-@dataclass(frozen=True)
 class RequeueSpec:
     """How the job survives preemption, time limits and node loss: signal, lead time, and
     a requeue budget per cause besides the total (a node-killing job then cannot requeue
@@ -169,15 +130,15 @@ class RequeueSpec:
     @classmethod
     def from_dict(cls, data: Any) -> "RequeueSpec":
         d = check_table(data, "requeue", cls)
-        total = _int(d.get("max_requeues", 10), "requeue.max_requeues", 0, 10000)
+        total = check_int(d.get("max_requeues", 10), "requeue.max_requeues", 0, 10000)
 
         def per_cause(key: str, default: int) -> int:
-            return _int(d.get(key, default), f"requeue.{key}", 0, 10000)
+            return check_int(d.get(key, default), f"requeue.{key}", 0, 10000)
 
         return cls(max_requeues=total,
                    signal=check_signal(d.get("signal", "USR2"), "requeue.signal"),
                    # Slurm's --signal lead time is at most 65535 s
-                   signal_lead_s=_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s",
+                   signal_lead_s=check_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s",
                                       0, 65535),
                    max_preemptions=per_cause("max_preemptions", total),
                    max_time_limits=per_cause("max_time_limits", total),
@@ -213,15 +174,15 @@ class WatchdogSpec:
     @classmethod
     def from_dict(cls, data: Any) -> "WatchdogSpec":
         d = check_table(data, "watchdog", cls)
-        timeouts = {key: _opt_int(d.get(key), f"watchdog.{key}", 0)
+        timeouts = {key: check_opt_int(d.get(key), f"watchdog.{key}", 0)
                     for key in ("hang_timeout_s", "startup_timeout_s", "save_timeout_s")}
         exclude = d.get("exclude_bad_nodes", True)
         if not isinstance(exclude, bool):
             raise SpecError(f"watchdog.exclude_bad_nodes={exclude!r} must be true or false")
         spec = cls(**timeouts, exclude_bad_nodes=exclude,
-                   collective_timeout_s=_opt_int(d.get("collective_timeout_s"),
+                   collective_timeout_s=check_opt_int(d.get("collective_timeout_s"),
                                                  "watchdog.collective_timeout_s", 1),
-                   max_step_restarts=_int(d.get("max_step_restarts", 2),
+                   max_step_restarts=check_int(d.get("max_step_restarts", 2),
                                           "watchdog.max_step_restarts", 0, 1000))
         spec.check_order()
         return spec
@@ -251,7 +212,7 @@ class WatchdogSpec:
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
              "requeue": RequeueSpec, "watchdog": WatchdogSpec, "container": ContainerSpec,
-             "elastic": ElasticSpec, "resources": ResourceSpec}
+             "elastic": ElasticSpec, "resources": ResourceSpec, "model": ModelSpec}
 _DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
 
 
@@ -281,6 +242,7 @@ class JobSpec:
     container: ContainerSpec | None = None   # run the step in a container (docs/containers.md)
     elastic: ElasticSpec = ElasticSpec()     # spare nodes for a lost one
     resources: ResourceSpec = ResourceSpec()  # CPUs and memory (default: the GPUs' share)
+    model: ModelSpec | None = None           # its parameter count: a step's FLOPs (report)
     sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)
 
     # ---- construction ------------------------------------------------------------------
@@ -295,8 +257,8 @@ class JobSpec:
         values: dict[str, Any] = {
             "name": check_name(d["name"], "name"),
             "partition": check_name(d["partition"], "partition"),
-            "nodes": _int(d.get("nodes", 1), "nodes", 1, 100000),
-            "gpus_per_node": _opt_int(d.get("gpus_per_node"), "gpus_per_node", 1),
+            "nodes": check_int(d.get("nodes", 1), "nodes", 1, 100000),
+            "gpus_per_node": check_opt_int(d.get("gpus_per_node"), "gpus_per_node", 1),
             "time": d.get("time", "01:00:00"),
         }
         slurm_time_seconds(values["time"], "time")

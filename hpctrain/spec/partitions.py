@@ -33,7 +33,10 @@ class Partition:
     gpu_type: str = "gpu"                # what the GPUs are, in words (plans, reports)
     gres_type: str = ""                  # Slurm's GRES type ("h100": --gpus-per-node=h100:8)
     gpu_mem_gb: float = 80.0
-    gpu_peak_tflops: float = 312.0       # dense bf16 per GPU, for cost estimates
+    gpu_peak_tflops: float = 312.0       # dense bf16 per GPU, for cost estimates and MFU
+    gpu_hour_price: float | None = None  # what one GPU-hour costs here (report, plan) ...
+    currency: str = ""                   # ... in this currency ("EUR", "USD", "credits")
+    gpu_emulated: bool = False           # the GPUs are stand-ins (the devcluster): CPU figures
     intra_node_link: str = "nvlink"      # nvlink | pcie
     inter_node_link: str = "infiniband"  # infiniband | ethernet
     description: str = ""
@@ -85,7 +88,28 @@ class Partition:
             value = getattr(part, key)
             if not isinstance(value, int) or value < 0:
                 raise PartitionError(f"{source}: {key}={value!r} must be a whole number >= 0")
+        check_price(part)
         return part
+
+
+def check_price(part: Partition) -> None:
+    """A GPU-hour's price is a number >= 0 with its currency, or not given at all; whether
+    the GPUs are emulated is true or false."""
+    price, where = part.gpu_hour_price, part.source
+    if not isinstance(part.gpu_emulated, bool):
+        raise PartitionError(f"{where}: gpu_emulated={part.gpu_emulated!r} must be true or "
+                             "false")
+    if price is None:
+        if part.currency:
+            raise PartitionError(f"{where}: currency={part.currency!r} without gpu_hour_price: "
+                                 "give the price of one GPU-hour too, e.g. gpu_hour_price = 2.5")
+        return
+    if isinstance(price, bool) or not isinstance(price, (int, float)) or not price >= 0:
+        raise PartitionError(f"{where}: gpu_hour_price={price!r} must be a number >= 0 (the "
+                             "price of one GPU-hour, e.g. 2.5)")
+    if not isinstance(part.currency, str) or not part.currency.strip():
+        raise PartitionError(f"{where}: gpu_hour_price={price} needs its currency: add "
+                             'currency = "EUR" (or "USD", "credits", ...)')
 
 
 def _partition_files(dirs: Iterable[Path]) -> dict[str, Path]:

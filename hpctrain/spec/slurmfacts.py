@@ -63,6 +63,8 @@ def facts(partition: Mapping[str, str], nodes: Sequence[Mapping[str, str]]) -> d
 _TO_FILL = (
     ("gpu_mem_gb = 80", "memory per GPU, for `hpctrain plan`"),
     ("gpu_peak_tflops = 312", "dense bf16 per GPU, for plans and costs (H100 SXM: 989)"),
+    ("gpu_hour_price = 2.5", "one GPU-hour, for report's and plan's cost ..."),
+    ('currency = "EUR"', "... in this currency (or \"credits\")"),
     ('intra_node_link = "nvlink"', "nvlink | pcie"),
     ('inter_node_link = "infiniband"', "infiniband | ethernet"),
     ('default_account = ""', "an account every job here is charged to"),

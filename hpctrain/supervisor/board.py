@@ -4,9 +4,10 @@ memory, and the supervisor's requests to the ranks (stacks, leave the attempt, g
 pushed to every relay and repeated in the reply to each of its messages while they stand.
 
 Its work per look is one datagram per node per heartbeat, whatever the ranks per node; no
-file on shared storage is read or written for it. ``hpctrain status`` gets its live line
-from a summary the supervisor writes every SUMMARY_S
-(:meth:`hpctrain.supervisor.hang.Watch.summarize`).
+file on shared storage is read or written for it. ``hpctrain status`` asks the supervisor
+for rank 0's newest record here (:mod:`hpctrain.supervisor.live`), and reads a summary the
+supervisor writes every SUMMARY_S (:meth:`hpctrain.supervisor.hang.Watch.summarize`) when
+it cannot.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from hpctrain.protocol.dialog import Interrupt, Resume, StackRequest
 from hpctrain.protocol.progress import Progress
 
 BUFFER = 8 << 20      # receive buffer: a burst of every rank's last word (8,192 x ~300 B)
-SUMMARY_S = 15.0      # how often the live summary for `hpctrain status` may be rewritten
+SUMMARY_S = 15.0      # how often the summary (status's fallback) may be rewritten
 
 
 class Board:

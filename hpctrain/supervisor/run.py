@@ -25,7 +25,7 @@ import sys
 from hpctrain import protocol as p
 from hpctrain.errors import HpctrainError
 from hpctrain.slurm.view import JobView
-from hpctrain.supervisor import container
+from hpctrain.supervisor import container, live
 from hpctrain.supervisor.actor import Actor
 from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
@@ -68,6 +68,11 @@ class Supervisor:
         self.board = Board()      # the ranks' progress, over the network
         if note := self.board.buffer_note(cfg.world):
             say(note)
+        # `hpctrain status` asks it for the board's newest step (not the 15 s summary)
+        self.live, note = live.start(self.state, cfg.key, cfg.restart_count, self.board,
+                                     cfg.batch_node)
+        if note:
+            say(note)
         self.actor = Actor(cfg, slurm, self.state, self.books, self.bad, self.board)
         self.inprocess = InProcess(cfg, slurm, self.state, self.seen, self.actor, self.pump)
         self.response = HangResponse(slurm, self.state, self.board, self.pump)
@@ -75,6 +80,11 @@ class Supervisor:
         self._forwarded = False
         self._acted: Decision | None = None     # a requeue made before the step ended
         self.spares = Spares(cfg, slurm, self.seen, self.bad, self.books)
+
+    def close(self) -> None:
+        """The run is over: the live query stops (``status`` reads the final summary)."""
+        if self.live is not None:
+            self.live.close()
 
     def install(self) -> None:
         """Slurm's stop signals to the batch step are noted, not fatal."""
@@ -288,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = Config.from_env(sys.argv[1:] if argv is None else argv, os.environ)
         supervisor = Supervisor(cfg, Slurm())
         supervisor.install()
-        return supervisor.run()
+        try:
+            return supervisor.run()
+        finally:
+            supervisor.close()
     except HpctrainError as exc:
         say(f"error: {exc}")
         return exc.exit_code

@@ -86,7 +86,7 @@ class Group:
                  "env": {"OMP_NUM_THREADS": "1", "STEPS": str(STEPS), "DS_ACCELERATOR": "cpu"}},
             requeue={"max_requeues": 3, "signal": "USR1" if self.runtime else "USR2",
                      "signal_lead_s": 30},
-            checkpoint={"dir": f"{root}/ckpt"})
+            checkpoint={"dir": f"{root}/ckpt", "interval_steps": 3})   # ten_lines' saves
 
     def grid(self) -> list[str]:
         grid = ["--grid", "run.env.EXIT_PATH=" + ",".join(self.exits)]

@@ -4,7 +4,8 @@ else. It never calls ``ctx.close()`` or ``ckpt.close()``: the runtime must leave
 itself (issue 31: a job that did its work must never be reported failed).
 
 The recipe's lines are kept as the doc writes them; what is not in the recipe (the model,
-the step, where the checkpoints go) is as small as it can be. ``$EXIT_PATH`` chooses how it
+the step) is as small as it can be; the checkpoints go where the spec's
+``[checkpoint]`` says. ``$EXIT_PATH`` chooses how it
 leaves after the work (tests/programs/exit_paths.py); rank 0 appends JSON events to
 ``$EVENTS`` (start, step, end).
 """
@@ -22,8 +23,7 @@ import hpctrain.runtime
 from hpctrain.checkpoint import CheckpointManager
 
 exit_paths.arm()
-ckpt_dir = os.environ["HPCTRAIN_CKPT_DIR"]
-total_steps, save_every = int(os.environ.get("STEPS", "6")), 3
+total_steps = int(os.environ.get("STEPS", "6"))   # saves: the spec's interval_steps
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -51,7 +51,7 @@ def train_one_step(step: int) -> None:
 
 # ---- the recipe ------------------------------------------------------------------------
 ctx = hpctrain.runtime.init()                      # process group, mesh, signal flag
-ckpt = CheckpointManager(ckpt_dir, keep_last=3)
+ckpt = CheckpointManager()                         # the spec's [checkpoint]: dir, keep_last...
 state = {"model": model.state_dict(), "optim": opt.state_dict()}
 start = ckpt.load_latest(state) or 0               # in place; None on a fresh start
 model.load_state_dict(state["model"]); opt.load_state_dict(state["optim"])
@@ -61,7 +61,7 @@ for step in range(start, total_steps):
     if ctx.stop_requested():                       # collective: call on every rank, every step
         ckpt.save(step + 1, {"model": model.state_dict(), "optim": opt.state_dict()})
         ckpt.close(); ctx.exit_for_requeue(step + 1)
-    if (step + 1) % save_every == 0: ckpt.save(step + 1, {"model": model.state_dict(), "optim": opt.state_dict()})
+    ckpt.save_if_due(step + 1, {"model": model.state_dict(), "optim": opt.state_dict()})
 # ---- end of the recipe -------------------------------------------------------------------
 log(event="end", step=total_steps)
 exit_paths.leave(torch.distributed.barrier)

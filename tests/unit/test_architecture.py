@@ -81,6 +81,7 @@ THIRD_PARTY = ("torch", "numpy", "submitit", "jinja2", "click", "safetensors", "
 
 # pure: no subprocess, no environment reads (files are read where the docstring says so)
 PURE = ("hpctrain.spec.model", "hpctrain.spec.checks", "hpctrain.spec.layout",
+        "hpctrain.spec.checkpoint",
         "hpctrain.spec.tomlwriter", "hpctrain.render.script", "hpctrain.planner",
         "hpctrain.jobs.sweep", "hpctrain.report", "hpctrain.devcluster.config",
         "hpctrain.devcluster.sshconf",

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain import protocol as p
+from hpctrain.protocol.progress import Work
 from hpctrain.runtime import EXIT_REQUEUE_PREEMPTION
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -62,6 +63,14 @@ def test_lightning_saves_its_own_checkpoint_on_a_stop_and_resumes_there(tmp_path
     starts = [e for e in events if e["event"] == "start"]
     assert [(s["restart"], s["step"]) for s in starts] == [(0, 0), (1, 6)], starts
     assert events[-1]["event"] == "done" and events[-1]["step"] == 12
+    # the callback said a step's work, in each run, for report's throughput and MFU
+    assert said_work(tmp_path) == [Work(8.0, "samples", 6 * 577.0)] * 2
+
+
+def said_work(tmp_path: Path) -> list[Work | None]:
+    """The work each run said (rank 0's history, as hpctrain report reads it)."""
+    return [Work.parse(e) for e in p.read_history(tmp_path / "state")
+            if e.get("event") == "work"]
 
 
 @pytest.mark.transformers
@@ -82,6 +91,8 @@ def test_the_hf_trainer_saves_its_own_checkpoint_on_a_stop_and_resumes_there(
     starts = [e for e in events if e["event"] == "start"]
     assert [(s["restart"], s["step"]) for s in starts] == [(0, 0), (1, 6)], starts
     assert events[-1]["event"] == "done" and events[-1]["step"] == 12
+    # without arguments, the samples the Trainer's arguments make a step: 4 x 1 x 1
+    assert said_work(tmp_path) == [Work(4.0, "samples")] * 2
 
 
 @pytest.mark.transformers

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import pytest
 
 from hpctrain import protocol
+from hpctrain.checkpoint import settings
 from hpctrain.errors import SpecError
 from hpctrain.render.script import render_script as _render_script
 from hpctrain.spec.model import JobSpec
@@ -131,16 +132,22 @@ def test_nul_bytes_are_refused_everywhere(tmp_path: Path) -> None:
 
 def test_layout_and_env_reach_the_ranks(tmp_path: Path) -> None:
     data = base(tmp_path)
-    data.update(nodes=2, layout={"tp": 2}, checkpoint={"dir": str(tmp_path / "ck"),
-                                                       "interval_steps": 7, "keep_last": 2})
+    data.update(nodes=2, layout={"tp": 2}, checkpoint={
+        "dir": str(tmp_path / "ck"), "interval_steps": 7, "keep_last": 2, "keep_every": 10,
+        "stripe_count": 4})
     run = run_script(render_script(JobSpec.from_dict(data)), tmp_path)
     env = dict(e.split("=", 1) for e in run.nul_list("command.env"))
     assert {k: env[k] for k in ("HPCTRAIN_TP", "HPCTRAIN_PP", "HPCTRAIN_DP", "HPCTRAIN_WORLD_SIZE",
                                 "HPCTRAIN_CKPT_INTERVAL_STEPS", "HPCTRAIN_CKPT_KEEP_LAST",
+                                "HPCTRAIN_CKPT_KEEP_EVERY", "HPCTRAIN_CKPT_STRIPE_COUNT",
                                 "MASTER_ADDR", "MASTER_PORT", "HPCTRAIN_PREEMPTIBLE")} == {
         "HPCTRAIN_TP": "2", "HPCTRAIN_PP": "1", "HPCTRAIN_DP": "2", "HPCTRAIN_WORLD_SIZE": "4",
         "HPCTRAIN_CKPT_INTERVAL_STEPS": "7", "HPCTRAIN_CKPT_KEEP_LAST": "2",
+        "HPCTRAIN_CKPT_KEEP_EVERY": "10", "HPCTRAIN_CKPT_STRIPE_COUNT": "4",
         "MASTER_ADDR": "n1", "MASTER_PORT": str(25000 + 4242 % 4000), "HPCTRAIN_PREEMPTIBLE": "1"}
+    # what CheckpointManager() in that rank would use (hpctrain.checkpoint.settings)
+    assert settings.resolve(None, env=env) == settings.Settings(
+        str(tmp_path / "ck"), keep_last=2, keep_every=10, stripe_count=4, interval_steps=7)
     assert "CUDA_VISIBLE_DEVICES" not in env   # nothing relies on it (fake GPUs)
 
 

@@ -95,7 +95,7 @@ def test_each_restart_says_how_it_began_and_what_it_cost() -> None:
     assert "  restarts in the allocation: 1 in-process (median 1.5 s from the last step " \
            "before to the first after); 1 in new processes (median 15.5 s from the last " \
            "step before to the first after)" in text
-    assert "attempt 1 (in-process): startup" in to_html(r)
+    assert "attempt 1 (in-process): start-up" in to_html(r)
 
 
 def test_a_rank_that_died_at_exit_after_the_work_is_a_note_not_a_failure() -> None:
@@ -145,28 +145,44 @@ def test_the_html_page_carries_the_runs_causes_and_numbers_of_the_json() -> None
     assert f"{r.goodput:.1%}" in text and "10 steps kept, 3 lost" in text
     for cause in ("hang", "preemption", "completed"):
         assert cause in text
-    assert {"queue", "startup", "training", "stopping"} <= set(parsed.classes)
-    # lost work is visible: re-done steps drawn red
+    # the timeline draws the table's categories, and the queue
+    assert {"queue", *CATEGORIES} <= set(parsed.classes)
+    # lost work is visible: re-done steps drawn red, as dots and in the lanes
     assert len(re.findall('fill="#c0392b"/>', page)) == 3
+    assert 'fill="#c0392b" class="redone"' in page
     assert "<script" not in page and "http://" not in page.replace(
         "http://www.w3.org/2000/svg", "")
 
 
-def test_the_live_progress_line_reads_rank_0s_record_and_history(tmp_path) -> None:
-    import json
+def test_the_pages_colours_and_words_agree_and_it_says_what_goodput_and_attempts_are() -> None:
+    """Issue 43: one colour and one word per category in the table, the timeline's legend
+    and the steps plot; red means lost work only; the queue is visible; goodput, runs and
+    attempts are explained on the page."""
+    from hpctrain.report.html import COLORS, LABELS
 
-    from hpctrain import protocol as p
-    from hpctrain.jobs.view import live_progress
-
-    assert live_progress("42", str(tmp_path)) == ""            # no runtime: nothing to say
-    state = p.state_dir(tmp_path, "42")
-    # the supervisor's summary of rank 0's record (hpctrain.supervisor.hang.Watch.summarize)
-    p.write_record(state / p.SUMMARY, {"rank": 0, "restart_count": 1, "attempt": 0,
-                                       "step": 17, "phase": "training"})
-    lines = [ev(100.0 + i / 2, 1, 0, event="step", step=10 + i, n=i) for i in range(8)]
-    lines.insert(0, ev(50.0, 0, 0, event="step", step=3, n=1))   # an earlier run: not counted
-    (state / p.HISTORY).write_text("".join(json.dumps(x) + "\n" for x in lines))
-    assert live_progress("42", "", str(tmp_path)) == "step 17 (training, 2.00 steps/s)"
+    page = to_html(build("42", RUNS, LEDGER, history(), final_cause="completed"))
+    parsed = Collect()
+    parsed.feed(page)
+    text = " ".join(parsed.text)
+    assert len(set(COLORS.values())) == len(COLORS)          # one colour, one meaning
+    assert [k for k, c in COLORS.items() if c == "#c0392b"] == ["redone"]
+    for kind in ("queue", *CATEGORIES):
+        label = LABELS[kind]
+        # the table's row and the legend say the same word beside the same colour
+        legend = f'<tspan fill="{COLORS[kind]}">&#9632;</tspan><tspan> {label}  </tspan>'
+        assert legend in page, kind
+        if kind != "queue":
+            assert f'background:{COLORS[kind]}"></span> {label}</td>' in page, kind
+        assert f'fill="{COLORS[kind]}" class="{kind}"' in page, kind   # drawn so
+    for kind in ("kept", "redone"):                               # the steps plot's legend
+        assert f'<tspan fill="{COLORS[kind]}">&#9679;</tspan><tspan> {LABELS[kind]}' in page
+    # the queue's colour stands out from the white page (not a near-white grey)
+    red, green, blue = (int(COLORS["queue"][i:i + 2], 16) for i in (1, 3, 5))
+    assert 0.2126 * red + 0.7152 * green + 0.0722 * blue < 180
+    assert "words" in parsed.ids
+    for word in ("goodput", "run", "attempt"):
+        assert f"{word} " in text
+    assert "allocated GPU-time" in text and "inside a run" in text
 
 
 # ---- a partition over a period (sysadmins) ---------------------------------------------------
@@ -241,7 +257,7 @@ def test_a_run_slurm_resized_is_one_run_with_the_gpu_seconds_of_each_part() -> N
         return {"JobID": "733", "State": state, "Submit": "2026-11-26T03:39:00",
                 "Start": f"2026-11-26T{start}", "End": f"2026-11-26T{end}",
                 "ElapsedRaw": str(elapsed), "NodeList": nodes,
-                "AllocTRES": f"cpu={gpus},gres/gpu={gpus},node={gpus // 2}"}
+                "AllocTRES": f"cpu={gpus},gres/gpu={gpus},node={gpus // 2}", "Partition": "wide"}
 
     runs = runs_from_rows([row("RESIZING", "03:39:05", "03:39:19", 14, "n[1-3]", 6),
                            row("RESIZING", "03:39:19", "03:39:36", 17, "n[1,3]", 4),
@@ -249,6 +265,7 @@ def test_a_run_slurm_resized_is_one_run_with_the_gpu_seconds_of_each_part() -> N
     assert [(r.restart, r.state, r.nodes, r.gpus, r.elapsed_s) for r in runs] == [
         (0, "REQUEUED", "n[1-3]", 6, 31.0), (1, "COMPLETED", "n[1-3]", 6, 9.0)]
     assert runs[0].allocated_gpu_s == 14 * 6 + 17 * 4
+    assert {r.partition for r in runs} == {"wide"}    # its facts: peak, price (report)
     assert build("733", runs, [], []).allocated_gpu_s == 14 * 6 + 17 * 4 + 9 * 6
 
 

@@ -46,7 +46,9 @@ def test_the_docs_recipe_without_close_leaves_cleanly_every_time(tmp_path: Path)
     for trial in range(REPEATS):
         root = tmp_path / f"t{trial}"
         (root / "ckpt").mkdir(parents=True)
-        env = env_for(HPCTRAIN_CKPT_DIR=str(root / "ckpt"), HPCTRAIN_STATE_DIR=str(root / "s"),
+        # the job spec's [checkpoint] as the rendered script exports it: dir, every 3 steps
+        env = env_for(HPCTRAIN_CKPT_DIR=str(root / "ckpt"), HPCTRAIN_CKPT_INTERVAL_STEPS="3",
+                      HPCTRAIN_STATE_DIR=str(root / "s"),
                       EVENTS=str(root / "events.jsonl"), STEPS="3")
         out = root / "out.txt"
         codes = run_ranks(PROGRAMS / "ten_lines.py", 2, env, out)
