@@ -191,19 +191,22 @@ def test_a_plain_script_that_loses_a_node_processes_first_moves_to_the_spare(
     assert max(counted()) == total and len(events(log, "done")) == 1, out
 
 
-def test_the_batch_node_lost_processes_first_is_requeued_by_slurm_and_resumes(
+def test_the_batch_node_lost_all_at_once_is_requeued_by_slurm_and_resumes(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """n1 hosts the batch step: the supervisor dies with the node's processes, so Slurm
-    ends the run NODE_FAIL and requeues it (never worse off than plain Slurm); the next
-    run's supervisor enters that requeue from accounting, and the job resumes from its
-    checkpoint and completes, every step done."""
+    """n1 hosts the batch step: a power loss takes the supervisor along, so Slurm ends the
+    run NODE_FAIL and requeues it (never worse off than plain Slurm); the next run's
+    supervisor enters that requeue from accounting, and the job resumes from its
+    checkpoint and completes, every step done. (Killed processes first, the batch step's
+    stepd would report the batch script's death and Slurm would end the job FAILED itself,
+    before the node goes dark: as plain Slurm does. Ranks dying first while the supervisor
+    lives is the fake-scheduler cell test_the_batch_node_lost_processes_first_is_requeued.)"""
     root = isolate(monkeypatch, tmp_path, shared=True)
     dev = admin.Cluster()
     empty_queue()
     job = submit(root, loop_spec(root, "srun"))
     try:
         wait_until(lambda: step_done(root, EVERY + 2), 240, f"step {EVERY + 2}")
-        lose_node(dev, "n1", job, order="processes-first")
+        lose_node(dev, "n1", job, order="all-at-once")
         wait_until(lambda: squeue_state(job) == "PENDING", 120, "Slurm's requeue")
         bring_back(dev, job)
         state = wait_done(job, 240)
