@@ -230,6 +230,9 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         # the batch step's stop signals: the time-limit warning (--signal=B:...) and TERM
         "stop_signals": list(dict.fromkeys((spec.requeue.signal, "TERM"))),
         "torchrun": torchrun_argv(spec.run.command) if plan.launcher == "torchrun" else None,
+        # torchrun: the agent on the first node (SLURMD_NODENAME) hosts the rendezvous store;
+        # not in Slurm's OCI containers, whose tasks all get the first task's variables (22.05)
+        "rdzv_host_by_node": container is None or container.runtime != "oci",
         # the rendezvous port rule (protocol.master_port), in the script's own arithmetic
         "port_base": protocol.PORT_BASE,
         "port_span": protocol.PORT_SPAN,

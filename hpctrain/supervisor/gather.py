@@ -19,6 +19,7 @@ from hpctrain.supervisor.diagnosis import diagnose, memory_kill
 from hpctrain.supervisor.elastic import step_nodes
 from hpctrain.supervisor.hang import FINISH_WAIT_S, Watch
 from hpctrain.supervisor.nodes import BadNodes
+from hpctrain.supervisor.rendezvous import Rendezvous
 from hpctrain.supervisor.scheduler import Scheduler, answered
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.waits import Waiter
@@ -40,6 +41,7 @@ class Gather:
         self.requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
         self.on: list[str] = []                # [elastic]: the nodes the step runs on
         self.lost: tuple[str, ...] = ()        # ...and those of them found lost
+        self.rendezvous = Rendezvous(cfg.master_addr, cfg.master_port, cfg.batch_node)
 
     # ---- stop signals ----------------------------------------------------------------------
     def handler(self, signum: int, frame: FrameType | None) -> None:
@@ -99,7 +101,8 @@ class Gather:
                           lost=self.lost_nodes(view) if status else (),
                           finish=watch.finish(),
                           failure=diagnose(log, cfg.launcher, record) if status else None,
-                          memory=memory_kill(log) if status else None)
+                          memory=memory_kill(log) if status else None,
+                          port=self.rendezvous.moved(log) if status else None)
 
     def failed_attempt(self) -> Facts:
         """The facts of an attempt that failed while its processes live on (they wait for

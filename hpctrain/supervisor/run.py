@@ -142,8 +142,9 @@ class Supervisor:
             placed, where = self.spares.place(argv, view, attempt)
             say(f"starting the training step of job {cfg.key}: {where}, "
                 f"restart {cfg.restart_count}{again}{after}")
+            channel = {**self.board.env(), **self.seen.rendezvous.env()}
             step = self.slurm.start_step(placed, step_env(cfg, self.state, view, last_cause,
-                                                          attempt, self.board.env()))
+                                                          attempt, channel))
             watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
                           attempt, logs, cfg.nodes, self.board, silence)
             status, seen.hang, attempt = self.supervise(step, watch)

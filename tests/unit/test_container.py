@@ -184,6 +184,11 @@ def test_oci_flag_and_the_supervisors_plan(tmp_path: Path) -> None:
              checkpoint={"dir": "/ck/c"}, workdir="/code")
     script = render_script(s, [site(tmp_path)])
     assert "srun --container=/images/pt --nodes=2" in launcher_line(script)
+    # Slurm 22.05 gives every node's task in an OCI container the first task's variables:
+    # torch tells the rendezvous host by its hostname there, not by SLURMD_NODENAME
+    assert "PET_RDZV_ENDPOINT" in script and "PET_RDZV_CONF" not in script
+    pyxis = render_script(spec("c-pyxis", {"image": "/i.sqsh"}), [site(tmp_path)])
+    assert "export PET_RDZV_CONF=\"is_host=" in pyxis
     line = next(ln for ln in script.splitlines() if ln.startswith(f"export {protocol.CONTAINER}="))
     plan = json.loads(line.split("=", 1)[1].strip("'"))
     assert plan == {"image": "/images/pt", "mounts": ["/ds:/ds:ro", "/ck/c:/ck/c", "/code:/code"],
