@@ -58,8 +58,7 @@ def devcluster() -> None:
 @state_dir_option
 @instance_option
 def up(nodes: int, gpus_per_node: int, cpus_per_node: int | None, spare: int, site: str,
-       ssh: bool,
-       ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None,
+       ssh: bool, ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None,
        instance: int | None) -> None:
     """Install (as root), configure and start the cluster; when already up, only resume
     nodes an earlier run left DOWN or DRAIN. With --ssh, also its SSH login."""
@@ -70,8 +69,8 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int | None, spare: int, si
     # `up --ssh` on a cluster that is up adds the login; it does not reshape it to defaults
     current = dev.shape() if ssh and not _shape_given() else None
     if cpus_per_node is None:   # a strict site's node cannot bind CPUs the machine lacks
-        cpus_per_node = strict.default_cpus(os.cpu_count() or 1) if site == "strict" \
-            else Shape.cpus_per_node
+        cpus_per_node = strict.default_cpus(Shape.cpus_per_node, os.cpu_count() or 1) \
+            if site == "strict" else Shape.cpus_per_node
     shape = current or Shape(nodes=nodes, gpus_per_node=gpus_per_node,
                              cpus_per_node=cpus_per_node, spare=spare, site=site)
     result = dev.up(shape)

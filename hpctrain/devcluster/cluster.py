@@ -410,4 +410,3 @@ class DevCluster:
             if config.hosts_marker(self.instance) in hosts:
                 HOSTS_FILE.write_text(config.updated_hosts(hosts, None, self.instance))
             return stopped
-

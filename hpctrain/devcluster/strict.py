@@ -28,7 +28,6 @@ from hpctrain.errors import DevclusterError
 DEF_MEM_PER_CPU_MB = 256
 CGROUP_ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("cpuset", "memory")      # cores bound, memory held by the kernel
-DEFAULT_CPUS = 4                        # the lenient site's nodes (Shape.cpus_per_node)
 
 
 def cgroup_v1_missing(mounts: str) -> str:
@@ -55,10 +54,10 @@ def host_missing(mounts: str = "/proc/self/mounts") -> str:
         return f"cannot read {mounts}: {exc.strerror}"
 
 
-def default_cpus(machine_cpus: int) -> int:
-    """The strict site's CPUs per node: the lenient site's 4, but never more than this
-    machine has (a node cannot bind cores it does not have)."""
-    return max(1, min(DEFAULT_CPUS, machine_cpus))
+def default_cpus(lenient: int, machine_cpus: int) -> int:
+    """The strict site's CPUs per node: the lenient site's (``lenient``), but never more
+    than this machine has (a node cannot bind cores it does not have)."""
+    return max(1, min(lenient, machine_cpus))
 
 
 def check_cpus(cpus_per_node: int, machine_cpus: int) -> None:

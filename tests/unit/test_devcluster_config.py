@@ -83,7 +83,7 @@ def test_the_strict_site_binds_cores_and_memory_with_cgroups_where_v1_is_mounted
 
 
 def test_a_strict_node_never_declares_cpus_the_machine_cannot_bind() -> None:
-    assert [strict.default_cpus(n) for n in (1, 2, 4, 64)] == [1, 2, 4, 4]
+    assert [strict.default_cpus(4, n) for n in (1, 2, 4, 64)] == [1, 2, 4, 4]
     strict.check_cpus(2, 2)
     with pytest.raises(DevclusterError, match=r"--cpus-per-node=4 is more than this "
                        r"machine's 2 CPUs: .* use --cpus-per-node 2 or fewer"):
