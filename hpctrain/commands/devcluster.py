@@ -7,6 +7,7 @@ import os
 
 import click
 
+from hpctrain.devcluster import strict
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.devcluster.config import MAX_INSTANCES, SITES, Shape
 from hpctrain.devcluster.sshconf import SSH_PORT
@@ -36,8 +37,10 @@ def devcluster() -> None:
 @click.option("--nodes", default=Shape.nodes, show_default=True, help="Emulated nodes.")
 @click.option("--gpus-per-node", default=Shape.gpus_per_node, show_default=True,
               help="Fake GPUs (real GRES) per node.")
-@click.option("--cpus-per-node", default=Shape.cpus_per_node, show_default=True,
-              help="CPUs each node declares (may exceed this machine's).")
+@click.option("--cpus-per-node", type=int, default=None,
+              help=f"CPUs each node declares (may exceed this machine's, but not on a strict "
+                   f"site with cgroups) [default: {Shape.cpus_per_node}; strict: "
+                   f"{Shape.cpus_per_node} or this machine's CPUs, the fewer].")
 @click.option("--spare", default=Shape.spare, show_default=True,
               help="Extra nodes only partition `wide` has (room to exclude a bad node).")
 @click.option("--site", type=click.Choice(SITES), default=Shape.site, show_default=True,
@@ -54,8 +57,8 @@ def devcluster() -> None:
                    "[default: $SUDO_USER].")
 @state_dir_option
 @instance_option
-def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, site: str, ssh: bool,
-       ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None,
+def up(nodes: int, gpus_per_node: int, cpus_per_node: int | None, spare: int, site: str,
+       ssh: bool, ssh_port: int | None, ssh_users: tuple[str, ...], state_dir: str | None,
        instance: int | None) -> None:
     """Install (as root), configure and start the cluster; when already up, only resume
     nodes an earlier run left DOWN or DRAIN. With --ssh, also its SSH login."""
@@ -65,6 +68,9 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, site: str
     dev = _cluster(state_dir, instance)
     # `up --ssh` on a cluster that is up adds the login; it does not reshape it to defaults
     current = dev.shape() if ssh and not _shape_given() else None
+    if cpus_per_node is None:   # a strict site's node cannot bind CPUs the machine lacks
+        cpus_per_node = strict.default_cpus(Shape.cpus_per_node, os.cpu_count() or 1) \
+            if site == "strict" else Shape.cpus_per_node
     shape = current or Shape(nodes=nodes, gpus_per_node=gpus_per_node,
                              cpus_per_node=cpus_per_node, spare=spare, site=site)
     result = dev.up(shape)
@@ -74,6 +80,8 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, spare: int, site: str
                f"(+{shape.spare} spare), partitions debug (default), urgent and wide "
                "(all nodes)" + (", gpu (no facts file); strict: CPUs and memory counted "
                                 "per job" if shape.site == "strict" else ""))
+    if shape.site == "strict":
+        click.echo(f"  limits:         {strict.limits(shape.site, strict.host_missing())}")
     for note in result.resumed:
         click.echo(f"  resumed node {note}")
     click.echo(f"  Slurm config:   {dev.paths.slurm_conf}  (export SLURM_CONF={dev.paths.slurm_conf}"
@@ -117,12 +125,12 @@ def _format_status(info: dict) -> str:
     if info["shape"] is None:
         return f"devcluster: never brought up (state dir {info['state_dir']})"
     lines = [f"state dir: {info['state_dir']}", f"config:    {info['slurm_conf']}",
-             f"shared:    {info['shared_dir']}", "daemons:"]
+             f"shared:    {info['shared_dir']}", f"limits:    {info['limits']}", "daemons:"]
     lines += [f"  {d['name']:<12} {'alive pid ' + str(d['pid']) if d['alive'] else 'DOWN'}"
               for d in info["daemons"]]
     if info.get("ssh"):
         ssh = info["ssh"]
-        lines.insert(3, f"ssh:       127.0.0.1:{ssh['port']} (`ssh {ssh['alias']}`), users "
+        lines.insert(4, f"ssh:       127.0.0.1:{ssh['port']} (`ssh {ssh['alias']}`), users "
                         f"{' '.join(ssh['users'])}")
     if info["nodes"]:
         lines.append("nodes:")

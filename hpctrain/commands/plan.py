@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -121,31 +122,44 @@ def plan(params: str, mode: str, partition: str | None, gpus_per_node: int | Non
     result = recommend(request, hw)
 
     from hpctrain.planner import report
-    written = None
-    if write_spec is not None:
-        assert part is not None  # --write-spec without --partition was refused above
-        written = _write_spec(result, part, write_spec, name, time, command, checkpoint_dir)
+    from hpctrain.planner.specfile import requests_for
+    written, requests = None, None
+    if part is not None:
+        # the recommended job as a spec: what it asks Slurm for (checked as `render`
+        # checks it), and the file --write-spec writes
+        spec = _spec(result, part, name, time, command, checkpoint_dir)
+        requests = requests_for(spec, part)
+        if write_spec is not None:
+            written = _write_spec(result, spec, write_spec)
     if as_json:
         out = report.to_dict(result, show_all)
+        out["requests"] = None if requests is None else {
+            "launcher": spec["run"]["launcher"], **requests.to_json()}
         out["spec_written"] = written
         click.echo(json.dumps(out, indent=2))
     else:
         click.echo(report.to_text(result, show_all))
+        if requests is not None:
+            click.echo(f"\nunder {spec['run']['launcher']} on partition {part.name}, the job "
+                       f"{requests.describe()}")
         if written:
             click.echo(f"\nwrote job spec {written}; render it with: hpctrain render {written}")
 
 
-def _write_spec(result: Recommendation, part: Partition, path: str, name: str | None, time: str | None,
-                command: str | None, checkpoint_dir: str | None) -> str:
-    """Build, check (as `hpctrain render` will) and write the spec; returns the path."""
-    from hpctrain.spec.layout import plan_layout
-    from hpctrain.planner.specfile import DEFAULT_TIME, spec_dict, spec_toml
-    from hpctrain.spec.model import JobSpec
+def _spec(result: Recommendation, part: Partition, name: str | None, time: str | None,
+          command: str | None, checkpoint_dir: str | None) -> dict[str, Any]:
+    """The recommended job as a spec dict on ``part`` (the time: given, else the
+    partition's limit)."""
+    from hpctrain.planner.specfile import DEFAULT_TIME, spec_dict
     limit = time or (part.max_time if part.max_time != "UNLIMITED" else DEFAULT_TIME)
-    spec = spec_dict(result, partition=part.name, name=name, time=limit,
+    return spec_dict(result, partition=part.name, name=name, time=limit,
                      command=shlex.split(command) if command else None,
                      checkpoint_dir=checkpoint_dir)
-    plan_layout(JobSpec.from_dict(spec), part)  # the checks `render` makes: refuse what it would
+
+
+def _write_spec(result: Recommendation, spec: dict[str, Any], path: str) -> str:
+    """Write ``spec`` (checked by :func:`requests_for` as `render` will); returns the path."""
     from hpctrain.commands.options import write_atomically
+    from hpctrain.planner.specfile import spec_toml
     write_atomically(Path(path), spec_toml(result, spec))
     return path

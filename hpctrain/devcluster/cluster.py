@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from hpctrain.devcluster import accounting, config, daemons, sshd
+from hpctrain.devcluster import accounting, config, daemons, sshd, strict
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.devcluster.containers import ensure_host_image
 from hpctrain.devcluster.packages import ensure_packages
@@ -164,6 +164,8 @@ class DevCluster:
                 accounting.register(self.client_env())   # users made since the last `up`
                 self._keep_ssh()
                 return UpResult("already up", self.make_nodes_usable(shape))
+            if self.cgroups(shape):
+                strict.check_cpus(shape.cpus_per_node, os.cpu_count() or 1)
             self._prepare_dirs(shape)
             # A new shape (or settings from a newer hpctrain) needs slurmctld and the
             # slurmds restarted; munge, MariaDB and slurmdbd keep running.
@@ -243,9 +245,19 @@ class DevCluster:
 
     def _slurm_configs(self, shape: Shape) -> dict[Path, str]:
         p = self.paths
-        return {p.slurm_conf: config.slurm_conf(shape, p, self.ports, socket.gethostname(),
-                                                _hostname_is_loopback(), self.instance),
-                p.gres_conf: config.gres_conf(shape, p)}
+        cgroups = self.cgroups(shape)
+        configs = {p.slurm_conf: config.slurm_conf(shape, p, self.ports, socket.gethostname(),
+                                                   _hostname_is_loopback(), self.instance,
+                                                   cgroups),
+                   p.gres_conf: config.gres_conf(shape, p)}
+        if cgroups:
+            configs[p.cgroup_conf] = strict.cgroup_conf()
+        return configs
+
+    @staticmethod
+    def cgroups(shape: Shape) -> bool:
+        """Does it bind cores and limit memory with cgroups (devcluster/strict.py)?"""
+        return shape.site == "strict" and not strict.host_missing()
 
     def _configs_changed(self, shape: Shape) -> bool:
         for path, text in self._slurm_configs(shape).items():
@@ -339,6 +351,9 @@ class DevCluster:
             "slurm_conf": str(self.paths.slurm_conf),
             "shared_dir": str(self.paths.shared),
             "shape": json.loads(shape.to_json()) if shape else None,
+            # who holds a job to its CPUs and memory (the strict site): the kernel's
+            # cgroups, Slurm's accounting poller, or nobody (the lenient site)
+            "limits": strict.limits(shape.site, strict.host_missing()) if shape else None,
             "daemons": daemon_rows,
             # port, users, alias of the SSH login (`up --ssh`); None when never set up
             "ssh": sshd.settings(self.paths.root) if shape else None,

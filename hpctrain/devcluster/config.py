@@ -12,17 +12,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hpctrain.devcluster import strict
 from hpctrain.errors import DevclusterError
 from hpctrain.slurm.partitions import DEVCLUSTER
 
 # the name hpctrain's other commands know the devcluster by (its partitions' facts)
 CLUSTER_NAME = DEVCLUSTER
-# How the cluster counts what a job asks for. "strict" is a real site's: CPUs *and* memory
-# are counted per job (a job that asks for no memory gets DefMemPerCPU per CPU), a step that
-# goes over its memory is killed (OUT_OF_MEMORY), and a GPU partition `gpu` exists that no
-# facts file describes: hpctrain must take its facts from Slurm.
+# How the cluster counts what a job asks for. "strict" is a real site's (devcluster/strict.py):
+# CPUs *and* memory are counted per job (a job that asks for no memory gets DefMemPerCPU per
+# CPU), each task is bound to its CPUs and held to its memory by cgroups where the host has
+# them, a step that goes over its memory is killed (OUT_OF_MEMORY), and a GPU partition `gpu`
+# exists that no facts file describes: hpctrain must take its facts from Slurm.
 SITES = ("lenient", "strict")
-STRICT_DEF_MEM_PER_CPU_MB = 256
 ACCOUNT = "hpctrain"
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
@@ -129,6 +130,7 @@ class Paths:
     shared = property(lambda self: self.root / "shared")
     slurm_conf = property(lambda self: self.etc / "slurm.conf")
     gres_conf = property(lambda self: self.etc / "gres.conf")
+    cgroup_conf = property(lambda self: self.etc / "cgroup.conf")   # the strict site's
     slurmdbd_conf = property(lambda self: self.etc / "slurmdbd.conf")
     shape_file = property(lambda self: self.root / "shape.json")
     munge_key = property(lambda self: self.munge_dir / "munge.key")
@@ -174,8 +176,9 @@ def comm_params(loopback_host: bool, ctld: bool = True) -> str:
 
 
 def slurm_conf(shape: Shape, paths: Paths, ports: Ports, hostname: str,
-               loopback_host: bool = True, instance: int = 0) -> str:
-    """slurm.conf for the emulated nodes, partitions `debug`, `urgent` and `wide`."""
+               loopback_host: bool = True, instance: int = 0, cgroups: bool = False) -> str:
+    """slurm.conf for the emulated nodes, partitions `debug`, `urgent` and `wide`;
+    ``cgroups``: the strict site binds cores and limits memory with them (cgroup.conf)."""
     nodes = "\n".join(
         f"NodeName={n} NodeHostname={hostname} NodeAddr=127.0.0.1 "
         f"Port={ports.slurmd_base + i} CPUs={shape.cpus_per_node} "
@@ -210,13 +213,13 @@ SlurmctldLogFile={paths.log_file('slurmctld')}
 SlurmdLogFile={paths.log}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-# No cgroups in a container: track processes by their parent chain.
+# Processes are tracked by their parent chain (works in containers, cgroups or not).
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+{strict.task_plugin(shape.site, cgroups)}
 # Nodes may declare more CPUs/GPUs than this machine has.
 SlurmdParameters=config_overrides
 SelectType=select/cons_tres
-{_counting(shape)}
+{strict.counting(shape.site)}
 SchedulerType=sched/backfill
 # Slurm's default preemption: when GraceTime starts the job's *steps* get SIGTERM (the
 # batch step nothing until the requeue at its end). Sites that set
@@ -249,37 +252,13 @@ AccountingStoragePort={ports.slurmdbd}
 AccountingStoragePass={paths.munge_socket}
 AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
-{_gathering(shape)}
+{strict.gathering(shape.site, cgroups)}
 JobCompType=jobcomp/none
 {nodes}
 PartitionName=debug Nodes={_node_range(shape.nodes)} Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
 PartitionName=urgent Nodes={_node_range(shape.nodes)} PriorityTier=10 PreemptMode=OFF MaxTime=04:00:00 State=UP
 PartitionName=wide Nodes={_node_range(shape.nodes + shape.spare)} PriorityTier=1 PreemptMode=REQUEUE GraceTime=10 MaxTime=1-00:00:00 State=UP
-{_site_partitions(shape)}"""
-
-
-def _counting(shape: Shape) -> str:
-    if shape.site == "lenient":
-        return "SelectTypeParameters=CR_Core"
-    return ("# strict: CPUs and memory are counted per job, as at real sites; a job that asks\n"
-            "# for no memory gets DefMemPerCPU for each of its CPUs\n"
-            "SelectTypeParameters=CR_Core_Memory\n"
-            f"DefMemPerCPU={STRICT_DEF_MEM_PER_CPU_MB}")
-
-
-def _gathering(shape: Shape) -> str:
-    if shape.site == "lenient":
-        return "JobAcctGatherFrequency=30"
-    # no cgroups in this sandbox: the accounting poller kills a step over its memory
-    return "JobAcctGatherFrequency=2\nJobAcctGatherParams=OverMemoryKill"
-
-
-def _site_partitions(shape: Shape) -> str:
-    if shape.site == "lenient":
-        return ""
-    return (f"# strict: a GPU partition as sites name them, which no facts file describes\n"
-            f"PartitionName=gpu Nodes={_node_range(shape.nodes)} PriorityTier=1 "
-            "PreemptMode=OFF MaxTime=04:00:00 State=UP\n")
+{strict.partitions(shape.site, _node_range(shape.nodes))}"""
 
 
 def gres_conf(shape: Shape, paths: Paths) -> str:

@@ -13,6 +13,10 @@ from typing import Any
 
 from hpctrain.planner.core import Recommendation
 from hpctrain.planner.sizes import gb, human_count
+from hpctrain.spec.layout import plan_layout
+from hpctrain.spec.model import JobSpec
+from hpctrain.spec.partitions import Partition
+from hpctrain.spec.resources import Requests, plan_requests
 from hpctrain.spec.tomlwriter import dumps
 
 DEFAULT_TIME = "24:00:00"  # when the partition has no finite max_time
@@ -78,3 +82,14 @@ def spec_toml(plan: Recommendation, spec: dict[str, Any]) -> str:
         header.append(f"# note: {w.arch.assumed}; layout.num_layers/num_heads are written "
                       "only when given")
     return "\n".join(header) + "\n" + dumps(spec)
+
+
+def requests_for(spec: dict[str, Any], partition: Partition) -> Requests:
+    """What the job ``spec`` (:func:`spec_dict`) asks Slurm for on ``partition``: its
+    GPUs, CPUs and memory, planned as ``hpctrain render`` plans them (checked as it checks
+    them: a layout the partition refuses raises, naming the value)."""
+    job = JobSpec.from_dict(spec)
+    layout = plan_layout(job, partition)
+    return plan_requests(job.resources, job.sbatch, partition=partition,
+                         gpus_per_node=layout.gpus_per_node,
+                         tasks_per_node=layout.tasks_per_node)

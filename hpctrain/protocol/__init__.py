@@ -108,6 +108,13 @@ def master_port(slurm_job_id: str | int | None) -> int:
     return PORT_BASE + int(digits) % PORT_SPAN if digits.isdigit() else 29500
 
 
+def port_after(port: int, k: int = 1) -> int:
+    """The ``k``-th port after ``port`` in the job's range (PORT_BASE.. + PORT_SPAN, round):
+    where the rendezvous goes when ``port`` is taken (the template's loop, the supervisor's
+    retry after a failed bind)."""
+    return PORT_BASE + (port - PORT_BASE + k) % PORT_SPAN
+
+
 # ---- the state directory ------------------------------------------------------------------
 STATE_SUBDIR = (".hpctrain", "jobs")
 IDENTITY, LEDGER, STOP, EXIT, OUTCOME = "identity", "ledger", "stop", "exit", "outcome"

@@ -21,6 +21,12 @@ the step's environment only): the port is reachable by anyone on the cluster net
 A message is zlib-compressed JSON: ``{"token", "kind", ...}`` with kind ``records``
 (``node``, ``relay``: sent by a node's relay, ``records``: a list of progress records,
 ``key=value`` strings as in the files) or ``requests`` (``requests``: {name: record}).
+
+A node's relay also leaves one sign on shared storage as it first sends
+(:func:`sign_path`: ``<state dir>/channel/r<restart>-<node>``, a record of where it sends
+to and how the first send went): the supervisor can then tell ranks whose datagrams never
+arrive (a firewall between the compute nodes drops UDP) from a script that sends none
+(:mod:`hpctrain.supervisor.silence`). One small file per node per run, written once.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ TOKEN = "HPCTRAIN_PROGRESS_TOKEN"    # the job's secret: a message without it is
 LOCAL_DIR = "HPCTRAIN_LOCAL_DIR"     # where node-local directories go (default /dev/shm)
 
 RECORDS, REQUESTS = "records", "requests"
+SIGNS = "channel"       # in the state directory: one sign per node whose ranks send
 MAX_RECORDS = 48        # records per datagram: well under UDP's 64 KiB even uncompressed
 MAX_DATAGRAM = 65507
 
@@ -82,9 +89,18 @@ def node_dir(env: Mapping[str, str], run_id: str, restart_count: int, node: str)
     """This node's directory for job run ``run_id``: node-local memory (``/dev/shm``), else
     the temporary directory. The node's name is in it: emulated nodes share one host."""
     root = env.get(LOCAL_DIR) or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_"
-                   for c in f"{run_id}-{restart_count}-{node or 'node'}")
-    return Path(root) / f"hpctrain-{os.getuid()}" / safe
+    return Path(root) / f"hpctrain-{os.getuid()}" / _safe(
+        f"{run_id}-{restart_count}-{node or 'node'}")
+
+
+def sign_path(state_dir: str | os.PathLike[str], restart_count: int, node: str) -> Path:
+    """Where node ``node``'s relay signs that its ranks send progress datagrams, in run
+    ``restart_count`` of the job whose state directory is ``state_dir``."""
+    return Path(state_dir) / SIGNS / f"r{restart_count}-{_safe(node or 'node')}"
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
 
 
 def udp_socket(bind: tuple[str, int] | None = None, buffer: int = 0) -> socket.socket:

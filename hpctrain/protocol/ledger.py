@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 
 from hpctrain import protocol
 
+# in-place restarts counted against no limit (max_step_restarts): a step started again
+# because its rendezvous port was taken at start-up (hpctrain.supervisor.rendezvous)
+FREE_RESTARTS = ("port_taken",)
+
 
 @dataclass(frozen=True)
 class Ledger:
@@ -45,7 +49,8 @@ class Ledger:
 
     @property
     def step_restarts(self) -> int:
-        return sum(self.restarts.values())
+        """In-place restarts that count against ``max_step_restarts``."""
+        return sum(n for cause, n in self.restarts.items() if cause not in FREE_RESTARTS)
 
     def recoveries(self, cause: str) -> int:
         """Requeues plus in-place restarts for ``cause`` (a crash's budget counts both)."""

@@ -44,6 +44,7 @@ class ContainerWords:
 
     srun: ShellSafe = ShellSafe("")   # after ``srun``, before its own options
     wrap: ShellSafe = ShellSafe("")   # before each task's command
+    wrap_count: int = 0               # the shell words in ``wrap``
 
 
 def container_words(plan: ContainerPlan | None) -> ContainerWords:
@@ -85,7 +86,7 @@ def _apptainer(plan: ContainerPlan) -> ContainerWords:
     if plan.writable:
         words.append("--writable-tmpfs")
     words.append(SIF if plan.pulls else shq(plan.image))
-    return ContainerWords(wrap=_join(words))
+    return ContainerWords(wrap=_join(words), wrap_count=len(words))
 
 
 def container_setup(plan: ContainerPlan | None) -> list[ShellSafe]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -34,6 +33,7 @@ from hpctrain.render.container import apptainer_env, container_setup, container_
 from hpctrain.render.shell import ShellSafe, directive, envname, shq
 from hpctrain.spec.checks import DIRECTIVE_VALUE_RE
 from hpctrain.spec.container import plan_container
+from hpctrain.spec.launch import is_python, script_end
 from hpctrain.spec.layout import LayoutPlan, plan_layout
 from hpctrain.spec.model import JobSpec
 from hpctrain.spec.partitions import Partition, find_partition
@@ -46,7 +46,6 @@ DEFAULT_OUTPUT = "hpctrain-%x-%j.out"
 # none; `hpctrain render`/`submit` name their own (sys.executable), as submitit does.
 DEFAULT_PYTHON = "python3"
 SUPERVISOR_MODULE = "hpctrain.supervisor"
-_PYTHON = re.compile(r"(^|/)python[0-9.]*$")
 
 
 def _finalize(value: Any) -> Any:
@@ -199,6 +198,7 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
                                launcher=plan.launcher,
                                checkpoint_dir=spec.checkpoint.dir, workdir=spec.workdir)
     requests = job_requests(spec, plan, partition)
+    words = container_words(container)
     exports = job_exports(spec, plan) + health_check_exports(partition)
     if snapshot is not None:
         exports += [(protocol.SNAPSHOT_ID, snapshot[0]), (protocol.SNAPSHOT_DIR, snapshot[1])]
@@ -219,7 +219,11 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         "umask": f"{access.modes(spec.run.access).umask:03o}",
         # the container the launcher's tasks run in (render/container.py), else None
         "container": container,
-        "container_words": container_words(container),
+        "container_words": words,
+        # [run] local_rank_arg: how many words of the task's argv come before DeepSpeed's
+        # --local_rank (the container's and the command's program), else None
+        "local_rank_at": words.wrap_count + script_end(spec.run.command)
+        if spec.run.local_rank_arg else None,
         "apptainer_env": apptainer_env(container),
         "container_setup": container_setup(container),
         "launcher_template": f"launchers/{plan.launcher}.j2",
@@ -227,6 +231,9 @@ def render_context(spec: JobSpec, plan: LayoutPlan, partition: Partition,
         # the batch step's stop signals: the time-limit warning (--signal=B:...) and TERM
         "stop_signals": list(dict.fromkeys((spec.requeue.signal, "TERM"))),
         "torchrun": torchrun_argv(spec.run.command) if plan.launcher == "torchrun" else None,
+        # torchrun: the agent on the first node (SLURMD_NODENAME) hosts the rendezvous store;
+        # not in Slurm's OCI containers, whose tasks all get the first task's variables (22.05)
+        "rdzv_host_by_node": container is None or container.runtime != "oci",
         # the rendezvous port rule (protocol.master_port), in the script's own arithmetic
         "port_base": protocol.PORT_BASE,
         "port_span": protocol.PORT_SPAN,
@@ -341,7 +348,7 @@ def torchrun_argv(command: Sequence[str]) -> dict[str, list[str]]:
     that very interpreter (no PATH lookup); any other program runs through
     ``torchrun --no-python``.
     """
-    if _PYTHON.search(command[0]):
+    if is_python(command):
         if len(command) < 2:
             raise SpecError(f"run.command={list(command)!r} starts python without a script: "
                             "add the training script (or -m module) for torchrun")

@@ -10,6 +10,10 @@ also sends itself, one datagram (:meth:`Relay.send_own`): srun ends a step's oth
 the moment one fails, and the node's relay may be among them. That is one datagram per
 rank when every rank ends at once (8,192 x ~300 B at the end of an 8,192-rank job: the
 supervisor's receive buffer must hold the burst, docs/scale.md).
+
+Each relay leaves one sign in the state directory as it first sends (where to, and how that
+went: :func:`hpctrain.protocol.channel.sign_path`), so that the supervisor can tell datagrams
+that never arrive from ranks that send none.
 """
 
 from __future__ import annotations
@@ -54,9 +58,10 @@ class Relay:
     directory ``local`` (the ranks' records in ``progress/``, the requests beside them)."""
 
     def __init__(self, local: Path, addr: tuple[str, int], token: str, node: str,
-                 beat_s: float) -> None:
+                 beat_s: float, sign: Path | None = None) -> None:
         self.local, self.addr, self.token, self.node = local, addr, token, node
         self.beat_s = beat_s
+        self.sign = sign      # where to sign, once, that this node's ranks send (or None)
         self.sock = channel.udp_socket()
         self._lock_fd: int | None = None
         self._next_send = 0.0
@@ -174,12 +179,26 @@ class Relay:
             self._send(channel.records_messages(self.token, self.node, records, relay=True))
 
     def _send(self, datagrams: list[bytes]) -> None:
+        error = ""
         for data in datagrams:
             try:
                 self.sock.sendto(data, self.addr)
                 self.sent += 1
-            except OSError:
-                pass    # the supervisor is gone or the network hiccups: the next beat
+            except OSError as exc:
+                error = str(exc)   # the supervisor is gone or the network hiccups: next beat
+        if self.sign is not None:
+            self._sign(error)
+
+    def _sign(self, error: str) -> None:
+        """Sign, once, that this node's ranks send their progress (and where to); the
+        supervisor reads it when none of it arrives (hpctrain.supervisor.silence)."""
+        sign, self.sign = self.sign, None
+        try:
+            p.write_record(sign, {"node": self.node, "host": self.addr[0],
+                                  "port": self.addr[1], "pid": self.pid,
+                                  "beat_s": f"{self.beat_s:g}", "error": error})
+        except (OSError, ValueError):
+            pass    # shared storage hiccups: only the silence would go unexplained
 
 
 def news(records: list[dict[str, str]]) -> tuple:
@@ -202,7 +221,9 @@ def from_env(env: Mapping[str, str], run_id: str, restart_count: int, node: str,
         print(f"hpctrain: not relaying progress through {local}: {why}; writing it to the "
               "job's state directory instead", file=sys.stderr, flush=True)
         return None
+    state = env.get(p.STATE_DIR, "")
     try:
-        return Relay(local, addr, token, node, beat_s)
+        return Relay(local, addr, token, node, beat_s,
+                     channel.sign_path(state, restart_count, node) if state else None)
     except OSError:
         return None

@@ -23,6 +23,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 DIRECTIVE_VALUE_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./\[\]&|!*^-]+$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAIL_RE = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+$")
+MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
+              "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50",
+              "ARRAY_TASKS")
 
 # Signals a job may ask Slurm to deliver before its time limit (--signal=B:SIG@lead).
 # Signals a job may name as its time-limit warning (requeue.signal). Not CONT: Slurm sends
@@ -194,3 +197,14 @@ def check_sbatch_option(option: object, value: object, where: str) -> tuple[str,
         raise SpecError(f"{where}.{key}={value!r}: use true for a flag, or a value")
     text = str(value) if isinstance(value, int) else value
     return key, check_directive_value(text, f"{where}.{key}")
+
+
+def check_mail_type(value: Any) -> str:
+    """``mail_type``: a comma list of Slurm mail types."""
+    if not isinstance(value, str):
+        raise SpecError(f"mail_type={value!r} must be a string such as \"END,FAIL\"")
+    for part in value.split(","):
+        if part not in MAIL_TYPES:
+            raise SpecError(f"mail_type: {part!r} is not a Slurm mail type: use a comma list "
+                            f"of {', '.join(MAIL_TYPES)}" + closest(part, MAIL_TYPES))
+    return value

@@ -19,20 +19,19 @@ from typing import Any, Mapping, Sequence
 from hpctrain.errors import SpecError
 from hpctrain.protocol import COLLECTIVE_MARGIN_S, DEFAULT_HANG_S, DEFAULT_SAVE_S
 from hpctrain.spec.checkpoint import CheckpointSpec
-from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_int, check_name,
-                                  check_opt_int, check_sbatch_option, check_signal, check_table,
+from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_int, check_mail_type,
+                                  check_name, check_opt_int, check_sbatch_option,
+                                  check_signal, check_table,
                                   check_text, closest, slurm_time_seconds)
 from hpctrain.spec.container import ContainerSpec, Mount
 from hpctrain.spec.elastic import ElasticSpec
+from hpctrain.spec.launch import local_rank_arg
 from hpctrain.spec.resources import ResourceSpec
 from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
 from hpctrain.spec.source import read_toml
 from hpctrain.spec.workload import ModelSpec
 
 LAUNCHERS = ("torchrun", "srun", "deepspeed")
-MAIL_TYPES = ("NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND",
-              "STAGE_OUT", "TIME_LIMIT", "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50",
-              "ARRAY_TASKS")
 
 
 # ---- small typed readers: each names the key and the fix ------------------------------
@@ -83,6 +82,7 @@ class RunSpec:
     # run from a copy of the source tree in the job folder (hpctrain.jobs.snapshot);
     # None: the submission path decides (off on the login node, on for --host)
     snapshot: bool | None = None
+    local_rank_arg: bool = False   # deepspeed: --local_rank=N after the script (spec/launch.py)
 
     @classmethod
     def from_dict(cls, data: Any) -> "RunSpec":
@@ -103,11 +103,13 @@ class RunSpec:
         snapshot = d.get("snapshot")
         if snapshot is not None and not isinstance(snapshot, bool):
             raise SpecError(f"run.snapshot={snapshot!r} must be true or false")
-        return cls(command=_str_list(d["command"], "run.command", allow_empty=False,
-                                           newlines=True),
-                   launcher=launcher, setup=_str_list(d.get("setup", ()), "run.setup"),
+        command = _str_list(d["command"], "run.command", allow_empty=False, newlines=True)
+        return cls(command=command, launcher=launcher,
+                   setup=_str_list(d.get("setup", ()), "run.setup"),
                    env=values, env_passthrough=passthrough, snapshot=snapshot,
-                   access=access_level(d.get("access", "private"), "run.access"))
+                   access=access_level(d.get("access", "private"), "run.access"),
+                   local_rank_arg=local_rank_arg(d.get("local_rank_arg", False), launcher,
+                                                 command))
 
 
 @dataclass(frozen=True)
@@ -272,7 +274,7 @@ class JobSpec:
             if not isinstance(d["mail"], str) or not MAIL_RE.match(d["mail"]):
                 raise SpecError(f"mail={d['mail']!r} is not an e-mail address (user@host)")
             values["mail"] = d["mail"]
-        values["mail_type"] = _mail_type(d.get("mail_type", "END,FAIL"))
+        values["mail_type"] = check_mail_type(d.get("mail_type", "END,FAIL"))
         for key, section in _SECTIONS.items():
             if key in d:
                 values[key] = section.from_dict(d[key])
@@ -317,16 +319,6 @@ class JobSpec:
     def time_seconds(self) -> int | None:
         """The time limit in seconds; None when UNLIMITED."""
         return slurm_time_seconds(self.time)
-
-
-def _mail_type(value: Any) -> str:
-    if not isinstance(value, str):
-        raise SpecError(f"mail_type={value!r} must be a string such as \"END,FAIL\"")
-    for part in value.split(","):
-        if part not in MAIL_TYPES:
-            raise SpecError(f"mail_type: {part!r} is not a Slurm mail type: use a comma list "
-                            f"of {', '.join(MAIL_TYPES)}" + closest(part, MAIL_TYPES))
-    return value
 
 
 def _plain(obj: Any) -> Any:

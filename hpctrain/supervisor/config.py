@@ -31,7 +31,7 @@ class Config:
     base: str                  # where the state directory lives: checkpoint dir, else submit dir
     submission: str = ""       # hpctrain submit's id for this submission, if it made one
     early: tuple[Caught, ...] = ()
-    where: str = ""            # "4 rank(s) on {nodes}, rendezvous n1:20714": see where_on
+    where: str = ""            # "4 rank(s) on {nodes}, rendezvous n1:{port}": see where_on
     signal_lead_s: int = 0     # --signal=B:SIG@lead: the warning comes lead s before the end
     limits: Limits = Limits()  # the hang watchdog's timeouts ([watchdog])
     max_step_restarts: int = 2  # in-allocation restarts for the whole job
@@ -47,10 +47,14 @@ class Config:
     spare_nodes: int = 0                 # [elastic]: nodes held to replace a lost one
     peer_copies: bool = False            # [elastic]: snapshots kept in node memory too
     batch_node: str = ""                 # SLURMD_NODENAME: where this supervisor runs
+    master_addr: str = ""                # the rendezvous (MASTER_ADDR, MASTER_PORT): the
+    master_port: int = 0                 # script's choice (supervisor/rendezvous.py)
 
-    def where_on(self, nodes: str) -> str:
-        """Where the step runs, for the job log: its ranks on ``nodes``, the rendezvous."""
-        return self.where.replace("{nodes}", nodes)
+    def where_on(self, nodes: str, port: int = 0) -> str:
+        """Where the step runs, for the job log: its ranks on ``nodes``, the rendezvous (on
+        ``port`` when it moved from the script's)."""
+        return self.where.replace("{nodes}", nodes).replace(
+            "{port}", str(port or self.master_port or "?"))
 
     @property
     def step_signal(self) -> str:
@@ -108,8 +112,9 @@ class Config:
             spare_nodes=_int(env, p.SPARE_NODES, 0),
             peer_copies=env.get(nodemem.PEER_COPIES) == "1",
             batch_node=env.get("SLURMD_NODENAME", ""),
+            master_addr=env.get("MASTER_ADDR", ""), master_port=_int(env, "MASTER_PORT", 0),
             where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on {{nodes}}, rendezvous "
-                  f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}")
+                  f"{env.get('MASTER_ADDR', '?')}:{{port}}")
 
 
 def parse_early(text: str) -> tuple[Caught, ...]:

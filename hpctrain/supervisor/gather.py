@@ -15,13 +15,13 @@ from hpctrain import protocol as p
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Caught, Facts, InPlace, slurm_event
-from hpctrain.supervisor.diagnosis import diagnose, memory_kill
+from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, memory_kill
 from hpctrain.supervisor.elastic import step_nodes
-from hpctrain.supervisor.diagnosis import Diagnosis
 from hpctrain.supervisor.hang import FINISH_WAIT_S, Watch
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.lost import suspects
 from hpctrain.supervisor.nodes import BadNodes
+from hpctrain.supervisor.rendezvous import Rendezvous
 from hpctrain.supervisor.scheduler import Scheduler, answered
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.waits import Waiter
@@ -45,6 +45,7 @@ class Gather:
         self.on: list[str] = []                # [elastic]: the nodes the step runs on
         self.lost: tuple[str, ...] = ()        # ...and those of them found lost
         self.unanswered: tuple[str, ...] = ()  # nodes a failed step's end found lost
+        self.rendezvous = Rendezvous(cfg.master_addr, cfg.master_port, cfg.batch_node)
 
     # ---- stop signals ----------------------------------------------------------------------
     def handler(self, signum: int, frame: FrameType | None) -> None:
@@ -106,7 +107,8 @@ class Gather:
         return self.facts(view, status, record=record, run_state=run_state, notice=notice,
                           restarts=ledger.restarts, inplace=inplace,
                           lost=self.lost_nodes(view) if status else (),
-                          finish=watch.finish(), failure=failure, memory=memory)
+                          finish=watch.finish(), failure=failure, memory=memory,
+                          port=self.rendezvous.moved(log) if status else None)
 
     def ask_nodes(self, failure: Diagnosis | None, watch: Watch, log: str) -> tuple[str, ...]:
         """A failed step whose ranks died without a word while the others only lost their

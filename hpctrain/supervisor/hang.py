@@ -1,13 +1,17 @@
 """The view of one attempt of the step, watched: the ranks' progress (from the progress
 board, :mod:`hpctrain.supervisor.board`; or the job log's growth), judged
 (:mod:`hpctrain.supervisor.watchdog`, pure): a hang, ranks that failed in their processes,
-ranks gone silent, the ranks' last words. It never waits: what the supervisor does about
-a hang (waiting for stacks and for the other ranks' failures, culprits, the kill) is
-:mod:`hpctrain.supervisor.response`, and every wait is a :mod:`hpctrain.supervisor.waits`.
+ranks gone silent, the ranks' last words. When the channel itself is silent (the ranks
+send, nothing arrives: :mod:`hpctrain.supervisor.silence`) it says so once and judges the
+ranks it can still read (this node's, from its local disk), else the job log's growth.
+It never waits: what the supervisor does about a hang (waiting for stacks and for the
+other ranks' failures, culprits, the kill) is :mod:`hpctrain.supervisor.response`, and
+every wait is a :mod:`hpctrain.supervisor.waits`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from hpctrain import protocol as p
@@ -18,6 +22,7 @@ from hpctrain.supervisor.elastic import silent_nodes
 from hpctrain.supervisor.finish import Finish
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.scheduler import Scheduler
+from hpctrain.supervisor.silence import Silence
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import Hang, Limits, StepClock, assess, gave_up
 
@@ -31,8 +36,8 @@ class Watch:
 
     def __init__(self, slurm: Scheduler, state: StateDir, limits: Limits, world: int,
                  restart_count: int, attempt: int, logs: tuple[str, ...],
-                 nodes: int, board: Board) -> None:
-        self.slurm, self.board = slurm, board
+                 nodes: int, board: Board, silence: Silence | None = None) -> None:
+        self.slurm, self.board, self.silence = slurm, board, silence
         self.state, self.limits, self.world, self.nodes = state, limits, world, nodes
         self.restart_count, self.attempt = restart_count, attempt
         self.started_at = slurm.time()
@@ -46,10 +51,21 @@ class Watch:
         self.clock = StepClock()     # the step time: a hang timeout left out follows it
 
     def records(self) -> dict[int, Progress]:
-        """This attempt's progress records by rank (as the board parsed them)."""
+        """This attempt's progress records by rank (as the board parsed them; while the
+        channel is silent, with those this node's ranks keep on its disk)."""
         this = Attempt(self.state.run_id, self.restart_count, self.attempt)
-        return {rank: record for rank, record in self.board.records().items()
-                if record.address == this}
+        got = {rank: record for rank, record in self.board.records().items()
+               if record.address == this}
+        if self.silence is not None and self.silence.on:
+            for rank, record in self.silence.local_records(this).items():
+                if rank not in got or record.newer_than(got[rank]):
+                    got[rank] = record
+        return got
+
+    @property
+    def channel_silent(self) -> bool:
+        """Do the ranks' datagrams fail to arrive (silence.py): no requests reach them."""
+        return self.silence is not None and self.silence.on
 
     def silent(self, nodes: list[str]) -> tuple[str, ...]:
         """[elastic] At most every LOOK_S: the step's ``nodes`` whose every rank went
@@ -75,7 +91,7 @@ class Watch:
     def next(self) -> Watch:
         """The watch of the next attempt, in the same step (an in-process restart)."""
         watch = Watch(self.slurm, self.state, self.limits, self.world, self.restart_count,
-                      self.attempt + 1, self.logs, self.nodes, self.board)
+                      self.attempt + 1, self.logs, self.nodes, self.board, self.silence)
         # the same processes: the same pace, the same pauses
         watch.clock = StepClock(known=self.clock.step_s(), longest_s=self.clock.longest_s)
         return watch
@@ -121,22 +137,39 @@ class Watch:
 
     def look(self) -> Hang | None:
         """At most every LOOK_S: a hang, or None."""
-        if not self.limits.any or self.slurm.monotonic() < self._next:
+        if self.slurm.monotonic() < self._next:
             return None
         self._next = self.slurm.monotonic() + LOOK_S
+        self._channel()
+        if not self.limits.any:
+            return None
         now = self.slurm.time()
         sizes = self._log_sizes()
         if sizes != self._sizes:
             self._sizes, self.output_at = sizes, now
         progress = self.records()
+        silent = self.channel_silent
+        # while the channel is silent: the ranks that can still be read (none: the output)
+        expected = len(progress) if silent else self.world
         training = [r.boundaries for r in progress.values() if r.phase == "training"]
-        if len(training) == self.world:
+        if training and len(training) == expected:
             self.clock.add(now, min(training))
         else:
             self.clock.skip()
+        limits = self.limits.timed(self.clock.step_s(), self.clock.longest_s)
         return assess(progress, self.world, self.started_at, now,
-                      self.limits.timed(self.clock.step_s(), self.clock.longest_s),
-                      self.output_at)
+                      replace(limits, plain=True) if silent and not progress else limits,
+                      self.output_at, watched=set(progress) if silent else None)
+
+    def _channel(self) -> None:
+        """Say once when the ranks' progress stopped reaching the board (silence.py)."""
+        if self.silence is None:
+            return
+        run = (self.state.run_id, self.restart_count)
+        heard = {r.node for r in self.board.records().values()
+                 if (r.address.run_id, r.address.restart_count) == run}
+        if note := self.silence.look(heard, self.nodes, self.slurm.monotonic()):
+            say(note)
 
     def failed_now(self) -> dict[int, Progress]:
         """This attempt's failed ranks (waiting for the word), by rank, as of now."""

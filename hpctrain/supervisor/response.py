@@ -128,9 +128,10 @@ class HangResponse:
         say(f"HANG: {hang.text()}")
         if hang.phase == "exited":
             return hang
-        progress = watch.records()
+        # only ranks that reported can answer (the progress thread does), and only through
+        # the channel: while it is silent, py-spy reads the stacks as for a plain script
+        progress = {} if watch.channel_silent else watch.records()
         if progress:
-            # only ranks that reported can answer (the progress thread does)
             stacks = self.collect_stacks(watch, sorted(progress),
                                          max(3 * watch.limits.beat_s, 5.0))
             ranks, why = culprits(stacks, watch.world, known=set(progress))

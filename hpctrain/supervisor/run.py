@@ -42,6 +42,7 @@ from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.recorder import Recorder
 from hpctrain.supervisor.response import HangResponse, kill
 from hpctrain.supervisor.scheduler import Scheduler, Slurm, StepProcess
+from hpctrain.supervisor.silence import Silence
 from hpctrain.supervisor.spares import Spares
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import step_env
@@ -142,6 +143,9 @@ class Supervisor:
         for note in notes:
             say(note)
         attempt = 0
+        # the progress channel's silence, watched across this run's attempts
+        silence = Silence(self.state.path, self.state.run_id, cfg.restart_count,
+                          cfg.limits.beat_s, cfg.batch_node, self.board.port, os.environ)
         while True:
             if cfg.health_check and (code := self.check_health(view)) is not None:
                 return code
@@ -151,10 +155,11 @@ class Supervisor:
             placed, where = self.spares.place(argv, view, attempt)
             say(f"starting the training step of job {cfg.key}: {where}, "
                 f"restart {cfg.restart_count}{again}{after}")
+            channel = {**self.board.env(), **self.seen.rendezvous.env()}
             step = self.slurm.start_step(placed, step_env(cfg, self.state, view, last_cause,
-                                                          attempt, self.board.env()))
+                                                          attempt, channel))
             watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
-                          attempt, logs, cfg.nodes, self.board)
+                          attempt, logs, cfg.nodes, self.board, silence)
             status, seen.hang, attempt = self.supervise(step, watch)
             say(f"training step exited with status {status}" if not seen.lost else
                 f"training step ended: node(s) {','.join(seen.lost)} lost")

@@ -35,7 +35,8 @@ class Spares:
         rendered. The ledger says where, and names a bad node left out once (status,
         report)."""
         cfg = self.cfg
-        everywhere = cfg.where_on(cfg.nodelist or "?")
+        port = self.seen.rendezvous.port
+        everywhere = cfg.where_on(cfg.nodelist or "?", port)
         if not cfg.spare_nodes:
             return list(argv), everywhere
         nodes = self.seen.place(view)
@@ -50,7 +51,7 @@ class Spares:
         held = [n for n in self.seen.allocated(view) if n not in nodes
                 and n not in self.bad.found]
         return with_nodes(argv, nodes), \
-            cfg.where_on(f"{','.join(nodes)} (spare: {','.join(held) or 'none'})")
+            cfg.where_on(f"{','.join(nodes)} (spare: {','.join(held) or 'none'})", port)
 
     def abandon(self, step: StepProcess, lost: tuple[str, ...]) -> int:
         """Every rank of ``lost`` went silent: the node is gone. Before Slurm notices (it

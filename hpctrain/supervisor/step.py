@@ -19,7 +19,8 @@ def step_env(cfg: Config, state: StateDir, view: JobView | None, last_cause: str
              attempt: int = 0, channel: Mapping[str, str] | None = None) -> dict[str, str]:
     """The step's environment: the batch step's, plus what the ranks read (the protocol's
     files, the run id, the restart count and in-place attempt, the stop signals, and
-    ``channel``: how to reach the supervisor's progress board)."""
+    ``channel``: how to reach the supervisor's progress board, and the rendezvous port
+    when it moved)."""
     env = {k: v for k, v in os.environ.items() if k != p.EARLY_SIGNALS}
     env.update({p.STATE_DIR: str(state.path), p.EXIT_FILE: str(state.file(p.EXIT)),
                 p.STOP_FILE: str(state.file(p.STOP)), p.RUN_ID: state.run_id,

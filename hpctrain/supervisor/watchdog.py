@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from hpctrain import protocol as p
@@ -175,22 +175,26 @@ def ranks_text(ranks: tuple[int, ...]) -> str:
 
 
 def assess(progress: Mapping[int, Progress], world: int, started_at: float, now: float,
-           limits: Limits, output_at: float | None = None) -> Hang | None:
+           limits: Limits, output_at: float | None = None,
+           watched: Collection[int] | None = None) -> Hang | None:
     """A :class:`Hang` when some rank has not progressed for its phase's limit, else None.
 
     ``progress``: this attempt's records by rank; ``started_at``: when the step started;
-    ``output_at``: the job log's last growth (plain scripts: no records at all)."""
+    ``output_at``: the job log's last growth (plain scripts: no records at all);
+    ``watched``: the ranks to judge (all ``world`` of them when None; those whose records
+    can be read while the progress channel is silent, :mod:`hpctrain.supervisor.silence`)."""
     if not progress:
         return _assess_output(started_at, now, limits, output_at)
+    judged = range(world) if watched is None else sorted(watched)
     exited = [rec for rec in progress.values() if rec.phase == "exited"]
-    if len(exited) == world:
+    if len(exited) == len(judged):
         # every rank's work is over, yet the step runs: its teardown hangs (a destructor,
         # a library's exit handler); nothing is lost by ending it
         idle = now - max(rec.changed_at for rec in exited)
         return Hang("exited", idle, EXIT_GRACE_S, detected_at=now) \
             if idle > EXIT_GRACE_S else None
     overdue: list[tuple[float, int]] = []
-    for rank in range(world):
+    for rank in judged:
         rec = progress.get(rank)
         if rec is not None and rec.phase == "exited":
             continue   # done: it waits for nobody, and nobody waits for it
@@ -204,7 +208,7 @@ def assess(progress: Mapping[int, Progress], world: int, started_at: float, now:
     idle, first = max(overdue)
     rec = progress.get(first)
     phase = rec.phase if rec else "startup"
-    ranks, why = suspects(progress, world, now, limits.beat_s)
+    ranks, why = suspects(progress, world, now, limits.beat_s, judged)
     nodes = tuple(dict.fromkeys(progress[r].node for r in ranks if r in progress
                                 and progress[r].node))
     frozen = tuple(dict.fromkeys(progress[r].node for r in ranks
@@ -280,11 +284,14 @@ def _stale(rec: Progress, now: float, beat_s: float) -> bool:
 
 
 def suspects(progress: Mapping[int, Progress], world: int, now: float,
-             beat_s: float) -> tuple[tuple[int, ...], str]:
+             beat_s: float, judged: Iterable[int] | None = None
+             ) -> tuple[tuple[int, ...], str]:
     """(ranks, how told apart) of the rank(s) that stopped progressing first, from the
-    records alone; ((), "") when every rank stands at the same place."""
-    silent = tuple(r for r in range(world) if r not in progress)
-    if silent and len(silent) < world:
+    records alone (of the ``judged`` ranks, all ``world`` by default); ((), "") when every
+    rank stands at the same place."""
+    judged = tuple(range(world) if judged is None else judged)
+    silent = tuple(r for r in judged if r not in progress)
+    if silent and len(silent) < len(judged):
         return silent, "never reported: still starting, or stuck before hpctrain.runtime.init()"
     frozen = tuple(r for r in sorted(progress) if _stale(progress[r], now, beat_s))
     if frozen and len(frozen) < len(progress):

@@ -10,6 +10,7 @@ order written out by hand.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -212,3 +213,51 @@ def test_time_limit_signal_requeues_until_the_budget_is_spent(
     assert "not requeueing job" in text and "max_requeues=1 reached (this is restart 2)" in text
     assert text.count("training step exited with status 140") == 2   # 128 + SIGUSR2
     assert state == "FAILED"
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("launcher, mode", [("srun", "--inprocess"), ("torchrun", "")],
+                         ids=["srun-rank0-store", "torchrun-c10d-store"])
+def test_a_rendezvous_port_taken_after_the_check_moves_to_the_next_not_a_crash(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str,
+        mode: str) -> None:
+    """The job's port is taken between the script's check and the bind: held by a socket
+    that is bound but not listening, as a process that binds it a moment after the check
+    (the check connects, is refused, and passes it as free). Rank 0's TCPStore (srun,
+    hpctrain.runtime.run's store) or the first node's torchrun agent (c10d) fails to bind
+    it (EADDRINUSE); the supervisor finds the port still taken and starts the step again on
+    the next one, counted against no limit, and the 2-node job completes."""
+    from helpers.cluster import job_log, status, submit
+    from helpers.jobs import isolate
+
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    command = [sys.executable, str(ROOT / "tests" / "programs" / "allreduce_steps.py"),
+               "--steps", "2", "--ckpt-dir", str(root / "ckpt"), "--events",
+               str(root / "events.jsonl"), *([mode] if mode else [])]
+    spec = JobSpec.from_dict({
+        "name": f"port-{launcher}", "partition": "debug", "nodes": 2, "gpus_per_node": 1,
+        "time": "00:05:00", "output": f"{root}/job-%j.out", "workdir": str(root),
+        "run": {"launcher": launcher, "command": command, "env": {"OMP_NUM_THREADS": "1"}},
+        "checkpoint": {"dir": str(root / "ckpt")},
+        "requeue": {"signal_lead_s": 30}, "sbatch": {"hold": True}})
+    job = submit(root, spec.to_toml())          # held: its port is known before it starts
+    port = protocol.master_port(job)
+    holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        holder.bind(("0.0.0.0", port))
+        client.run(["scontrol", "release", job])
+        assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
+    finally:
+        holder.close()
+        client.run(["scancel", job], check=False)
+    log = job_log(root, job)
+    moved = protocol.port_after(port)
+    assert "EADDRINUSE" in log, log
+    assert (f"restarting the training step in this allocation after a port_taken (on port "
+            f"{moved}, counted against no limit): the rendezvous could not bind port {port}"
+            in log), log
+    assert f"rendezvous n1:{moved}, restart 0, in-place restart 1, after a port_taken" in log
+    row = status(job)
+    assert row["cause"] == "completed" and row["restarts_in_place"] == {"port_taken": 1}, row

@@ -47,12 +47,14 @@ HANG_S, REPORT_STEPS = 10, 30
 
 def spec(root: Path, command: list[str], *, launcher: str = "srun", nodes: int = 1,
          gpus: int = 2, partition: str = "debug", watchdog: dict[str, int] | None = None,
-         requeue: dict[str, int] | None = None, checkpoint: bool = True) -> str:
+         requeue: dict[str, int] | None = None, checkpoint: bool = True,
+         setup: tuple[str, ...] = ()) -> str:
     """The job's spec (TOML); ``requeue`` adds to ``signal_lead_s = 30``."""
     return spec_toml(
         name="wd", partition=partition, nodes=nodes, gpus_per_node=gpus, time="00:10:00",
         output=f"{root}/job-%j.out", workdir=str(root),
-        run={"launcher": launcher, "command": command, "env": {"OMP_NUM_THREADS": "1"}},
+        run={"launcher": launcher, "command": command, "env": {"OMP_NUM_THREADS": "1"},
+             "setup": list(setup)},
         requeue={"signal_lead_s": 30, **(requeue or {})}, watchdog=dict(watchdog or {}),
         **({"checkpoint": {"dir": f"{root}/ckpt"}} if checkpoint else {}))
 
@@ -125,6 +127,42 @@ def test_a_start_up_hang_and_a_crash_are_restarted_in_place(
     assert [(s["attempt"], s["last"]) for s in events(root, "start")] == [
         (1, "hang"), (2, "user_crash")]   # attempt 0's rank 0 never got past init()
     assert status(job)["restarts_in_place"] == {"hang": 1, "user_crash": 1}
+
+
+@pytest.mark.torch
+def test_progress_that_never_reaches_the_supervisor_is_said_and_a_hang_is_still_found(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks send their progress datagrams where nothing receives them (a setup line
+    points them at 192.0.2.1, TEST-NET-1, as a firewall between the nodes would drop them):
+    the job log says so within a few beats, naming the nodes, where they send and the port
+    to open; when rank 3 (on n2) hangs in step 8, the ranks on the batch node wait for it,
+    and the hang is found from their records on its disk, named by py-spy, and the step is
+    restarted in the allocation; the job completes."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    command = allreduce_command(root, "--hang", "3:8:0")
+    job = submit(root, spec(root, command, nodes=2, watchdog={"hang_timeout_s": HANG_S},
+                            setup=("export HPCTRAIN_PROGRESS_HOST=192.0.2.1",)))
+    assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
+    log = job_log(root, job)
+    said = next((ln for ln in log.splitlines() if "no progress datagram" in ln), "")
+    assert said.startswith("hpctrain: no progress datagram from the ranks on n1,n2 has "
+                           "reached the supervisor on n1 (UDP port "), log
+    assert "(to 192.0.2.1:" in said and "Allow UDP from the partition's nodes to n1, ports" \
+        in said and "watches the records rank(s) 0,1 keep on this node's local disk" in said
+    assert log.count("no progress datagram") == 1, log            # said once
+    assert "HANG: no progress in phase training" in log, log
+    # py-spy read the stacks (no request reaches the ranks): rank 3 named (on a loaded
+    # machine a dump can come back empty, and its rank is named with it)
+    named = next(ln for ln in log.splitlines() if "HANG: stopped first: rank(s) " in ln)
+    assert "3" in named.split("rank(s) ")[1].split(" ")[0].split(","), log
+    assert "by py-spy" in log, log
+    restart = next(e for e in ledger(root, job) if e["kind"] == "restart")
+    assert restart["cause"] == "hang", restart
+    # found within the timeout (+ the watchdog's look, + slack for this machine)
+    last_step = max(e["time"] for e in events(root, "step") if e["attempt"] == 0)
+    assert float(restart["detected_at"]) - last_step <= HANG_S + 10, (restart, last_step)
+    assert [(s["attempt"], s["step"]) for s in events(root, "start")] == [(0, 0), (1, 6)]
+    assert events(root, "done"), log
 
 
 def test_a_plain_script_silent_then_crashing_is_restarted_until_the_crash_limit(

@@ -5,11 +5,14 @@ handed to ``deepspeed.initialize`` with a ZeRO-1 config, ``engine.backward``/``e
 ``engine.save_checkpoint`` every few steps and ``engine.load_checkpoint`` on start. It never
 destroys its process group. Runs on the CPU accelerator with gloo (``DS_ACCELERATOR=cpu``).
 ``$EXIT_PATH`` chooses how it leaves after the work (tests/programs/exit_paths.py); rank 0
-appends JSON events to ``$EVENTS`` (start, step, end).
+appends JSON events to ``$EVENTS`` (start, step, end). As the tutorial's scripts do, it
+declares ``--local_rank`` (DeepSpeed's launcher passes it; hpctrain only with ``[run]
+local_rank_arg``): every rank appends what it got, beside ``LOCAL_RANK``, as an ``args`` event.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -21,15 +24,22 @@ import deepspeed  # noqa: E402
 import torch  # noqa: E402
 
 
-def log(**event: object) -> None:
-    if os.environ.get("RANK", "0") == "0":
+def log(every_rank: bool = False, **event: object) -> None:
+    if every_rank or os.environ.get("RANK", "0") == "0":
         with open(os.environ["EVENTS"], "a") as fh:
             fh.write(json.dumps({**event, "time": time.time()}) + "\n")
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1,
+                        help="local rank passed from distributed launcher")
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "6")))
+    args = parser.parse_args()
     exit_paths.arm()
-    ckpt_dir, steps = os.environ["CKPT_DIR"], int(os.environ.get("STEPS", "6"))
+    ckpt_dir, steps = os.environ["CKPT_DIR"], args.steps
+    log(every_rank=True, event="args", rank=os.environ.get("RANK"), local_rank=args.local_rank,
+        env_local_rank=os.environ.get("LOCAL_RANK"), node=os.environ.get("SLURMD_NODENAME"))
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)

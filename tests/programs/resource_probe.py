@@ -18,16 +18,25 @@ from pathlib import Path
 
 
 def cgroup_memory_limit() -> int | None:
-    """The memory limit (bytes) of this process's cgroup v1 memory controller, if any."""
+    """The memory limit (bytes) that holds this process in cgroup v1's memory controller:
+    the least of its cgroup's and their parents' (Slurm sets it on the job's and the step's
+    cgroups, each task's own is unlimited); None where none is set."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            limit = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
+        if "memory" not in controllers.split(","):
+            continue
+        root = Path("/sys/fs/cgroup/memory")
+        group, limits = root / path.lstrip("/"), []
+        while True:
             try:
-                value = int(limit.read_text())
+                limits.append(int((group / "memory.limit_in_bytes").read_text()))
             except (OSError, ValueError):
-                return None
-            return value if value < 1 << 60 else None     # "no limit" is a huge number
+                pass
+            if group == root:
+                break
+            group = group.parent
+        least = min(limits, default=1 << 62)
+        return least if least < 1 << 60 else None     # "no limit" is a huge number
     return None
 
 

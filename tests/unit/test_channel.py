@@ -125,7 +125,8 @@ def test_a_forged_or_stale_record_does_not_replace_a_newer_one(tmp_path: Path) -
 def test_a_ranks_reporter_sends_through_the_channel_and_leaves_shared_storage_alone(
         tmp_path: Path) -> None:
     """The runtime's own reporter, started as in a job: its beats reach the board, its
-    urgent word at once, and the state directory (shared storage) gets no progress."""
+    urgent word at once, and the state directory (shared storage) gets no progress: only
+    the sign, once, that the node's ranks send (hpctrain.supervisor.silence reads it)."""
     board = Board()
     state = tmp_path / "state"
     state.mkdir()
@@ -144,7 +145,10 @@ def test_a_ranks_reporter_sends_through_the_channel_and_leaves_shared_storage_al
         board.request(p.RESUME, {"run_id": "r1", "restart_count": 0, "attempt": 1,
                                  "action": "go"})
         wait_for(lambda: p.read_record(reporter.request_path(p.RESUME)).get("action"))
-        assert sorted(x.name for x in state.iterdir()) == []
+        assert sorted(x.name for x in state.iterdir()) == [channel.SIGNS]
+        sign = p.read_record(channel.sign_path(state, 0, "n1"))
+        assert (sign["node"], sign["port"], sign["error"]) == ("n1", str(board.port), "")
+        assert [x.name for x in (state / channel.SIGNS).iterdir()] == ["r0-n1"]
     finally:
         reporter.exited(True)
         reporter.leave_node()

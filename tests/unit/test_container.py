@@ -184,6 +184,11 @@ def test_oci_flag_and_the_supervisors_plan(tmp_path: Path) -> None:
              checkpoint={"dir": "/ck/c"}, workdir="/code")
     script = render_script(s, [site(tmp_path)])
     assert "srun --container=/images/pt --nodes=2" in launcher_line(script)
+    # Slurm 22.05 gives every node's task in an OCI container the first task's variables:
+    # torch tells the rendezvous host by its hostname there, not by SLURMD_NODENAME
+    assert "PET_RDZV_ENDPOINT" in script and "PET_RDZV_CONF" not in script
+    pyxis = render_script(spec("c-pyxis", {"image": "/i.sqsh"}), [site(tmp_path)])
+    assert "export PET_RDZV_CONF=\"is_host=" in pyxis
     line = next(ln for ln in script.splitlines() if ln.startswith(f"export {protocol.CONTAINER}="))
     plan = json.loads(line.split("=", 1)[1].strip("'"))
     assert plan == {"image": "/images/pt", "mounts": ["/ds:/ds:ro", "/ck/c:/ck/c", "/code:/code"],
@@ -210,6 +215,31 @@ def stood_in(tmp_path: Path, partition: str, container: dict, launcher: str = "s
                   "command": [str(tmp_path / "standin-bin" / "argv-recorder"), "a b"]})
     return run_script(render_script(s, [site(tmp_path)], python=sys.executable), tmp_path,
                       NCCL_DEBUG="INFO", **env)
+
+
+@pytest.mark.parametrize("partition, container", [
+    ("c-pyxis", None), ("c-pyxis", {"image": "/i.sqsh"}), ("c-apptainer", {"image": "/i.sif"})],
+    ids=["bare", "pyxis", "apptainer"])
+@pytest.mark.parametrize("python", [False, True], ids=["program", "python-script"])
+def test_deepspeeds_local_rank_argument_lands_after_the_script_in_any_container(
+        tmp_path: Path, partition: str, container: dict | None, python: bool) -> None:
+    """[run] local_rank_arg: --local_rank=N after the script (or the program), before its
+    own arguments, where DeepSpeed's launcher puts it, whatever words the container adds
+    before the command (apptainer's), and each argument still one word."""
+    program = [str(tmp_path / "standin-bin" / "argv-recorder")]
+    if python:     # a Python script that records its argv as the recorder does, with an
+        script = tmp_path / "record.py"     # option for the interpreter before it
+        script.write_text("import os, sys\nwith open(os.environ['STANDIN_LOG'] + "
+                          "'/command.argv', 'w') as f:\n"
+                          "    f.write(''.join(a + '\\0' for a in sys.argv[1:]))\n")
+        program = [sys.executable, "-u", str(script)]
+    s = spec(partition, container, nodes=1,
+             run={"launcher": "deepspeed", "local_rank_arg": True,
+                  "command": [*program, "a b", "--steps", "4"]})
+    run = run_script(render_script(s, [site(tmp_path)], python=sys.executable), tmp_path,
+                     NCCL_DEBUG="INFO")
+    assert run.returncode == 0, run.stderr
+    assert run.nul_list("command.argv") == ["--local_rank=0", "a b", "--steps", "4"]
 
 
 def test_pyxis_flags_pass_pyxis_argument_handling(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.devcluster import config, packages, sshconf
+from hpctrain.devcluster import config, packages, sshconf, strict
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.errors import DevclusterError
 from hpctrain.slurm.parse import parse_kv_line
@@ -45,6 +45,52 @@ def test_fast_failure_detection_and_fast_requeue() -> None:
     assert "cred_expire=5" in text  # requeued jobs held 6 s, not Slurm's 121 s
     assert "PreemptType=preempt/partition_prio" in text
     assert "AccountingStorageType=accounting_storage/slurmdbd" in text
+
+
+# this machine kind's mount table, abridged (hybrid: cgroup v1 controllers, cgroup2 beside)
+HYBRID = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+"""
+UNIFIED = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n"
+
+
+def test_the_strict_site_binds_cores_and_memory_with_cgroups_where_v1_is_mounted() -> None:
+    assert strict.cgroup_v1_missing(HYBRID) == ""
+    assert strict.cgroup_v1_missing(UNIFIED) == (
+        "no cgroup v1 hierarchy for cpuset and memory under /sys/fs/cgroup (a cgroup "
+        "v2-only host)")
+    assert "memory under" in strict.cgroup_v1_missing(HYBRID.replace(",memory", ",blkio"))
+    shape = Shape(site="strict", cpus_per_node=2)
+    bound = "\n".join(config.slurm_conf(shape, PATHS, Ports(), "host", cgroups=True)
+                      .splitlines())
+    assert "TaskPlugin=task/affinity,task/cgroup" in bound
+    # Slurm refuses to start with the cgroup's limit and the poller's kill both on
+    assert "OverMemoryKill" not in bound and "JobAcctGatherFrequency=2" in bound
+    assert "SelectTypeParameters=CR_Core_Memory" in bound and "DefMemPerCPU=256" in bound
+    polled = "\n".join(conf_lines(shape))        # a host without cgroup v1
+    assert "TaskPlugin=task/none" in polled and "JobAcctGatherParams=OverMemoryKill" in polled
+    lenient = "\n".join(config.slurm_conf(Shape(), PATHS, Ports(), "host", cgroups=True)
+                        .splitlines())
+    assert "TaskPlugin=task/none" in lenient and "SelectTypeParameters=CR_Core\n" in lenient
+    conf = dict(line.split("=", 1) for line in strict.cgroup_conf().splitlines()
+                if line and not line.startswith("#"))
+    assert conf == {"CgroupPlugin": "cgroup/v1", "CgroupMountpoint": "/sys/fs/cgroup",
+                    "ConstrainCores": "yes", "ConstrainRAMSpace": "yes",
+                    "ConstrainDevices": "no"}
+
+
+def test_a_strict_node_never_declares_cpus_the_machine_cannot_bind() -> None:
+    assert [strict.default_cpus(4, n) for n in (1, 2, 4, 64)] == [1, 2, 4, 4]
+    strict.check_cpus(2, 2)
+    with pytest.raises(DevclusterError, match=r"--cpus-per-node=4 is more than this "
+                       r"machine's 2 CPUs: .* use --cpus-per-node 2 or fewer"):
+        strict.check_cpus(4, 2)
+    assert strict.limits("lenient", "").startswith("none")
+    assert strict.limits("strict", "").startswith("cgroups: each task bound to its CPUs")
+    assert strict.limits("strict", "no cgroup v1").endswith("no core is bound (no cgroup v1)")
 
 
 def test_gres_conf_points_each_node_at_its_fake_gpu_files() -> None:

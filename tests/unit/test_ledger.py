@@ -23,6 +23,13 @@ def test_parse_counts_each_cause_and_keeps_the_stop_line() -> None:
         LINES.splitlines()[0]
 
 
+def test_a_port_taken_at_start_up_is_a_restart_that_counts_against_no_limit() -> None:
+    text = "\n".join([line("restart", cause="hang", restart_count=0, attempt=1),
+                      line("restart", cause="port_taken", restart_count=0, attempt=2)])
+    ledger = parse_ledger(text)
+    assert ledger.restarts == {"hang": 1, "port_taken": 1} and ledger.step_restarts == 1
+
+
 def test_the_ledger_names_the_causes_unless_it_lags_behind_sacct() -> None:
     ledger = parse_ledger(LINES)   # 3 requeues
     assert requeues_by_cause({"requeued": 2, "node_fail": 1}, ledger) == ledger.requeues

@@ -174,6 +174,13 @@ def test_plan_write_spec_then_render_end_to_end(tmp_path: Path, args: list[str])
     assert "#SBATCH --partition=debug" in script
     assert f"#SBATCH --nodes={best['nodes']}" in script
     assert best["tp"] * best["pp"] * best["dp"] > 1  # a real layout, not the trivial one
+    # what the plan said the job asks for is what the script asks for
+    asked = json.loads(plan.stdout)["requests"]
+    for directive in (asked["gpus"], f"cpus-per-task={asked['cpus_per_task']}",
+                      asked["memory"]):
+        assert f"#SBATCH --{directive}\n" in script, (directive, asked)
+    assert f"srun --nodes={best['nodes']}" in script and \
+        f"--cpus-per-task={asked['cpus_per_task']} --distribution=block" in script
 
 
 def _site_partition(tmp_path: Path, body: str) -> str:
@@ -194,6 +201,30 @@ def test_site_partition_facts_and_scaling_overrides_are_used(tmp_path: Path, cap
     assert hw["scaling"]["inter_node"] == 0.5 and hw["scaling"]["intra_node"] == 0.80
     assert d["cost"]["peak_tflops"] == 150
     assert all(c["capacity_gb"] == 40 and c["nodes"] <= 8 for c in d["candidates"])
+
+
+def test_the_plan_says_what_the_job_asks_slurm_for_on_the_partition(tmp_path: Path,
+                                                                  capsys) -> None:
+    site = _site_partition(tmp_path, "")
+    # ZeRO: DeepSpeed, one task per GPU: each gets its GPU's share of the node's 32 CPUs
+    code, out, err = run(capsys, "--params", "13B", "--partition", "site", "--templates",
+                         site, "--zero", "3", "--nodes", "2")
+    assert code == 0, err
+    assert out.rstrip().endswith(
+        "under deepspeed on partition site, the job requests: --gpus-per-node=4 "
+        "--cpus-per-task=8 --mem=0 (every GPU of each node; a site node has 32 CPUs and "
+        "512 GB)"), out
+    # torchrun: one task per node, all its GPUs' CPUs; the share of memory of 1 of 4 GPUs
+    d = run_json(capsys, "--params", "1B", "--partition", "site", "--templates", site,
+                 "--zero", "0", "--nodes", "1")
+    assert d["recommended"]["gpus"] == 1, d["recommended"]
+    assert d["requests"] == {"launcher": "torchrun", "cpus_per_task": 8,
+                             "gpus": "gpus-per-node=1", "memory": "mem=131072M",
+                             "exclusive": False,
+                             "why": "1 of 4 GPUs of each node; a site node has 32 CPUs "
+                                    "and 512 GB"}, d["requests"]
+    # without a partition there are no CPU or memory facts to plan from
+    assert run_json(capsys, "--params", "7B", *EIGHT_X_80)["requests"] is None
 
 
 def test_bad_scaling_override_in_a_partition_is_an_error(tmp_path: Path, capsys) -> None:

@@ -9,6 +9,7 @@ decides is tested as a pure table (test_supervisor_decision.py) and on the real 
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -113,8 +114,18 @@ def test_hostile_arguments_reach_every_launcher_verbatim(tmp_path: Path, launche
     assert srun_argv[-len(args):] == args
     if launcher == "torchrun":
         at = srun_argv.index("--kill-on-bad-exit=1") + 1
-        assert srun_argv[at:at + 3] == ["python3", "-m", "torch.distributed.run"]
-        assert "--rdzv_endpoint=n1:25242" in srun_argv   # first node, port from the job id
+        assert srun_argv[at:at + 2] == ["bash", "-c"] and srun_argv[at + 3] == "hpctrain-agent"
+        assert srun_argv[at + 4:at + 7] == ["python3", "-m", "torch.distributed.run"]
+        # each task's agent: the endpoint from its environment (the first node, the port
+        # from the job id, or the one the supervisor moved it to); the first node hosts
+        agent = ["bash", "-c", srun_argv[at + 2], "hpctrain-agent", "env"]
+        for node, host in (("n1", "is_host=1"), ("n2", "is_host=0"), ("", None)):
+            task = {"MASTER_ADDR": "n1", "MASTER_PORT": "25242", "PATH": "/usr/bin:/bin",
+                    **({"SLURMD_NODENAME": node} if node else {})}
+            seen = dict(line.split("=", 1) for line in subprocess.run(
+                agent, env=task, capture_output=True, text=True, check=True).stdout.splitlines())
+            assert seen["PET_RDZV_ENDPOINT"] == "n1:25242"
+            assert seen.get("PET_RDZV_CONF") == host, node   # no node name: torch's own guess
     else:
         assert run.nul_list("command.argv") == args
         env = dict(e.split("=", 1) for e in run.nul_list("command.env"))

@@ -132,6 +132,14 @@ def test_unknown_keys_name_the_key_and_the_closest_valid_one(data, key, hint) ->
     ({"run": {"command": ["x"], "env": {"K": "v"}, "env_passthrough": ["K"]}},
      "K is also set in run.env"),
     ({"run": {"command": ["x"], "access": "world"}}, "run.access='world' is not an access"),
+    ({"run": {"command": ["x"], "launcher": "deepspeed", "local_rank_arg": 1}},
+     "run.local_rank_arg=1 must be true or false"),
+    ({"run": {"command": ["python", "t.py"], "local_rank_arg": True}},
+     "run.local_rank_arg = true is for launcher = \"deepspeed\" (its own launcher passes "
+     "--local_rank); under 'torchrun' the ranks read LOCAL_RANK from the environment"),
+    ({"run": {"command": ["python", "-u"], "launcher": "deepspeed", "local_rank_arg": True}},
+     "starts python without a script: add the training script (or -m module) that takes "
+     "--local_rank"),
     ({"checkpoint": {"access": "public"}}, "checkpoint.access='public' is not an access"),
     ({"checkpoint": {"dir": "relative/ckpt"}}, "must be an absolute path"),
     ({"checkpoint": {"dir": "/a\nb"}}, "line break"),
@@ -248,3 +256,18 @@ def test_replace_is_rechecked() -> None:
     assert s.replace(nodes=1).nodes == 1 and s.nodes == 2
     with pytest.raises(SpecError, match="nodes=0 is out of range"):
         s.replace(nodes=0)
+
+
+@pytest.mark.parametrize("command, end", [
+    (["python", "train.py", "--lr", "1"], 2),
+    (["/venv/bin/python3.11", "-u", "-X", "dev", "-W", "ignore", "train.py", "x"], 7),
+    (["python3", "-m", "pkg.train", "--x"], 3),
+    (["python", "-c", "code", "a"], 3),
+    (["./train.sh", "--x"], 1),
+    (["deepspeed-job"], 1),
+])
+def test_where_deepspeeds_local_rank_goes_in_a_command(command: list[str], end: int) -> None:
+    """After the program (a Python command's script or module), as DeepSpeed's launcher
+    puts it: ``python -u train.py --local_rank=N ARGS``."""
+    from hpctrain.spec.launch import script_end
+    assert script_end(command) == end

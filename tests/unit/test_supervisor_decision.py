@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from hpctrain.slurm.view import JobView
-from hpctrain.supervisor.decision import (Budget, Caught, Facts, budget_text, decide,
-                                          limit_text, missing_requeues, notice_cause,
-                                          over_limit, slurm_event)
+from hpctrain.supervisor.decision import (Budget, Caught, Facts, InPlace, budget_text,
+                                          decide, limit_text, missing_requeues,
+                                          notice_cause, over_limit, slurm_event)
 from hpctrain.supervisor.diagnosis import ABORT_AT_EXIT_FIX, Diagnosis
 from hpctrain.supervisor.finish import Finish
 from helpers.progress import by_rank
@@ -162,6 +162,21 @@ ROWS = [
      ("finish", "out_of_memory", 137)),
     ("...a preemption is still Slurm's first fact", dict(
         view=PREEMPTING, status=137, memory="oom-kill event"), ("requeue", "preemption", 0)),
+    # --- row 10c: the rendezvous port was taken at start-up ---------------------------------
+    ("rank 0's store could not bind its port, still taken: another port, not a crash",
+     dict(status=1, port=(27001, 27002), inplace=InPlace(max=2),
+          record={"cause": "user_crash", "requeue": "0"}), ("restart", "port_taken", 0)),
+    ("...even with max_step_restarts spent: it counts against no limit",
+     dict(status=1, port=(27001, 27002), inplace=InPlace(max=2, used=2)),
+     ("restart", "port_taken", 0)),
+    ("...but not in an allocation that cannot take a restart: a crash's fate",
+     dict(status=1, port=(27001, 27002), inplace=InPlace(max=2, left_s=10)),
+     ("finish", "user_crash", 1)),
+    ("...nor after the job moved its port 8 times", dict(
+        status=1, port=(27008, 27009), restarts={"port_taken": 8}, inplace=InPlace(max=2)),
+     ("finish", "user_crash", 1)),
+    ("...and a preemption is still Slurm's first fact", dict(
+        view=PREEMPTING, status=1, port=(27001, 27002)), ("requeue", "preemption", 0)),
     # --- row 11: crashes ------------------------------------------------------------------
     ("a rank raised", dict(status=1), ("finish", "user_crash", 1)),
     ("a rank raised; its crash record", dict(status=1, record={"cause": "user_crash",

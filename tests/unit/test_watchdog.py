@@ -83,6 +83,22 @@ def test_a_rank_that_never_reported_is_a_start_up_hang_counted_from_the_step_sta
     assert hang.why.startswith("never reported")
 
 
+def test_with_the_channel_silent_only_the_ranks_that_can_be_read_are_judged() -> None:
+    """This node's ranks (0, 1) read from its disk; 2 and 3 are out of reach (their node's
+    datagrams never arrive): not a start-up hang of theirs, while 0 and 1 still move; a
+    hang once those stop, with no rank named as never reporting."""
+    moving = {r: rank(r) for r in (0, 1)}
+    assert assess(moving, 4, NOW - 100, NOW, LIMITS, watched=set(moving)) is None
+    stopped = {r: rank(r, changed=NOW - 12) for r in (0, 1)}
+    hang = assess(stopped, 4, NOW - 100, NOW, LIMITS, watched=set(stopped))
+    assert hang is not None and hang.phase == "training" and hang.ranks == ()
+    # judged as all four, 2 and 3 would be named as never having reported
+    blind = assess(stopped, 4, NOW - 100, NOW, LIMITS)
+    assert blind is not None and blind.ranks == (2, 3) and "never reported" in blind.why
+    done = {r: rank(r, phase="exited", changed=NOW - 5) for r in (0, 1)}
+    assert assess(done, 4, NOW - 100, NOW, LIMITS, watched=set(done)) is None
+
+
 def test_a_frozen_heartbeat_names_its_rank_and_node() -> None:
     ranks = {0: rank(0, changed=NOW - 20), 1: rank(1, changed=NOW - 20, beat=NOW - 30,
                                                     node="n2")}

@@ -99,6 +99,7 @@ class Facts:
     lost: tuple[str, ...] = ()                  # the step's nodes lost
     failure: Diagnosis | None = None            # the first failure, as the launcher told it
     memory: str | None = None                   # Slurm ended the step for memory: its words
+    port: tuple[int, int] | None = None         # the rendezvous port was taken: (it, the next)
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class Decision:
     action: str        # requeue | restart (in place) | finish | stop (a limit ended it)
     #                    | leave (Slurm requeued)
     cause: str         # completed, preemption, time_limit, node_fail, user_crash, cancelled,
-    #                    hang, out_of_memory, requeued, health_check, unknown
+    #                    hang, out_of_memory, port_taken, requeued, health_check, unknown
     exit_code: int
     why: str
     limit: str | None = None

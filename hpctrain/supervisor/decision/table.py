@@ -29,6 +29,10 @@ rows, in order (the first that matches decides):
     storage trouble)
 10b Slurm ended the step for memory (slurmstepd's     out_of_memory   finish: the same
     words in its output)                                               request fails again
+10c its rendezvous could not bind its port at start-   port_taken      restart in place on
+    up, and this node (the first) still cannot bind                    the next free port
+    it: taken by another process since the script                      (counted against no
+    checked it (:mod:`~hpctrain.supervisor.rendezvous`)                limit; PORT_TRIES)
 11  the step failed                                    user_crash      finish, or (within
                                                                        max_crash_restarts)
                                                                        restart in place, else
@@ -129,12 +133,16 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     if f.memory:
         return "out_of_memory", f"Slurm ended the step for memory ({f.memory}): ask for " \
                                 "more ([resources] mem_per_node_gb) or use less"
+    if f.port is not None and f.restarts.get("port_taken", 0) < PORT_TRIES:
+        return "port_taken", f"the rendezvous could not bind port {f.port[0]}: another " \
+                             "process took it after the script checked it"
     if f.status is None:
         return "unknown", "the training step did not run"
     return "user_crash", f"the training step failed ({signal_name(f.status)})"
 
 
 IN_PLACE = ("hang", "user_crash", "node_fail")      # causes restarted in the allocation
+PORT_TRIES = 8       # a job's moves of its rendezvous port (row 10c)
 COUNTED_IN_PLACE = ("user_crash", "node_fail")     # ...whose limit counts those restarts
 
 
@@ -147,6 +155,11 @@ def decide(f: Facts) -> Decision:
     cause, why = cause_of_run(f)
     if cause == "completed":
         return Decision("finish", cause, 0, why, detail=death_at_exit(f) or "")
+    if cause == "port_taken" and f.port is not None and not f.inplace.obstacle:
+        return Decision("restart", cause, 0, why,   # at start-up: nothing was lost
+                        detail=f"on port {f.port[1]}, counted against no limit")
+    if cause == "port_taken":        # the allocation cannot take a restart: a crash's fate
+        cause = "user_crash"
     if cause in ("cancelled", "unknown", "out_of_memory") or (cause == "user_crash" and
                                              f.budget.limit_of(cause) == ("max_crash_restarts", 0)):
         return Decision("finish", cause, step_code or 1, why)
