@@ -50,10 +50,11 @@ def worker(args: argparse.Namespace) -> None:
                                 torch.nn.Linear(width, width))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     mgr = CheckpointManager(args.dir, keep_last=1) if args.mode != "none" else None
-    times = []
+    times, stalls = [], []
     for step in range(args.warmup + args.steps):
         t0 = time.perf_counter()
-        x = torch.randn(32, width, generator=torch.Generator().manual_seed(step * 10 + rank))
+        x = torch.randn(args.batch, width,
+                        generator=torch.Generator().manual_seed(step * 10 + rank))
         opt.zero_grad()
         model(x).square().mean().backward()
         for p in model.parameters():
@@ -61,17 +62,23 @@ def worker(args: argparse.Namespace) -> None:
             p.grad /= world
         opt.step()
         if mgr is not None:
+            t1 = time.perf_counter()
             mgr.snapshot(step + 1, {"model": model.state_dict(), "opt": opt.state_dict()})
+            stalls.append(time.perf_counter() - t1)
         times.append(time.perf_counter() - t0)
+    peers = mgr._peers if mgr is not None else None
+    sent = [peers.sent, peers.puts] if peers is not None else [0, 0]
     if mgr is not None:
         mgr.close()
     if rank == 0:
-        Path(args.out).write_text(json.dumps(times[args.warmup:]))
+        Path(args.out).write_text(json.dumps({"times": times[args.warmup:], "sent": sent,
+                                              "stalls": stalls[args.warmup:] or [0.0]}))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def one_run(mode: str, args: argparse.Namespace, base: Path, port: int) -> float:
+def one_run(mode: str, args: argparse.Namespace, base: Path,
+            port: int) -> tuple[float, list, float]:
     work = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=base))
     (work / "ckpt").mkdir()
     out = work / "times.json"
@@ -82,13 +89,15 @@ def one_run(mode: str, args: argparse.Namespace, base: Path, port: int) -> float
            "HPCTRAIN_PEER_COPIES": "1" if mode == "peers" else "0"}
     argv = [sys.executable, __file__, "--worker", "--mode", mode, "--dir", str(work / "ckpt"),
             "--out", str(out), "--params", str(args.params), "--steps", str(args.steps),
-            "--warmup", str(args.warmup)]
+            "--warmup", str(args.warmup), "--batch", str(args.batch)]
     procs = [subprocess.Popen(argv, env={**env, "RANK": str(r),
                                          "SLURMD_NODENAME": "n1" if r < 2 else "n2"})
              for r in range(4)]
     if any(p.wait(timeout=900) for p in procs):
         raise SystemExit(f"a rank of the {mode} run failed")
-    return statistics.median(json.loads(out.read_text()))
+    result = json.loads(out.read_text())
+    return statistics.median(result["times"]), result["sent"], \
+        statistics.median(result["stalls"])
 
 
 def parse_count(text: str) -> int:
@@ -100,6 +109,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--params", type=parse_count, default=parse_count("4M"))
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--batch", type=int, default=512,
+                    help="samples per rank and step: the step's work against the state's "
+                         "size (a transformer step does far more per parameter than this)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -113,23 +125,32 @@ def main() -> None:
     from helpers.ckpt import free_port
 
     medians: dict[str, list[float]] = {m: [] for m in MODES}
+    stalls: dict[str, list[float]] = {m: [] for m in MODES}
+    delivered = [0, 0]
     with tempfile.TemporaryDirectory(prefix="peer-bench-") as tmp:
         for rep in range(args.repeat):
             order = MODES[rep % 3:] + MODES[:rep % 3]
             for mode in order:
-                medians[mode].append(one_run(mode, args, Path(tmp), free_port()))
+                median, sent, stall = one_run(mode, args, Path(tmp), free_port())
+                medians[mode].append(median)
+                stalls[mode].append(stall)
+                delivered = [delivered[0] + sent[0], delivered[1] + sent[1]]
             print(f"repetition {rep + 1}: " + ", ".join(
                 f"{m} {medians[m][-1] * 1000:.1f} ms" for m in MODES), flush=True)
     med = {m: statistics.median(v) for m, v in medians.items()}
     per_rep = [p / s for p, s in zip(medians["peers"], medians["snapshot"])]
     state_mb = args.params * 8 / 1e6
-    print(f"{args.params / 1e6:.1f}M parameters ({state_mb:.0f} MB snapshot per rank), "
-          f"4 ranks on 2 nodes, median step time of {args.repeat} runs each:")
+    print(f"{args.params / 1e6:.1f}M parameters ({state_mb:.0f} MB snapshot per rank), batch "
+          f"{args.batch}, 4 ranks on 2 nodes, median step time of {args.repeat} runs each:")
     for m in MODES:
-        print(f"  {m:9s} {med[m] * 1000:8.1f} ms")
+        print(f"  {m:9s} {med[m] * 1000:8.1f} ms   snapshot() itself "
+              f"{statistics.median(stalls[m]) * 1000:6.1f} ms")
     print(f"peers / snapshot = {med['peers'] / med['snapshot']:.3f}x (median of the "
           f"ratios within each repetition: {statistics.median(per_rep):.3f}x; target "
           f"<= 1.05); peers / none = {med['peers'] / med['none']:.3f}x")
+    print(f"rank 0's snapshots that reached its partner whole: {delivered[0]} of "
+          f"{delivered[1]} (a send still on its way when the next snapshot comes is cut "
+          "short: the training never waits for the network)")
 
 
 if __name__ == "__main__":

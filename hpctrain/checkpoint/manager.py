@@ -99,7 +99,8 @@ class CheckpointManager:
         from hpctrain.checkpoint.peers import PeerCopies
         self._peers = PeerCopies.start(self.comm)   # collective: where each rank listens
         self._staging = Staging()
-        self._snap_staging = Staging()   # snapshot()'s own: a save in flight reads the other
+        # snapshot()'s own (a save in flight reads the other); with peer copies, in node memory
+        self._snap_staging = Staging(self._peers.allocate if self._peers else None)
         self._bg = Background() if async_save else None
         self._removals: list[storage.Task] = []  # pruned steps being deleted
         live.register(self)
@@ -154,15 +155,13 @@ class CheckpointManager:
         # in the background, from the staged copy
         snapshot.forget(self.root)   # its buffers may be the ones about to be overwritten
         try:
-            if self._peers is not None:
-                self._peers.wait_written()   # the last copy into node memory reads them
             staged = self._staging.stage(chunks, extras)
             fps = extras_fingerprints(extras) if self.comm.active else {}
         except Exception as exc:  # noqa: BLE001 - reaches every rank through the collectives
             staged, fps, failure = None, {}, exc
         else:
             failure = None
-            self._keep(step, staged)   # the staged copy: a snapshot for free
+            snapshot.keep(self.root, step, staged)   # the staged copy: a snapshot for free
         self._bg.submit(lambda: self._persist(
             step, rank_writer(self.comm, staged.chunks if staged else [], {}, staged, fps,
                               failure),
@@ -283,14 +282,10 @@ class CheckpointManager:
         chunks, extras = flatten(state)
         snapshot.forget(self.root)   # a copy cut short (an exception) must not be restored
         if self._peers is not None:
-            self._peers.wait_written()
-        self._keep(step, self._snap_staging.stage(chunks, extras))
-
-    def _keep(self, step: int, staged: Any) -> None:
-        """``staged`` is the newest snapshot: in this process, and with peer copies in node
-        memory and at the partner (:mod:`hpctrain.checkpoint.peers`)."""
+            self._peers.before_stage()    # the last copy's send reads the staging memory
+        staged = self._snap_staging.stage(chunks, extras)
         snapshot.keep(self.root, step, staged)
-        if self._peers is not None:
+        if self._peers is not None:       # its checksums and its send: in the background
             self._peers.put(step, staged.chunks, staged.extras)
 
     def load_latest(self, state: dict, verify: bool | None = None) -> int | None:

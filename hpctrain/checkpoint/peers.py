@@ -1,15 +1,15 @@
 """Peer copies of snapshots in host memory: a lost node costs at most the snapshot interval.
 
-A snapshot (:meth:`CheckpointManager.snapshot`, or an async save's staged copy) lives in
-its rank's process: a restart in the same process restores it, but a lost node's step
-restarts in new processes everywhere (on the survivors and a spare), and the snapshot is
-gone with them. With peer copies on (``$HPCTRAIN_PEER_COPIES=1``: ``[elastic]
-peer_copies``, on by default with spare nodes) each rank also keeps its newest snapshot in
-its node's memory (:mod:`hpctrain.protocol.nodemem`: a job-private directory of
-``/dev/shm``, which outlives the processes) and sends a copy over the network to its
-*partner*, a rank on another node (:func:`partners`: one node's loss never takes both
-copies), which keeps it in its own node's memory. Each copy carries the checksums the
-durable format uses.
+A snapshot (:meth:`CheckpointManager.snapshot`) lives in its rank's process: a restart in
+the same process restores it, but a lost node's step restarts in new processes everywhere
+(on the survivors and a spare), and the snapshot is gone with them. With peer copies on
+(``$HPCTRAIN_PEER_COPIES=1``: ``[elastic] peer_copies``, on by default with spare nodes)
+the snapshot's staging memory is itself mapped from the node's memory
+(:mod:`hpctrain.protocol.nodemem`: a job-private directory of ``/dev/shm``, which outlives
+the processes), so the rank's own copy costs nothing more; and each snapshot is sent over
+the network to the rank's *partner*, a rank on another node (:func:`partners`: one node's
+loss never takes both copies), which keeps it in its own node's memory. Each copy carries
+the checksums the durable format uses (:mod:`hpctrain.checkpoint.peerfile`).
 
 On a load (:meth:`PeerCopies.restore`, collective) the ranks say which copies their nodes
 hold; the newest step for which every rank has one (its own, or its partner's), no older
@@ -17,19 +17,19 @@ than the newest durable checkpoint, is restored: a copy held elsewhere travels t
 over the checkpoint's gloo group, every copy is verified against its checksums before use,
 and any missing or damaged copy sends every rank to the durable checkpoint instead.
 
-Cost: two more copies of a rank's snapshot in host memory (its own in node memory and its
-ward's), and per snapshot a copy into node memory, its checksums and a send to the partner,
-all on a background thread (the loop waits only when a snapshot comes before the last one
-is written down).
+Cost: two more copies of a rank's snapshot in host memory (its ward's, in two slots), per
+snapshot its checksums and a send to the partner on a background thread; a snapshot waits
+for the last one's send to finish (its memory is what is sent). An async save's staged
+copy is not sent: that step is durable moments later anyway.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import mmap
 import os
 import socket
-import struct
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -39,20 +39,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from hpctrain.checkpoint import checksum, unpickle
-from hpctrain.checkpoint.tree import (Chunk, as_bytes, dtype_from_name, dtype_name,
-                                      flatten, set_path)
-from hpctrain.protocol import channel, nodemem
-from hpctrain.protocol import RESTART_COUNT, RUN_ID
+from hpctrain.checkpoint import peerfile
+from hpctrain.checkpoint.tree import Chunk
+from hpctrain.protocol import RESTART_COUNT, RUN_ID, channel, nodemem
 
-MAGIC = b"HPCTPEER"
-TRAILER = struct.Struct("<Q8s")       # the meta's length, MAGIC: the file's last 16 bytes
 CONNECT_S = 10.0                      # a partner that does not accept within this: no copy
 CLOSE_WAIT_S = 10.0                   # a closing manager waits this long for the last send
+CUT_WARN = 20                         # sends cut short in a row before the job log says so
 BLOCK = 4 << 20                       # bytes received per read
 
 
-# ---- who keeps whose copy (pure) ------------------------------------------------------------
+# ---- who keeps whose copy, which step from where (pure) -------------------------------------
 def partners(hosts: Sequence[str]) -> list[int | None]:
     """Rank -> the rank that keeps its copy (``hosts[r]`` is rank r's node): the rank with
     the same local index on the next node, round the nodes; never one on its own node.
@@ -80,8 +77,7 @@ def restore_plan(held: Sequence[tuple[int | None, Mapping[int, int]]],
             holders[(rank, own)] = rank
         for ward, step in wards.items():
             holders.setdefault((ward, step), rank)
-    steps = sorted({step for _, step in holders}, reverse=True)
-    for step in steps:
+    for step in sorted({step for _, step in holders}, reverse=True):
         if durable is not None and step < durable:
             break
         sources = {r: holders.get((r, step)) for r in range(len(held))}
@@ -90,125 +86,68 @@ def restore_plan(held: Sequence[tuple[int | None, Mapping[int, int]]],
     return None
 
 
-# ---- one copy: a file in node memory --------------------------------------------------------
-def layout(c: Chunk) -> list:
-    """A chunk's place in the state, as a copy's meta records it (JSON)."""
-    return [list(c.path), list(c.offsets), list(c.shape), dtype_name(c.dtype),
-            list(c.global_shape)]
-
-
-def write_copy(path: Path, rank: int, step: int, chunks: Sequence[Chunk],
-               extras: bytes) -> int:
-    """Write one rank's snapshot as a copy file (its bytes, then a meta with the checksums),
-    atomically (a reader never sees half of one); its size."""
-    algorithm = checksum.DEFAULT
-    fn = checksum.get(algorithm)
-    tmp = path.with_name(path.name + ".tmp")
-    metas = []
-    with open(tmp, "wb") as fh:
-        for c in chunks:
-            data = as_bytes(c.local).numpy()     # a staged chunk: its bytes, as uint8
-            fh.write(memoryview(data).cast("B"))
-            metas.append([*layout(c), data.nbytes, fn(data)])
-        fh.write(extras)
-        meta = json.dumps({"rank": rank, "step": step, "algorithm": algorithm,
-                           "chunks": metas, "extras": [len(extras), fn(extras)]}).encode()
-        fh.write(meta)
-        fh.write(TRAILER.pack(len(meta), MAGIC))
-        size = fh.tell()
-    os.replace(tmp, path)
-    return size
-
-
-def read_meta(path: Path) -> dict | None:
-    """A copy file's meta (with its ``size``), or None when it is not a whole copy."""
+# ---- the wire: a header line, then the copy's bytes -----------------------------------------
+def _header(conn: socket.socket) -> dict | None:
+    """The next copy's header line (JSON: token, rank, nbytes), or None."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 4096:
+        got = conn.recv(1)
+        if not got:
+            return None
+        line += got
     try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            if size < TRAILER.size:
-                return None
-            fh.seek(size - TRAILER.size)
-            length, magic = TRAILER.unpack(fh.read(TRAILER.size))
-            if magic != MAGIC or length > size - TRAILER.size:
-                return None
-            fh.seek(size - TRAILER.size - length)
-            meta = json.loads(fh.read(length))
-    except (OSError, ValueError):
+        head = json.loads(line)
+        head["rank"], head["nbytes"] = int(head["rank"]), int(head["nbytes"])
+    except (ValueError, KeyError, TypeError):
         return None
-    return {**meta, "size": size} if isinstance(meta, dict) and "step" in meta else None
+    return head if head["nbytes"] >= peerfile.TRAILER.size else None
 
 
-def restore_copy(blob: np.ndarray, state: dict, unpickle_mode: str) -> str:
-    """Verify a copy (``blob``: the file's bytes) and copy it into ``state`` in place; ""
-    when done, else why not (``state`` untouched: laid out otherwise, or damaged). Values
-    the copy holds and ``state`` lacks are added (a fresh optimizer's moments), as a load
-    from storage adds them; a value of ``state`` the copy lacks is refused."""
-    meta = _meta_of(blob)
-    if meta is None:
-        return "not a whole copy"
-    fn = checksum.get(meta["algorithm"])
-    offset, pieces = 0, {}
-    for m in meta["chunks"]:
-        piece = blob[offset:offset + m[5]]
-        if fn(piece) != m[6]:
-            return f"checksum mismatch in {m[0]}"
-        pieces[_key(m[0], m[1])] = (m, piece)
-        offset += m[5]
-    extras = blob[offset:offset + meta["extras"][0]]
-    if fn(extras) != meta["extras"][1]:
-        return "checksum mismatch in the extras"
-    chunks, _ = flatten(state)
-    if any(pieces.get(_key(*layout(c)[:2]), ([],))[0][:5] != layout(c) for c in chunks):
-        return "the state is laid out otherwise"
-    added = dict(pieces)
-    for c in chunks:
-        m, piece = added.pop(_key(*layout(c)[:2]))
-        if c.nbytes:
-            c.local.copy_(torch.from_numpy(piece).view(c.dtype).view(c.shape))
-    if any(m[2] != m[4] for m, _ in added.values()):
-        return "the state is laid out otherwise (a shard the state does not hold)"
-    for m, piece in added.values():
-        value = torch.from_numpy(piece.copy()).view(dtype_from_name(m[3])).view(m[2])
-        set_path(state, tuple(m[0]), value)
-    for where, value in unpickle.loads(extras.tobytes(), "a peer copy's extras",
-                                       unpickle_mode).items():
-        set_path(state, where, value)
-    return ""
-
-
-def _key(path: list, offsets: list) -> str:
-    return json.dumps([list(path), list(offsets)])
-
-
-def _meta_of(blob: np.ndarray) -> dict | None:
-    if blob.size < TRAILER.size:
-        return None
-    length, magic = TRAILER.unpack(blob[-TRAILER.size:].tobytes())
-    if magic != MAGIC or length > blob.size - TRAILER.size:
-        return None
+def _receive_into(conn: socket.socket, path: Path, size: int) -> bool:
+    """``size`` bytes from ``conn`` into the copy file ``path``, in place (spoiled first, so
+    that only a whole copy reads as one); False when the sender went away. A copy that
+    arrives whole is untorn: a sender cuts its send short before the staging memory it
+    reads is written again (:meth:`PeerCopies.before_stage`)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        return json.loads(blob[-TRAILER.size - length:-TRAILER.size].tobytes())
-    except ValueError:
-        return None
+        peerfile.spoil(fd)
+        os.ftruncate(fd, size)
+        with mmap.mmap(fd, size) as pages:
+            view, got = memoryview(pages), 0
+            try:
+                while got < size:
+                    n = conn.recv_into(view[got:], min(BLOCK, size - got))
+                    if not n:
+                        return False
+                    got += n
+            finally:
+                view.release()
+    finally:
+        os.close(fd)
+    return True
 
 
 # ---- one rank's copies ----------------------------------------------------------------------
 class PeerCopies:
-    """This rank's peer copies: its own snapshot in node memory and at its partner, and the
-    copies it keeps for its wards. Made by :meth:`start`; every rank then calls
-    :meth:`put` with each snapshot and :meth:`restore` on a load."""
+    """This rank's peer copies: its own snapshot in node memory (:meth:`allocate` maps the
+    snapshot's staging there) and at its partner, and the copies it keeps for its wards.
+    Made by :meth:`start`; the manager calls :meth:`before_stage` and :meth:`put` around
+    each snapshot, and :meth:`restore` on a load."""
 
     def __init__(self, comm: Any, directory: Path, partner: tuple[str, int], wards: set[int],
                  token: str, server: socket.socket) -> None:
         self.comm, self.dir, self.partner, self.wards = comm, directory, partner, wards
         self.token, self.server = token, server
-        self.own = directory / f"{comm.rank}.snap"
+        self.data, self.meta = directory / f"{comm.rank}.data", directory / f"{comm.rank}.meta"
         self._cond = threading.Condition()
         self._pending: tuple[int, Sequence[Chunk], bytes] | None = None
-        self._writing = self._sending = False
-        self._closed = False
+        self._busy = self._closed = False
+        self._sending = False                   # the send's part of the busy time
+        self._cut = 0                           # sends cut short by a newer snapshot in a row
+        self.puts = self.sent = 0               # snapshots put, and sent whole to the partner
+        self._pages: mmap.mmap | None = None    # the snapshot's staging, in node memory
         self._sock: socket.socket | None = None
-        self.failures: list[str] = []        # each kind of failure, said once
+        self.failures: list[str] = []           # each kind of failure, said once
         threading.Thread(target=self._serve, name="hpctrain-peer-in", daemon=True).start()
         threading.Thread(target=self._send_loop, name="hpctrain-peer-out",
                          daemon=True).start()
@@ -242,19 +181,43 @@ class PeerCopies:
         assert server is not None
         return cls(comm, directory, where[mine], wards, token, server)
 
-    # ---- a snapshot, kept and sent --------------------------------------------------------
+    # ---- a snapshot: kept in node memory, sent to the partner -----------------------------
+    def allocate(self, nbytes: int) -> torch.Tensor:
+        """The snapshot's staging memory (``nbytes``), mapped from this node's memory."""
+        fd = os.open(self.data, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            # never shorter: a mapping made for the last layout may still be read (a kept
+            # snapshot), and pages past the file's end would fault
+            os.ftruncate(fd, max(nbytes, os.fstat(fd).st_size, 1))
+            self._pages = mmap.mmap(fd, max(nbytes, 1))
+        finally:
+            os.close(fd)
+        return torch.frombuffer(self._pages, dtype=torch.uint8)[:nbytes]
+
+    def before_stage(self) -> None:
+        """Before the staging memory is written again: the last snapshot's checksums taken;
+        a send of it still on its way is cut short (the newer snapshot replaces it: the
+        training never waits for the network; the partner keeps the copy before it), and
+        the own copy spoiled until the new one is whole."""
+        with self._cond:
+            if self._sending and self._sock is not None:
+                self._sock.shutdown(socket.SHUT_RDWR)
+                self._cut += 1
+                if self._cut == CUT_WARN:
+                    self._fail(f"{CUT_WARN} snapshots in a row came before the last one had "
+                               f"reached the partner (peer copies fall behind: snapshot "
+                               f"less often)")
+            self._cond.wait_for(lambda: self._pending is None and not self._busy)
+        self.meta.unlink(missing_ok=True)
+
     def put(self, step: int, chunks: Sequence[Chunk], extras: bytes) -> None:
-        """Keep ``step`` (the staged ``chunks``, the pickled ``extras``) in node memory and
-        send it to the partner, on the background thread. The chunks' buffers must not
-        change until :meth:`wait_written` returns."""
+        """``chunks`` (staged in :meth:`allocate`'s memory) and the pickled ``extras`` are
+        the snapshot of ``step``: its checksums and its send follow on the background
+        thread."""
         with self._cond:
             self._pending = (step, chunks, extras)
+            self.puts += 1
             self._cond.notify_all()
-
-    def wait_written(self) -> None:
-        """Until the last snapshot is in node memory (its buffers may then be reused)."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._pending is None and not self._writing)
 
     def _send_loop(self) -> None:
         while True:
@@ -263,42 +226,51 @@ class PeerCopies:
                 if self._pending is None:      # closed, nothing left to send
                     break
                 step, chunks, extras = self._pending
-                self._pending, self._writing, self._sending = None, True, True
+                self._pending, self._busy = None, True
             try:
-                size = write_copy(self.own, self.comm.rank, step, chunks, extras)
-            except OSError as exc:
-                self._fail(f"could not keep step {step} in node memory ({exc})")
-                size = 0
+                self._keep_and_send(step, chunks, extras)
             finally:
                 with self._cond:
-                    self._writing = False
+                    self._busy = False
                     self._cond.notify_all()
-            if size:
-                self._send(size)
-            with self._cond:
-                self._sending = False
-                self._cond.notify_all()
         if self._sock is not None:
             self._sock.close()
 
-    def _send(self, size: int) -> None:
+    def _keep_and_send(self, step: int, chunks: Sequence[Chunk], extras: bytes) -> None:
+        if self._pages is None:
+            return
+        data = np.frombuffer(self._pages, dtype=np.uint8)
+        end = peerfile.tail(self.comm.rank, step, chunks, data, extras)
+        size = peerfile.meta_of(end)["data_size"]    # type: ignore[index]
+        try:
+            tmp = self.meta.with_name(self.meta.name + ".tmp")
+            tmp.write_bytes(end)
+            os.replace(tmp, self.meta)
+        except OSError as exc:
+            return self._fail(f"could not keep step {step} in node memory ({exc})")
         header = json.dumps({"token": self.token, "rank": self.comm.rank,
-                             "nbytes": size}).encode() + b"\n"
+                             "nbytes": size + len(end)}).encode() + b"\n"
         try:
             if self._sock is None:
                 self._sock = socket.create_connection(self.partner, timeout=CONNECT_S)
                 self._sock.settimeout(None)
+            with self._cond:
+                self._sending = True
             self._sock.sendall(header)
-            with open(self.own, "rb") as fh:
-                sent = 0
-                while sent < size:
-                    sent += os.sendfile(self._sock.fileno(), fh.fileno(), sent, size - sent)
+            self._sock.sendall(memoryview(self._pages)[:size])
+            self._sock.sendall(end)
+            self._cut = 0
+            self.sent += 1
         except OSError as exc:
-            self._fail(f"could not send the copy to {self.partner[0]}:{self.partner[1]} "
-                       f"({exc})")
+            if not self._cut:       # (cut short by the next snapshot: nothing to say)
+                self._fail(f"could not send the copy to {self.partner[0]}:"
+                           f"{self.partner[1]} ({exc})")
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+        finally:
+            with self._cond:
+                self._sending = False
 
     def _serve(self) -> None:
         while not self._closed:
@@ -310,30 +282,22 @@ class PeerCopies:
                              name="hpctrain-peer-recv").start()
 
     def _receive(self, conn: socket.socket) -> None:
-        """Copies from one ward, as they come: each into a temporary file, then in place."""
-        with conn, conn.makefile("rb") as stream:
+        """Copies from one ward, as they come, each into the older of the ward's two slots
+        (the newer one stays whole while the next arrives), straight into its pages."""
+        with conn:
             while True:
-                line = stream.readline(4096)
-                try:
-                    head = json.loads(line)
-                    ward, size = int(head["rank"]), int(head["nbytes"])
-                except (ValueError, KeyError, TypeError):
+                head = _header(conn)
+                if head is None or not hmac.compare_digest(
+                        str(head.get("token", "")), self.token) or head["rank"] not in self.wards:
                     return           # closed, or not a ward of this job's
-                if not hmac.compare_digest(str(head.get("token", "")), self.token) or \
-                        ward not in self.wards:
+                slots = self._slots(head["rank"])
+                older = min(slots, key=lambda sm: sm[1]["step"] if sm[1] else -1)[0]
+                if not _receive_into(conn, older, head["nbytes"]):
                     return
-                path = self.dir / f"{ward}.copy"
-                tmp = path.with_name(path.name + ".tmp")
-                with open(tmp, "wb") as out:
-                    left = size
-                    while left:
-                        block = stream.read(min(BLOCK, left))
-                        if not block:
-                            return
-                        out.write(block)
-                        left -= len(block)
-                if read_meta(tmp) is not None:
-                    os.replace(tmp, path)
+
+    def _slots(self, ward: int) -> list[tuple[Path, dict | None]]:
+        return [(s, peerfile.read_meta(s)) for s in (self.dir / f"{ward}.{n}.copy"
+                                                      for n in "ab")]
 
     def _fail(self, what: str) -> None:
         kind = what.split(" (")[0]
@@ -345,12 +309,13 @@ class PeerCopies:
     # ---- a load ---------------------------------------------------------------------------
     def held(self) -> tuple[int | None, dict[int, int], dict[int, int]]:
         """(the step of this rank's own copy, {ward: step}, {ward: size}) in node memory."""
-        own = read_meta(self.own)
+        own = peerfile.read_meta(self.meta)
         steps, sizes = {}, {}
-        for path in self.dir.glob("*.copy"):
-            meta = read_meta(path)
-            if meta is not None and path.stem.isdigit():
-                steps[int(path.stem)], sizes[int(path.stem)] = meta["step"], meta["size"]
+        for ward in self.wards:
+            meta = max((m for _, m in self._slots(ward) if m), default=None,
+                       key=lambda m: m["step"])
+            if meta is not None:
+                steps[ward], sizes[ward] = meta["step"], meta["size"]
         return (own["step"] if own else None), steps, sizes
 
     def restore(self, state: dict, durable: int | None, unpickle_mode: str) -> int | None:
@@ -365,23 +330,25 @@ class PeerCopies:
             return None
         step, sources = plan
         rank = self.comm.rank
-        ops, blob = [], None
+        ops, got = [], None
         for ward, source in sources.items():
             if source == rank and ward != rank:
-                data = np.fromfile(self.dir / f"{ward}.copy", dtype=np.uint8)
-                ops.append(dist.P2POp(dist.isend, torch.from_numpy(data),
+                path = next(p for p, m in self._slots(ward) if m and m["step"] == step)
+                ops.append(dist.P2POp(dist.isend, torch.from_numpy(np.fromfile(path, np.uint8)),
                                       self.comm._global(ward), group=self.comm.group))
-        if sources[rank] == rank:
-            blob = np.fromfile(self.own, dtype=np.uint8)
-        else:
+        if sources[rank] != rank:
             got = torch.empty(every[sources[rank]][2][rank], dtype=torch.uint8)
             ops.append(dist.P2POp(dist.irecv, got, self.comm._global(sources[rank]),
                                   group=self.comm.group))
         for request in dist.batch_isend_irecv(ops) if ops else ():
             request.wait()
-        if blob is None:
+        if got is None:
+            data, end = np.fromfile(self.data, np.uint8), np.fromfile(self.meta, np.uint8)
+        else:
             blob = got.numpy()
-        why = restore_copy(blob, state, unpickle_mode)
+            cut = (peerfile.meta_of(blob) or {}).get("data_size", 0)
+            data, end = blob[:cut], blob[cut:]
+        why = peerfile.restore(data, end, state, unpickle_mode)
         if why:
             print(f"hpctrain: rank {rank}: not restoring step {step} from a peer copy: "
                   f"{why}", file=sys.stderr, flush=True)
@@ -392,8 +359,8 @@ class PeerCopies:
     def forget_others(self, step: int | None) -> None:
         """Drop the copies of any step but ``step`` (after a load: a copy of another step is
         of another past; the training goes on from ``step``)."""
-        for path in [self.own, *self.dir.glob("*.copy")]:
-            meta = read_meta(path)
+        for path in [self.meta, *self.dir.glob("*.*.copy")]:
+            meta = peerfile.read_meta(path)
             if meta is None or meta["step"] != step:
                 path.unlink(missing_ok=True)
 
@@ -401,8 +368,8 @@ class PeerCopies:
         """Stop sending (the last copy sent first, for up to CLOSE_WAIT_S) and receiving;
         the copies stay in node memory for a restart."""
         with self._cond:
-            self._cond.wait_for(lambda: self._pending is None and not self._writing
-                                and not self._sending, timeout=CLOSE_WAIT_S)
+            self._cond.wait_for(lambda: self._pending is None and not self._busy,
+                                timeout=CLOSE_WAIT_S)
             self._closed = True
             self._cond.notify_all()
         self.server.close()

@@ -64,13 +64,18 @@ class RankPayload:
 
 
 class Staging:
-    """Reusable host buffers for async saves: allocated once per layout, then reused.
+    """Reusable host buffers for async saves and snapshots: allocated once per layout, then
+    reused.
 
     The caller blocks only for the device->host / host->host copies into these buffers;
     with pinned memory (CUDA) the copies run at PCIe speed and overlap each other.
+    ``allocate(nbytes)``, when given, provides one block for all of them (each chunk at an
+    aligned offset: :func:`hpctrain.checkpoint.peerfile.aligned`): a snapshot's staging
+    mapped from node memory, for peer copies.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, allocate: Callable[[int], torch.Tensor] | None = None) -> None:
+        self._allocate = allocate
         self._signature: list[tuple] | None = None
         self._buffers: list[torch.Tensor] = []
         self._typed: list[torch.Tensor] = []   # the same memory, as each chunk's dtype/shape
@@ -78,9 +83,7 @@ class Staging:
     def stage(self, chunks: list[Chunk], extras: dict) -> RankPayload:
         signature = [(c.dtype, c.shape) for c in chunks]
         if signature != self._signature:
-            pin = torch.cuda.is_available()
-            self._buffers = [torch.empty(c.nbytes, dtype=torch.uint8, pin_memory=pin)
-                             for c in chunks]
+            self._buffers = self._new_buffers([c.nbytes for c in chunks])
             # the views are made once: the stall is the copies and nothing else
             self._typed = [b.view(c.dtype).view(c.shape) if c.nbytes else b
                            for b, c in zip(self._buffers, chunks)]
@@ -95,6 +98,16 @@ class Staging:
         staged = [dataclasses.replace(c, local=buf) for buf, c in zip(self._buffers, chunks)]
         # extras are pickled now: the caller may mutate them as soon as save() returns
         return RankPayload(staged, pickle.dumps(extras, protocol=5))
+
+    def _new_buffers(self, sizes: list[int]) -> list[torch.Tensor]:
+        if self._allocate is None:
+            pin = torch.cuda.is_available()
+            return [torch.empty(n, dtype=torch.uint8, pin_memory=pin) for n in sizes]
+        from hpctrain.checkpoint.peerfile import aligned
+
+        offsets, total = aligned(sizes)
+        block = self._allocate(total)
+        return [block[o:o + n] for o, n in zip(offsets, sizes)]
 
 
 def rank_writer(comm: Any, chunks: list[Chunk], extras: dict,

@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.checkpoint import CheckpointManager
-from hpctrain.checkpoint.peers import read_meta
 
 STEPS, DURABLE = 7, 4
 
@@ -44,10 +43,9 @@ def main() -> None:
             mgr.snapshot(step, state)
         peers = mgr._peers
         assert peers is not None, "peer copies are off"
-        wards = [peers.dir / f"{w}.copy" for w in peers.wards]
         mgr.close()
         end = time.monotonic() + 30
-        while not all((read_meta(w) or {}).get("step") == STEPS for w in wards):
+        while peers.held()[1] != {w: STEPS for w in peers.wards}:
             assert time.monotonic() < end, f"rank {rank}: its wards' copies never came"
             time.sleep(0.05)
     else:

@@ -56,45 +56,50 @@ def test_a_durable_checkpoint_newer_than_every_copy_wins() -> None:
     assert restore_plan([(10, {}), (10, {})], durable=10) == (10, {0: 0, 1: 1})
 
 
-# ---- one copy's file --------------------------------------------------------------------------
+# ---- one copy's file ----------------------------------------------------------------------
 @pytest.mark.torch
 def test_a_copy_round_trips_and_a_damaged_or_foreign_one_is_refused(tmp_path: Path) -> None:
+    """A snapshot staged in one block (as node memory holds it), its tail written: it
+    restores bitwise; a flipped byte, another layout or a cut copy are refused by name."""
     import numpy as np
     import torch
 
-    from hpctrain.checkpoint.peers import read_meta, restore_copy, write_copy
+    from hpctrain.checkpoint import peerfile
+    from hpctrain.checkpoint.tree import flatten
     from hpctrain.checkpoint.writer import Staging
 
     state = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
              "b": torch.ones(5, dtype=torch.bfloat16), "step": 9, "cfg": {"lr": 0.1}}
-    from hpctrain.checkpoint.tree import flatten
-    chunks, extras = flatten(state)
-    staged = Staging().stage(chunks, extras)
-    path = tmp_path / "0.snap"
-    size = write_copy(path, 0, 9, staged.chunks, staged.extras)
-    meta = read_meta(path)
-    assert meta is not None and meta["step"] == 9 and meta["size"] == size
-    blob = np.fromfile(path, dtype=np.uint8)
+    block = torch.zeros(4096, dtype=torch.uint8)
+    staged = Staging(lambda n: block[:n]).stage(*flatten(state))
+    data = block.numpy()
+    end = np.frombuffer(peerfile.tail(0, 9, staged.chunks, data, staged.extras), np.uint8)
+    meta = peerfile.meta_of(end)
+    assert meta is not None and meta["step"] == 9 and meta["data_size"] == 64 + 10  # b at 64
     dest = {"w": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16), "step": 0,
             "cfg": {}}
-    assert restore_copy(blob, dest, "safe") == ""
+    assert peerfile.restore(data, end, dest, "safe") == ""
     assert torch.equal(dest["w"], state["w"]) and torch.equal(dest["b"], state["b"])
     assert dest["step"] == 9 and dest["cfg"] == {"lr": 0.1}
-    damaged = blob.copy()
+    damaged = data.copy()
     damaged[5] ^= 0xFF
-    assert restore_copy(damaged, dest, "safe").startswith("checksum mismatch in ['w']")
+    assert peerfile.restore(damaged, end, dest, "safe").startswith(
+        "checksum mismatch in ['w']")
     other = {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.bfloat16)}
-    assert restore_copy(blob, other, "safe") == "the state is laid out otherwise"
+    assert peerfile.restore(data, end, other, "safe") == "the state is laid out otherwise"
     # a value the copy holds and the state lacks is added (a fresh optimizer's moments),
     # as a load from storage adds it; one the state holds and the copy lacks is refused
     fresh: dict = {"w": torch.zeros(3, 4)}
-    assert restore_copy(blob, fresh, "safe") == ""
+    assert peerfile.restore(data, end, fresh, "safe") == ""
     assert torch.equal(fresh["b"], state["b"]) and fresh["cfg"] == {"lr": 0.1}
     more = {**dest, "extra": torch.zeros(2)}
-    assert restore_copy(blob, more, "safe") == "the state is laid out otherwise"
-    assert restore_copy(blob[:-3], dest, "safe") == "not a whole copy"
-    (tmp_path / "cut.snap").write_bytes(path.read_bytes()[:-1])
-    assert read_meta(tmp_path / "cut.snap") is None
+    assert peerfile.restore(data, end, more, "safe") == "the state is laid out otherwise"
+    assert peerfile.restore(data, end[:-3], dest, "safe") == "not a whole copy"
+    # a ward's copy is one file, data then tail; cut by one byte it is no copy at all
+    (tmp_path / "2.a.copy").write_bytes(data[:74].tobytes() + end.tobytes())
+    assert (peerfile.read_meta(tmp_path / "2.a.copy") or {}).get("step") == 9
+    (tmp_path / "cut.copy").write_bytes((tmp_path / "2.a.copy").read_bytes()[:-1])
+    assert peerfile.read_meta(tmp_path / "cut.copy") is None
 
 
 # ---- four ranks on two nodes, for real ---------------------------------------------------------
@@ -133,8 +138,9 @@ def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) 
     loads the durable step 4 instead (both copies of a rank lost: restore_plan above)."""
     (tmp_path / "ckpt").mkdir()
     first = run_ranks(tmp_path, "train", ["n1", "n1", "n2", "n2"])
-    assert sorted(p.name for p in shm(tmp_path, "n1").iterdir()) == \
-        ["0.snap", "1.snap", "2.copy", "3.copy"]
+    held = sorted(p.name for p in shm(tmp_path, "n1").iterdir())
+    assert held[:4] == ["0.data", "0.meta", "1.data", "1.meta"], held
+    assert {"2.a.copy", "3.a.copy"} <= set(held), held
     shutil.rmtree(shm(tmp_path, "n2"))                      # n2 is gone
     after = run_ranks(tmp_path, "resume", ["n1", "n1", "n3", "n3"])
     assert [a["step"] for a in after] == [7] * 4, after
@@ -142,7 +148,7 @@ def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) 
     assert [a["rng"] for a in after] == [f["rng"] for f in first]      # each rank its own
 
     # the step-7 copies stay (the training goes on from step 7); one of them damaged
-    copy = shm(tmp_path, "n1") / "2.copy"
+    copy = max(shm(tmp_path, "n1").glob("2.*.copy"), key=lambda c: c.stat().st_mtime)
     data = bytearray(copy.read_bytes())
     data[10] ^= 0xFF
     copy.write_bytes(bytes(data))
