@@ -136,7 +136,10 @@ class PeerCopies:
 
     def __init__(self, comm: Any, directory: Path, partner: tuple[str, int], wards: set[int],
                  token: str, server: socket.socket) -> None:
+        # the manager's group: given back at close (a group still referenced outlives its
+        # attempt, and its connections keep a peer waiting: hpctrain.runtime.groups)
         self.comm, self.dir, self.partner, self.wards = comm, directory, partner, wards
+        self.rank = comm.rank
         self.token, self.server = token, server
         self.data, self.meta = directory / f"{comm.rank}.data", directory / f"{comm.rank}.meta"
         self._cond = threading.Condition()
@@ -240,7 +243,7 @@ class PeerCopies:
         if self._pages is None:
             return
         data = np.frombuffer(self._pages, dtype=np.uint8)
-        end = peerfile.tail(self.comm.rank, step, chunks, data, extras)
+        end = peerfile.tail(self.rank, step, chunks, data, extras)
         size = peerfile.meta_of(end)["data_size"]    # type: ignore[index]
         try:
             tmp = self.meta.with_name(self.meta.name + ".tmp")
@@ -248,7 +251,7 @@ class PeerCopies:
             os.replace(tmp, self.meta)
         except OSError as exc:
             return self._fail(f"could not keep step {step} in node memory ({exc})")
-        header = json.dumps({"token": self.token, "rank": self.comm.rank,
+        header = json.dumps({"token": self.token, "rank": self.rank,
                              "nbytes": size + len(end)}).encode() + b"\n"
         try:
             if self._sock is None:
@@ -303,7 +306,7 @@ class PeerCopies:
         kind = what.split(" (")[0]
         if kind not in self.failures:
             self.failures.append(kind)
-            print(f"hpctrain: rank {self.comm.rank}: peer copy: {what}; the durable "
+            print(f"hpctrain: rank {self.rank}: peer copy: {what}; the durable "
                   "checkpoint still stands", file=sys.stderr, flush=True)
 
     # ---- a load ---------------------------------------------------------------------------
@@ -373,3 +376,4 @@ class PeerCopies:
             self._closed = True
             self._cond.notify_all()
         self.server.close()
+        self.comm = None       # the receiving threads outlive this: they must not hold it

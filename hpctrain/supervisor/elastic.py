@@ -19,6 +19,9 @@ from hpctrain.protocol.progress import Progress
 
 SILENT_BEATS = 3        # a rank missing this many heartbeats in a row is silent...
 SILENT_MIN_S = 6.0      # ...and for at least this long
+# ...or, when a rank elsewhere already said it lost its peer (its connection closed: the
+# node's processes are gone), this many beats and at least this long
+CORROBORATED_BEATS, CORROBORATED_MIN_S = 2, 4.0
 
 
 def step_nodes(allocation: Sequence[str], bad: Sequence[str], batch_node: str,
@@ -47,14 +50,18 @@ def with_nodes(argv: Sequence[str], nodes: Sequence[str]) -> list[str]:
 def silent_nodes(records: Mapping[int, Progress], nodes: Sequence[str], now: float,
                  beat_s: float) -> tuple[str, ...]:
     """The step's nodes every one of whose ranks went silent: no heartbeat for
-    SILENT_BEATS beats (at least SILENT_MIN_S) and no last word (exiting, exited, waiting
-    to restart), while some rank elsewhere still beats or has left its word. A node without
-    any record is not judged (its ranks may not have started)."""
+    SILENT_BEATS beats (at least SILENT_MIN_S; CORROBORATED_BEATS when a rank elsewhere
+    said it lost its peer) and no last word (exiting, exited, waiting to restart), while
+    some rank elsewhere still beats or has left its word. A node without any record is not
+    judged (its ranks may not have started)."""
     by_node: dict[str, list[Progress]] = {}
     for rec in records.values():
         if rec.node in nodes:
             by_node.setdefault(rec.node, []).append(rec)
-    quiet = max(SILENT_BEATS * beat_s, SILENT_MIN_S)
+    if any(rec.failed == "peer" for rec in records.values()):
+        quiet = max(CORROBORATED_BEATS * beat_s, CORROBORATED_MIN_S)
+    else:
+        quiet = max(SILENT_BEATS * beat_s, SILENT_MIN_S)
 
     def silent(rec: Progress) -> bool:
         return not rec.final and now - rec.beat_at > quiet

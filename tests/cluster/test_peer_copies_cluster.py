@@ -105,7 +105,8 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
     assert ref is not None and ref.returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
     assert bitwise_equal(final(tmp_path / "ref"), final(root / "final"))
     first = min(e["time"] for e in events(log, "step") if e["time"] > starts[1]["time"])
-    print(f"\nfigures[peer-copies]: loss -> first step on the spare {first - t_lost:.1f} s; "
+    print(f"\nfigures[peer-copies]: loss -> first step on the spare {first - t_lost:.1f} s "
+          f"(-> the restarted main's start, its state loaded: {starts[1]['time'] - t_lost:.1f} s); "
           f"resumed at step {starts[1]['step']} (last done before the loss: {last_done}, "
           f"durable: {EVERY}); steps lost {last_done - starts[1]['step']}")
     # the run's copies left the good nodes' memory at its end (n2's went with n2: on the

@@ -114,6 +114,17 @@ def test_a_node_whose_every_rank_went_silent_is_lost() -> None:
     assert silent_nodes(said, nodes, NOW, 2.0) == ()
 
 
+def test_a_peer_lost_elsewhere_shortens_the_silence_a_lost_node_needs() -> None:
+    """A rank that said it lost its peer (its connection closed: the node's processes are
+    gone) corroborates the silence: 2 beats, at least 4 s, are enough."""
+    nodes = ["n1", "n2"]
+    quiet5 = {0: rec(0, "n1", 1), 1: rec(1, "n1", 1), 2: rec(2, "n2", 5), 3: rec(3, "n2", 5)}
+    assert silent_nodes(quiet5, nodes, NOW, 2.0) == ()
+    lost = {**quiet5, 0: replace(rec(0, "n1", 1, "restarting"), failed="peer")}
+    assert silent_nodes(lost, nodes, NOW, 2.0) == ("n2",)
+    assert silent_nodes({**lost, 2: rec(2, "n2", 3.5)}, nodes, NOW, 2.0) == ()
+
+
 def test_silence_everywhere_is_not_a_lost_node() -> None:
     """The batch node's own ranks silent too: this machine is in trouble (or the records'
     storage is), not one node; the ranks that left their word elsewhere still count."""
