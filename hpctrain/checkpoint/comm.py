@@ -9,6 +9,7 @@ is the save's, not the training's collective timeout.
 from __future__ import annotations
 
 import os
+import pickle
 from datetime import timedelta
 from typing import Any
 
@@ -30,7 +31,12 @@ def group_timeout() -> timedelta:
 
 
 class Comm:
-    """rank/world plus barrier, gather and broadcast of small picklable objects."""
+    """rank/world plus barrier, gather and broadcast of small picklable objects, and the
+    collectives of bytes of the save plan (:mod:`hpctrain.checkpoint.exchange`) and the
+    commit. A gather or scatter costs a rank other than 0 O(1) received bytes whatever the
+    world size: torch's ``gather_object`` all-gathers every rank's size first (8 bytes per
+    rank, received by every rank); these agree on the largest size in one all-reduce, or
+    are told it."""
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -56,12 +62,12 @@ class Comm:
         return out
 
     def gather(self, obj: Any) -> list[Any] | None:
-        """Every rank's ``obj`` on rank 0 (None elsewhere)."""
+        """Every rank's ``obj`` on rank 0 (None elsewhere), pickled: as ``gather_object``,
+        but the other ranks receive O(1) bytes (:meth:`gather_bytes`)."""
         if not self.active:
             return [obj]
-        out: list[Any] | None = [None] * self.world if self.rank == 0 else None
-        self._dist.gather_object(obj, out, dst=self._global(0), group=self.group)
-        return out
+        out = self.gather_bytes(pickle.dumps(obj, protocol=5))
+        return None if out is None else [pickle.loads(data) for data in out]
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
@@ -73,3 +79,78 @@ class Comm:
 
     def _global(self, group_rank: int) -> int:
         return self._dist.get_global_rank(self.group, group_rank)
+
+    def all_reduce_max(self, values: list[int]) -> list[int]:
+        """The element-wise maximum of every rank's ``values`` (int64), on every rank."""
+        if not self.active:
+            return list(values)
+        import torch
+
+        box = torch.tensor(values, dtype=torch.int64)
+        self._dist.all_reduce(box, op=self._dist.ReduceOp.MAX, group=self.group)
+        return [int(v) for v in box.tolist()]
+
+    def outcomes(self, mine: Any) -> list[Any]:
+        """Every rank's ``mine`` that is not None, in rank order: one all-reduce when no
+        rank has one (the usual case, O(1) bytes a rank), else an all-gather."""
+        if not self.all_reduce_max([0 if mine is None else 1])[0]:
+            return []
+        return [o for o in self.all_gather(mine) if o is not None]
+
+    def gather_bytes(self, data: bytes, size: int | None = None) -> list[bytes] | None:
+        """Every rank's ``data`` on rank 0, in rank order (None elsewhere). ``size``: an
+        upper bound every rank passes alike (else agreed in one all-reduce)."""
+        if not self.active:
+            return [data]
+        import torch
+
+        size = self.all_reduce_max([len(data)])[0] if size is None else size
+        if len(data) > size:
+            raise ValueError(f"gather_bytes: {len(data)} bytes exceed the agreed {size}")
+        box = _framed(data, size)
+        out = [torch.empty_like(box) for _ in range(self.world)] if self.rank == 0 else None
+        self._dist.gather(box, gather_list=out, dst=self._global(0), group=self.group)
+        return None if out is None else [_unframed(t) for t in out]
+
+    def scatter_bytes(self, parts: list[bytes] | None) -> bytes:
+        """Rank 0's ``parts[r]`` on each rank r (``parts`` is read on rank 0 only); the
+        largest part's size is broadcast first (one int)."""
+        if not self.active:
+            assert parts is not None
+            return parts[0]
+        import torch
+
+        size = self.broadcast_int(max(map(len, parts)) if parts is not None else 0)
+        box = torch.empty(size + _HEADER, dtype=torch.uint8)
+        boxes = [_framed(p, size) for p in parts] if parts is not None else None
+        self._dist.scatter(box, scatter_list=boxes, src=self._global(0), group=self.group)
+        return _unframed(box)
+
+    def broadcast_int(self, value: int) -> int:
+        """Rank 0's ``value`` on every rank (one int64, not a pickle)."""
+        if not self.active:
+            return value
+        import torch
+
+        box = torch.tensor([value], dtype=torch.int64)
+        self._dist.broadcast(box, src=self._global(0), group=self.group)
+        return int(box.item())
+
+
+_HEADER = 8   # a framed buffer starts with its payload's length (little-endian)
+
+
+def _framed(data: bytes, size: int) -> Any:
+    """``data`` in a uint8 tensor of ``size`` + header bytes, its length first."""
+    import torch
+
+    box = torch.zeros(size + _HEADER, dtype=torch.uint8)
+    raw = len(data).to_bytes(_HEADER, "little") + data
+    box[:len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return box
+
+
+def _unframed(box: Any) -> bytes:
+    raw = box.numpy().tobytes()
+    n = int.from_bytes(raw[:_HEADER], "little")
+    return raw[_HEADER:_HEADER + n]

@@ -57,16 +57,12 @@ def _by_path(manifest: Manifest,
     rank saved its own value; plus the per-rank paths it has no value for."""
     shared: dict[tuple, list[TensorEntry]] = {}
     own: dict[tuple, list[TensorEntry]] = {}
-    per_rank: set[tuple] = set()
     for e in manifest.tensors:
-        path = tuple(e.path)
         if e.rank is None:
-            shared.setdefault(path, []).append(e)
-            continue
-        per_rank.add(path)
-        if e.rank == rank:
-            own.setdefault(path, []).append(e)
-    return {**shared, **own}, per_rank - set(own)
+            shared.setdefault(tuple(e.path), []).append(e)
+        elif e.rank == rank:
+            own.setdefault(tuple(e.path), []).append(e)
+    return {**shared, **own}, {tuple(p) for p in manifest.per_rank} - set(own)
 
 
 def _plan(manifest: Manifest, chunks: list[Chunk], rank: int) -> tuple[list, dict]:
@@ -110,18 +106,7 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
     """Load ``step_dir`` into ``state`` in place. CheckpointCorrupt if verification fails;
     CheckpointError if the extras hold a global the unpickler (``unpickle_mode``) refuses."""
     reader = StepReader(step_dir, manifest, verify)
-    if verify:
-        problem = reader.check_sizes()
-        if problem:
-            raise CheckpointCorrupt(problem)
-    chunks, wanted = flatten(state)
-    ops, missing = _plan(manifest, chunks, rank)
-    # decided before anything is read: a refused load leaves the state as it was
-    extras_file, not_mine = _extras_source(manifest, rank, [c.path for c in chunks] + list(wanted))
-    fresh = _new_chunks(missing)
-    for c in fresh:
-        ops += [(e, c, _overlap(e, c)) for e in missing[c.path]]
-    ops.sort(key=lambda op: (op[0].file, op[0].offset))
+    ops, fresh, extras_file, not_mine = prepare(reader, state, rank)
     with reader:
         # the extras first: a refused pickle must not leave the tensors half overwritten
         extras = {} if extras_file is None else _read_extras(reader, extras_file, rank,
@@ -132,6 +117,31 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
         set_path(state, c.path, c.local)
     for path, value in extras.items():
         set_path(state, path, value)
+
+
+def prepare(reader: StepReader, state: dict,
+            rank: int) -> tuple[list, list[Chunk], str | None, set[tuple]]:
+    """Everything a load decides before it reads a byte, so that a refused load leaves the
+    state as it was: (the reads, in file order; the tensors made for saved paths the state
+    lacks; the extras file to read; the paths in it that are not this rank's). With
+    ``reader.verify``, CheckpointCorrupt when a file it reads is missing or short (only
+    those: a rank stats its own files and the owners' of what it reads, not every rank's)."""
+    manifest = reader.manifest
+    chunks, wanted = flatten(state)
+    ops, missing = _plan(manifest, chunks, rank)
+    extras_file, not_mine = _extras_source(manifest, rank, [c.path for c in chunks] + list(wanted))
+    fresh = _new_chunks(missing)
+    for c in fresh:   # (an empty shard, e.g. 4 columns over 3 ranks, overlaps nothing)
+        ops += [(e, c, box) for e in missing[c.path] if (box := _overlap(e, c)) is not None]
+    ops.sort(key=lambda op: (op[0].file, op[0].offset))
+    if reader.verify:
+        ends = {} if extras_file is None else {extras_file: 0}
+        for e, _c, _how in ops:
+            ends[e.file] = max(ends.get(e.file, 0), e.offset + e.nbytes)
+        problem = reader.check_files(ends)
+        if problem:
+            raise CheckpointCorrupt(problem)
+    return ops, fresh, extras_file, not_mine
 
 
 def _run_ops(reader: StepReader, ops: list) -> None:
@@ -158,7 +168,7 @@ def _extras_source(manifest: Manifest, rank: int,
     by_rank = {e.rank: e.file for e in manifest.extras}
     if rank in by_rank:
         return by_rank[rank], set()
-    own = {tuple(p) for e in manifest.extras for p in e.own}
+    own = {tuple(p) for p in manifest.own}
     asked = [p for p in sorted(own, key=repr) if any(overlaps(p, w) for w in wanted)]
     if asked:
         raise _per_rank_error(manifest, f"extra {list(asked[0])}", rank)

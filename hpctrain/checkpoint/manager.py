@@ -29,7 +29,7 @@ from hpctrain import protocol
 from hpctrain.checkpoint import catalog, commit, live, settings, snapshot, storage
 from hpctrain.checkpoint.hashing import hash_files
 from hpctrain.checkpoint.manifest import RankRecords, step_dirname
-from hpctrain.checkpoint.reader import read_manifest
+from hpctrain.checkpoint.reader import read_rank_view
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 from hpctrain.runtime import progress
@@ -75,6 +75,7 @@ class CheckpointManager:
         except ValueError as exc:
             raise CheckpointError(str(exc)) from None
         from hpctrain.checkpoint.comm import Comm
+        from hpctrain.checkpoint.saveplan import PlanCache
         from hpctrain.checkpoint.writer import Background, Staging
 
         self.root = Path(root).absolute()
@@ -93,6 +94,7 @@ class CheckpointManager:
                                   "torch types only) or \"any\" (extras you wrote yourself)")
         self.unpickle = unpickle
         self.comm = Comm()
+        self.plans = PlanCache()   # the save plan, reused while the state's structure stays
         self._lock: storage.RootLock | None = None
         self._peers = None
         self._setup()
@@ -148,7 +150,8 @@ class CheckpointManager:
         self.wait()  # at most one save in flight; re-raises a background failure
         chunks, extras = flatten(state)
         if self._bg is None:
-            self._persist(step, rank_writer(self.comm, chunks, extras), {"kind": "torch"})
+            self._persist(step, rank_writer(self.comm, self.plans, chunks, extras),
+                          {"kind": "torch"})
             return
         # async: the caller waits only for the copy into staging (and the extras' pickles);
         # who writes what (a checksum of every plain tensor, then a collective) is decided
@@ -163,8 +166,8 @@ class CheckpointManager:
             failure = None
             snapshot.keep(self.root, step, staged)   # the staged copy: a snapshot for free
         self._bg.submit(lambda: self._persist(
-            step, rank_writer(self.comm, staged.chunks if staged else [], {}, staged, fps,
-                              failure),
+            step, rank_writer(self.comm, self.plans, staged.chunks if staged else [], {},
+                              staged, fps, failure),
             {"kind": "torch"}))
 
     def due(self, step: int) -> bool:
@@ -249,9 +252,9 @@ class CheckpointManager:
                     else "no earlier checkpoint exists")
             raise CheckpointError(f"step {step} was not saved: {failed[0]}; {kept}")
         records: list[RankRecords] = [r for _, r in gathered]
-        if foreign:
-            records.append(hash_files(tmp, {f.name for r in records for f in r.files}))
-        manifest = commit.manifest_of(step, self.comm.world, layout, records)
+        summed = hash_files(tmp, {f.name for r in records for f in r.files}) if foreign \
+            else None
+        manifest = commit.manifest_of(step, self.comm.world, layout, records, summed)
         commit.publish(self.root, tmp, manifest, self.modes.dir, self.modes.file)
         catalog.prune(self.root, self.keep_last, self.keep_every, remove=self._remove_later)
 
@@ -309,25 +312,22 @@ class CheckpointManager:
             return step
 
     def _restore_snapshot(self, state: dict) -> int | None:
-        """The step restored from memory on every rank, or None (nothing restored that
-        the caller keeps: storage is read)."""
+        """The step restored from memory on every rank (this process's snapshot, else a peer
+        copy), or None (nothing restored that the caller keeps: storage is read). Rank 0
+        alone finds the newest durable step (it stats every rank's files); the rest of the
+        agreement is all-reduced: O(1) bytes a rank."""
         kept = snapshot.newest(self.root)
-        durable = self.latest_step() if kept is not None or self._peers else None
-        step = self._from_memory(kept, durable, state)
+        mine = kept.step if kept is not None else -1
+        high, low = self.comm.all_reduce_max([mine, -mine])   # one step on every rank?
+        durable = self.comm.broadcast(self.latest_step() if self.comm.rank == 0 else None) \
+            if high >= 0 or self._peers is not None else None
+        step = None
+        if kept is not None and high == -low and (durable is None or high >= durable):
+            laid_out_otherwise = self.comm.all_reduce_max([0 if kept.restore(state) else 1])
+            step = None if laid_out_otherwise[0] else high   # (on any rank: none restores)
         if step is None and self._peers is not None:
             step = self._peers.restore(state, durable, self.unpickle)
         return step
-
-    def _from_memory(self, kept: Any, durable: int | None, state: dict) -> int | None:
-        mine = kept.step if kept is not None and (durable is None or kept.step >= durable) \
-            else -1
-        steps = self.comm.all_gather(mine)
-        if len(set(steps)) != 1 or steps[0] < 0:
-            return None
-        restored = kept is not None and kept.restore(state)
-        if not all(self.comm.all_gather(restored)):
-            return None       # a rank's state is laid out otherwise: storage for all
-        return steps[0]
 
     def first_loadable(self, attempt: Callable[[int], Any],
                        step: int | None = None) -> int | None:
@@ -347,7 +347,7 @@ class CheckpointManager:
                 outcome = ("corrupt", str(exc))
             except CheckpointError as exc:  # the caller's mistake: raise it on every rank
                 outcome = ("error", str(exc))
-            outcomes = [o for o in self.comm.all_gather(outcome) if o]
+            outcomes = self.comm.outcomes(outcome)
             if not outcomes:
                 return s
             errors = [msg for kind, msg in outcomes if kind == "error" or step is not None]
@@ -390,8 +390,8 @@ class CheckpointManager:
         if not path.is_dir():
             raise CheckpointError(f"no checkpoint for step {step} in {self.root}: "
                                   f"choose one of {storage.committed_steps(self.root)}")
-        try:
-            manifest = read_manifest(path)
+        try:   # this rank's part of it: the head and its own record
+            manifest = read_rank_view(path, self.comm.rank)
         except CheckpointError as exc:
             raise CheckpointCorrupt(str(exc)) from None
         self.check_trusted()

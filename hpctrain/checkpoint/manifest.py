@@ -5,18 +5,30 @@ A step directory is a complete checkpoint exactly when it carries a manifest tha
 parses and validates here; every byte of data is described by a block (offset, length,
 sum) of some file, so ``hpctrain ckpt verify`` can check a checkpoint without torch.
 
-Schema (format_version 4, what this hpctrain writes)::
+Schema (format_version 5, what this hpctrain writes): ``manifest.json`` holds what every
+rank needs (the head), ``manifest.ranks`` each rank's own part (:mod:`~hpctrain.checkpoint.
+ranksfile`: an index, then one JSON record per rank), so a loading rank reads the head and
+its own record, not every rank's::
 
-    {"format": "hpctrain-checkpoint", "format_version": 4, "checksum": "crc32c",
+    {"format": "hpctrain-checkpoint", "format_version": 5, "checksum": "crc32c",
      "step": 1200, "created": 1763700000.0, "world_size": 2,
      "layout": {"kind": "torch"} | {"kind": "deepspeed", "tag": "ds"},
      "versions": {"hpctrain": "0.1.0", "torch": "2.13.0", "python": "3.11.9",
                   "snapshot": "b020c6064c95", "run_id": "0a85..."},   # when the job had them
-     "files": [{"name": "rank00000.bin", "size": 4096, "blocks": [[0, 4096, 123]]}],
+     "files": [],                  # files no rank recorded (DeepSpeed's: rank 0 summed them)
      "tensors": [{"path": ["model", "w"], "dtype": "float32", "global_shape": [4, 4],
                   "offsets": [0, 0], "shape": [4, 4], "sharded": false,
                   "file": "rank00000.bin", "offset": 0, "nbytes": 64, "sum": 123}],
-     "extras": [{"rank": 0, "file": "rank00000.extra.pkl"}]}
+                                   # the shared entries (no "rank")
+     "per_rank": [["rng"]],        # paths of the tensors saved per rank
+     "own": [["extra", "seed"]],   # paths of the extras that differ by rank
+     "ranks": {"name": "manifest.ranks", "size": 812, "blocks": [[0, 812, 456]]}}
+
+    rank r's record: {"files": [{"name": "rank00000.bin", "size": 4096,
+                                 "blocks": [[0, 4096, 123]]}, ...],
+                      "tensors": [... its per-rank entries, each with "rank": r],
+                      "extras": [{"rank": 0, "file": "rank00000.extra.pkl",
+                                  "own": [["extra", "seed"]]}]}
 
 Every block's third number and every tensor's ``sum`` is a checksum of the algorithm
 ``checksum`` names (:mod:`hpctrain.checkpoint.checksum`). Older versions, all still read:
@@ -28,7 +40,12 @@ Every block's third number and every tensor's ``sum`` is a checksum of the algor
   extras that differ by rank (never handed to another rank);
 * 3 adds ``"checksum"`` (absent: crc32): a version-1/2 reader would check crc32c values
   as crc32 and call a sound checkpoint damaged, so it must refuse them;
-* 4 names the tensor's sum ``sum`` (it held CRC-32C under the key ``crc32`` in 3).
+* 4 names the tensor's sum ``sum`` (it held CRC-32C under the key ``crc32`` in 3); one
+  file, ``manifest.json``, holds every entry of every rank (``files``, ``tensors``,
+  ``extras``), which 0.7 and earlier wrote;
+* 5 moves each rank's files, per-rank entries and extras entry into its record in
+  ``manifest.ranks`` and adds ``per_rank``, ``own`` and ``ranks`` to the head: a version-4
+  reader would find no rank's files, so it must refuse it.
 """
 
 from __future__ import annotations
@@ -42,10 +59,11 @@ from hpctrain.checkpoint.checksum import KNOWN, LEGACY
 from hpctrain.errors import CheckpointError
 
 FORMAT = "hpctrain-checkpoint"
-VERSION = 4                         # what this hpctrain writes, whatever the step holds
-READABLE_VERSIONS = (1, 2, 3, 4)
-_SUM_KEY = {1: "crc32", 2: "crc32", 3: "crc32", 4: "sum"}  # a tensor entry's sum, by version
+VERSION = 5                         # what this hpctrain writes, whatever the step holds
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
+_SUM_KEY = {1: "crc32", 2: "crc32", 3: "crc32", 4: "sum", 5: "sum"}  # a tensor's sum key
 MANIFEST = "manifest.json"
+RANKS = "manifest.ranks"            # version 5: every rank's record
 LATEST = "latest"
 STEP_RE = re.compile(r"^step_(\d{9,})$")
 
@@ -232,17 +250,23 @@ class ExtrasEntry:
 class RankRecords:
     """What one rank's write adds to the manifest (the commit gathers one per rank):
     its files, tensor entries and extras entries; ``checksum`` names the algorithm of
-    every sum in them."""
+    every sum in them. Version 5 keeps it as the rank's record (:meth:`to_json`)."""
 
     files: list[FileRecord] = field(default_factory=list)
     tensors: list[TensorEntry] = field(default_factory=list)
     extras: list[ExtrasEntry] = field(default_factory=list)
     checksum: str = LEGACY
 
+    def to_json(self) -> dict[str, Any]:
+        return {"files": [f.to_json() for f in self.files],
+                "tensors": [t.to_json() for t in self.tensors if t.rank is not None],
+                "extras": [e.to_json() for e in self.extras]}
+
 
 @dataclass
 class Manifest:
-    """The parsed commit record."""
+    """The parsed commit record: every rank's entries (``reader.read_manifest``), or one
+    rank's view of them (``reader.read_rank_view``: the head's and that rank's record's)."""
 
     step: int
     world_size: int
@@ -253,6 +277,10 @@ class Manifest:
     versions: dict[str, str]
     created: float
     checksum: str = LEGACY
+    per_rank: list[list] = field(default_factory=list)   # tensor paths saved per rank
+    own: list[list] = field(default_factory=list)        # extras' paths that differ by rank
+    ranks: FileRecord | None = None                      # version 5: manifest.ranks
+    parts: list[RankRecords] | None = None               # version 5: each rank's record
 
     @property
     def kind(self) -> str:
@@ -270,30 +298,57 @@ class Manifest:
         raise CheckpointError(f"manifest of step {self.step} names no file {name!r}")
 
     def to_json(self) -> dict[str, Any]:
-        # always version 4: its "sum" key is unknown to 0.5 and earlier, which refuse it
+        """The head of version 5 (``manifest.json``): what is not in a rank's record
+        (``parts``), and the record of ``manifest.ranks`` (``ranks``), which holds them."""
+        assert self.ranks is not None and self.parts is not None
+        recorded = {f.name for part in self.parts for f in part.files}
         return {"format": FORMAT, "format_version": VERSION, "checksum": self.checksum,
                 "step": self.step, "created": self.created, "world_size": self.world_size,
                 "layout": self.layout, "versions": self.versions,
-                "files": [f.to_json() for f in self.files],
-                "tensors": [t.to_json() for t in self.tensors],
-                "extras": [e.to_json() for e in self.extras]}
+                "files": [f.to_json() for f in self.files if f.name not in recorded],
+                "tensors": [t.to_json() for t in self.tensors if t.rank is None],
+                "per_rank": self.per_rank, "own": self.own, "ranks": self.ranks.to_json()}
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), separators=(",", ":")).encode()
 
 
 def parse(data: bytes | str, where: str = "manifest") -> Manifest:
-    """Parse and validate manifest bytes of any readable version; CheckpointError names
-    what is wrong."""
+    """Parse and validate manifest bytes of any readable version (of version 5: the head,
+    ``ranks`` set, no rank's record); CheckpointError names what is wrong."""
     try:
-        raw = json.loads(data)
+        return _manifest(_json(data, where))
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+
+
+def parse_part(data: bytes, rank: int, where: str) -> RankRecords:
+    """One rank's record of ``manifest.ranks`` (version 5), validated."""
+    try:
+        raw = _json(data, where)
+        _need(isinstance(raw, dict) and all(isinstance(raw.get(k), list)
+                                            for k in ("files", "tensors", "extras")),
+              "a rank's record must hold files, tensors and extras lists")
+        part = RankRecords([FileRecord.from_json(f) for f in raw["files"]],
+                           [TensorEntry.from_json(t) for t in raw["tensors"]],
+                           [ExtrasEntry.from_json(e) for e in raw["extras"]])
+        names = {f.name for f in part.files}
+        for t in part.tensors:
+            _need(t.rank == rank and t.file in names, f"rank {rank}'s tensor {t.path}: rank "
+                  f"{t.rank!r}, file {t.file!r}")
+        for e in part.extras:
+            _need(e.rank == rank and e.file in names, f"rank {rank}'s extras entry {e.file!r}")
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+    return part
+
+
+def _json(data: bytes | str, where: str) -> Any:
+    try:
+        return json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{where} is not valid JSON ({exc}): the checkpoint is "
                               "incomplete or damaged; delete it or restore it") from None
-    try:
-        return _manifest(raw)
-    except CheckpointError as exc:
-        raise CheckpointError(f"{where}: {exc}") from None
 
 
 def _manifest(raw: Any) -> Manifest:
@@ -314,10 +369,17 @@ def _manifest(raw: Any) -> Manifest:
     sum_key = _SUM_KEY[version]
     tensors = [TensorEntry.from_json(t, sum_key) for t in tensors]
     extras = [ExtrasEntry.from_json(e) for e in extras]
-    for t in tensors:
-        _need(t.file in names, f"tensor {t.path}: unknown file {t.file!r}")
+    ranks = FileRecord.from_json(raw.get("ranks")) if version >= 5 else None
+    if ranks is None:  # one file holds every entry: every tensor's file is listed here
+        for t in tensors:
+            _need(t.file in names, f"tensor {t.path}: unknown file {t.file!r}")
     for e in extras:
         _need(e.file in names, f"extras entry {e.to_json()!r}: unknown file")
+    per_rank, own = raw.get("per_rank"), raw.get("own")
+    if ranks is None:
+        per_rank, own = per_rank_paths(tensors), own_paths(extras)
+    _need(isinstance(per_rank, list) and isinstance(own, list)
+          and all(isinstance(p, list) for p in per_rank + own), "per_rank/own lists")
     layout = raw.get("layout", {})
     _need(isinstance(layout, dict) and isinstance(layout.get("kind"), str), "layout.kind")
     checksum = raw.get("checksum", LEGACY)
@@ -326,4 +388,15 @@ def _manifest(raw: Any) -> Manifest:
     return Manifest(step=raw["step"], world_size=raw["world_size"], files=files,
                     tensors=tensors, extras=extras, layout=layout,
                     versions=dict(raw.get("versions", {})), created=float(raw.get("created", 0)),
-                    checksum=checksum)
+                    checksum=checksum, per_rank=per_rank, own=own, ranks=ranks)
+
+
+def per_rank_paths(tensors: list[TensorEntry]) -> list[list]:
+    """The paths of the tensors saved per rank, each once, sorted."""
+    return sorted({tuple(t.path): t.path for t in tensors if t.rank is not None}.values(),
+                  key=repr)
+
+
+def own_paths(extras: list[ExtrasEntry]) -> list[list]:
+    """The paths of the extras that differ by rank (any entry's), each once, sorted."""
+    return sorted({tuple(p): p for e in extras for p in e.own}.values(), key=repr)

@@ -12,6 +12,7 @@ cores at once); a whole file is checked block by block as it streams.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import threading
@@ -19,8 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.checkpoint import checksum
-from hpctrain.checkpoint.manifest import MANIFEST, Block, FileRecord, Manifest, TensorEntry, parse
+from hpctrain.checkpoint import checksum, ranksfile
+from hpctrain.checkpoint.manifest import (MANIFEST, RANKS, Block, FileRecord, Manifest,
+                                          RankRecords, TensorEntry, parse, parse_part)
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 
 if TYPE_CHECKING:
@@ -31,8 +33,65 @@ PIECE = 8 << 20        # a tensor's read unit, each checksummed while the next i
 
 
 def read_manifest(step_dir: str | os.PathLike[str]) -> Manifest:
-    """Read and validate ``step_dir/manifest.json``; CheckpointError if absent or bad."""
-    path = Path(step_dir) / MANIFEST
+    """Read and validate the manifest of ``step_dir``, every rank's entries (of format 5:
+    the head and every record of ``manifest.ranks``); CheckpointError if absent or bad."""
+    step_dir = Path(step_dir)
+    head = _read_head(step_dir)
+    if head.ranks is None:
+        return head
+    path = step_dir / RANKS
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointCorrupt(f"cannot read {path}: {exc.strerror}") from None
+    fn = checksum.get(head.checksum)
+    view, pos = memoryview(data), 0
+
+    def read(n: int) -> memoryview:
+        nonlocal pos
+        pos += n
+        return view[pos - n:pos]
+
+    if len(data) != head.ranks.size or _first_bad_block(read, head.ranks.blocks, fn):
+        raise CheckpointCorrupt(f"{path} does not match the manifest's record of it "
+                                "(truncated or damaged)")
+    records = ranksfile.decode_all(path, data, head.world_size, fn)
+    whole = _with_parts(head, [parse_part(rec, r, f"{path} (rank {r})")
+                               for r, rec in enumerate(records)])
+    names = {f.name for f in whole.files}
+    for t in whole.tensors:
+        if t.file not in names:
+            raise CheckpointError(f"invalid manifest {step_dir / MANIFEST}: tensor {t.path}: "
+                                  f"unknown file {t.file!r}")
+    return whole
+
+
+def read_rank_view(step_dir: str | os.PathLike[str], rank: int) -> Manifest:
+    """What ``rank`` loads from ``step_dir``: of format 5, the head and its own record
+    (rank 0's for a rank the step has none for: its extras are the ones handed out),
+    not every rank's; of earlier formats, the whole manifest, which holds them all."""
+    step_dir = Path(step_dir)
+    head = _read_head(step_dir)
+    if head.ranks is None:
+        return head
+    source = rank if rank < head.world_size else 0
+    data = ranksfile.read_record(step_dir, source, head.world_size,
+                                 checksum.get(head.checksum))
+    part = parse_part(data, source, f"{step_dir / RANKS} (rank {source})")
+    view = _with_parts(head, [part])
+    view.parts = None   # a view, not every record: nothing to write back
+    return view
+
+
+def _with_parts(head: Manifest, parts: list[RankRecords]) -> Manifest:
+    return dataclasses.replace(
+        head, files=head.files + [f for p in parts for f in p.files],
+        tensors=head.tensors + [t for p in parts for t in p.tensors],
+        extras=[e for p in parts for e in p.extras], parts=parts)
+
+
+def _read_head(step_dir: Path) -> Manifest:
+    path = step_dir / MANIFEST
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -166,14 +225,23 @@ class StepReader:
 
     def check_sizes(self) -> str | None:
         """Cheap check (stat only): every file exists with its recorded size. None if fine."""
-        for rec in self.manifest.files:
+        return self.check_files({rec.name: rec.size for rec in self.manifest.files})
+
+    def check_files(self, ends: dict[str, int]) -> str | None:
+        """Cheap check (stat only) of the files a load reads (``ends``: each file's name and
+        the end of the last byte read from it): each exists, at its recorded size where the
+        manifest (a rank's view of it) records it, else at least that long. None if fine."""
+        recorded = {rec.name: rec.size for rec in self.manifest.files}
+        for name, end in ends.items():
             try:
-                size = (self.step_dir / rec.name).stat().st_size
+                size = (self.step_dir / name).stat().st_size
             except OSError:
-                return f"{self.step_dir / rec.name} is missing"
-            if size != rec.size:
-                return (f"{self.step_dir / rec.name} has {size} bytes, manifest says "
-                        f"{rec.size} (truncated?)")
+                return f"{self.step_dir / name} is missing"
+            want = recorded.get(name)
+            if size != (want if want is not None else max(size, end)):
+                said = want if want is not None else f"at least {end}"
+                return (f"{self.step_dir / name} has {size} bytes, manifest says {said} "
+                        "(truncated?)")
         return None
 
     def verify_files(self) -> list[str]:

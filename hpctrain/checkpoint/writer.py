@@ -23,24 +23,20 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from hpctrain.checkpoint import checksum, replicas
+from hpctrain.checkpoint import checksum, exchange, saveplan
 from hpctrain.checkpoint.fileio import SegmentFile, write_segments
 from hpctrain.checkpoint.manifest import ExtrasEntry, FileRecord, RankRecords, TensorEntry
-from hpctrain.checkpoint.replicas import Held
 from hpctrain.checkpoint.storage import Task
 from hpctrain.checkpoint.tree import Chunk, as_bytes, dtype_name
 
 
-def fingerprints(chunks: list[Chunk]) -> list[Held]:
-    """(key, nbytes, checksum of the bytes) per chunk, for :func:`replicas.plan_writes`; none
-    for DTensor shards, whose placement already says whether they are replicas. The
-    algorithm is the one the shard files are written with, so the checksum of a chunk a
-    rank has written serves as its fingerprint."""
-    fn, out = checksum.get(checksum.DEFAULT), []
-    for c in chunks:
-        crc = None if c.sharded else fn(segment(c))
-        out.append((c.key(), c.nbytes, crc))
-    return out
+def fingerprints(chunks: list[Chunk]) -> dict[tuple, int]:
+    """The checksum of each plain chunk's bytes, by key; none for DTensor shards, whose
+    placement already says whether they are replicas. The algorithm is the one the shard
+    files are written with, so the checksum of a chunk a rank has written serves as its
+    fingerprint."""
+    fn = checksum.get(checksum.DEFAULT)
+    return {c.key(): fn(segment(c)) for c in chunks if not c.sharded}
 
 
 def extras_fingerprints(extras: dict) -> dict[tuple, int]:
@@ -110,15 +106,15 @@ class Staging:
         return [block[o:o + n] for o, n in zip(offsets, sizes)]
 
 
-def rank_writer(comm: Any, chunks: list[Chunk], extras: dict,
+def rank_writer(comm: Any, plans: saveplan.PlanCache, chunks: list[Chunk], extras: dict,
                 staged: RankPayload | None = None, extras_fps: dict | None = None,
                 failure: Exception | None = None) -> Callable[[Path], RankRecords]:
     """The function that writes this rank's files: the shared chunks it owns and its own
     per-rank values (:mod:`hpctrain.checkpoint.replicas`), with the extras that differ by
     rank marked; from ``staged`` (an async save's copy) when given, else from the live
-    tensors. Collective when ``comm.active`` (here: who holds what; in the returned
-    function: the fingerprints). A local ``failure`` (or one here) is raised by the returned
-    function, after its collective, so no rank is left waiting."""
+    tensors. Collective when ``comm.active`` (here: the plan, cached in ``plans``; in the
+    returned function: the fingerprints). A local ``failure`` (or one here) is raised by
+    the returned function, after its collectives, so no rank is left waiting."""
     payload = staged
     if payload is None and failure is None:
         try:
@@ -127,16 +123,18 @@ def rank_writer(comm: Any, chunks: list[Chunk], extras: dict,
             failure = exc
     if payload is None or failure is not None:
         payload = RankPayload([], b"")
-    plan, alongside = None, False
+    plan = structure = None
     if comm.active:
         # provisional: every value held at the same size by several ranks is taken to be
         # shared, and its owner starts writing it while the fingerprints that confirm it
         # are computed (RankSave.write), so checksumming every plain tensor overlaps the disk
-        gathered = comm.all_gather((node_cpus(), [(c.key(), c.nbytes, None)
-                                                  for c in payload.chunks]))
-        plan = replicas.plan_writes([held for _, held in gathered])
-        alongside = cpus_per_rank([node for node, _ in gathered], comm.rank) >= 2
-    rank_save = RankSave(comm, plan, payload, extras, extras_fps, failure, alongside)
+        paths = list(extras_fps if extras_fps is not None else extras)
+        structure = saveplan.Structure.of(payload.chunks, paths, node_cpus())
+        try:
+            plan = exchange.provisional(comm, plans, structure)
+        except saveplan.PlanFailed as exc:   # on every rank: none compares fingerprints
+            failure = failure or exc
+    rank_save = RankSave(comm, plans, plan, structure, payload, extras, extras_fps, failure)
     return rank_save.write
 
 
@@ -149,47 +147,38 @@ def node_cpus() -> tuple[str, frozenset[int]]:
     return socket.gethostname(), cpus
 
 
-def cpus_per_rank(nodes: list[tuple[str, frozenset[int]]], rank: int) -> float:
-    """CPUs per rank on ``rank``'s node: the CPUs its ranks may use (together) over how
-    many of them there are. ``nodes`` is every rank's :func:`node_cpus`."""
-    host = nodes[rank][0]
-    here = [cpus for h, cpus in nodes if h == host]
-    return len(frozenset().union(*here)) / len(here)
-
-
 @dataclass
 class RankSave:
     """One rank's part of one save, written by :meth:`write` into the step's temp dir."""
 
     comm: Any
-    plan: replicas.WritePlan | None     # provisional; None when this process is alone
+    plans: saveplan.PlanCache
+    plan: saveplan.RankPlan | None      # provisional; None when this process is alone
+    structure: saveplan.Structure | None   # what the plan was made for (or reused on)
     payload: RankPayload
     extras: dict                        # live extras, to fingerprint (sync saves)
     extras_fps: dict | None             # or their fingerprints, taken when staged (async)
     failure: Exception | None
-    # fingerprint on a second thread while the first chunks are written (a CPU to spare
-    # per rank), or after them, while the disk flushes them (see _write_first)
-    alongside: bool = False
 
     def write(self, tmp_dir: Path) -> RankRecords:
         """Write this rank's files; return what they add to the manifest. Every rank
-        passes its one collective (the fingerprints) whatever fails, then raises."""
+        passes its collectives (the fingerprints) whatever fails, then raises."""
         rank, plan = self.comm.rank, self.plan
         data_name = f"rank{rank:05d}.bin"
-        first = [c for c in self.payload.chunks if plan is None or plan.writes(rank, c.key())]
-        out, blocks, local, error = self._write_first(tmp_dir / data_name, first)
+        first = [c for c in self.payload.chunks if plan is None or plan.writes(c.key())]
+        out, blocks, prints, error = self._write_first(tmp_dir / data_name, first)
         try:
-            gathered = self.comm.all_gather(local) if plan is not None else [local]
+            settled = exchange.settle(self.comm, self.plans, plan, self.structure, prints) \
+                if plan is not None else None
             if error is not None:
                 raise error
             assert out is not None
             final, own_extras, more = plan, [], []
             # (a rank that failed fails the commit with its own error; the others finish)
-            if plan is not None and all(g is not None for g in gathered):
-                final = replicas.settle(plan, [held for held, _ in gathered])
-                own_extras = replicas.differing([e for _, e in gathered])
-                more = [c for c in self.payload.chunks if final.writes(rank, c.key())
-                        and not plan.writes(rank, c.key())]
+            if plan is not None and settled is not None:
+                final, own_extras = settled
+                more = [c for c in self.payload.chunks if final.writes(c.key())
+                        and not plan.writes(c.key())]
                 blocks += out.write([segment(c) for c in more])
             size = out.close()
         except BaseException:
@@ -203,7 +192,7 @@ class RankSave:
 
     def _write_first(self, path: Path, first: list[Chunk]) -> tuple:
         """Write ``first`` (what the provisional plan gives this rank) and fingerprint the
-        rest; return (open file, blocks, this rank's fingerprints and extras' fingerprints
+        rest; return (open file, blocks, this rank's fingerprints in its structure's order
         or None, error or None). Raises nothing: the caller must reach the collective
         either way.
 
@@ -213,28 +202,29 @@ class RankSave:
         0.4-0.55 s), so they follow the writes, while the disk flushes what is written
         (:meth:`SegmentFile.start_sync`); a save that needs nothing more then has nothing
         left to flush when the fingerprints are compared."""
-        out, blocks, plan, rank = None, [], self.plan, self.comm.rank
+        out, blocks, plan = None, [], self.plan
         try:
             if self.failure is not None:
                 raise self.failure
             rest = [] if plan is None else [c for c in self.payload.chunks
-                                            if not plan.writes(rank, c.key())]
-            prints = Task(self._prints, rest) if plan is not None and self.alongside else None
+                                            if not plan.writes(c.key())]
+            prints = Task(self._prints, rest) if plan is not None and plan.alongside else None
             try:
                 out = SegmentFile(path)
                 blocks = out.write([segment(c) for c in first])
             finally:
                 taken = prints.result() if prints is not None else None
-            others, extras_fps = [], {}
-            if plan is not None:
-                out.start_sync()
-                others, extras_fps = taken if taken is not None else self._prints(rest)
+            if plan is None:
+                return out, blocks, None, None
+            out.start_sync()
+            others, extras_fps = taken if taken is not None else self._prints(rest)
         except Exception as exc:  # noqa: BLE001 - raised by write(), after the collective
             return out, blocks, None, exc
         # a written chunk's block checksum is its fingerprint (the same algorithm)
-        held = [(c.key(), c.nbytes, None if c.sharded else crc)
-                for c, (_off, _n, crc) in zip(first, blocks)]
-        return out, blocks, (held + others, extras_fps), None
+        others.update((c.key(), crc) for c, (_off, _n, crc) in zip(first, blocks)
+                      if not c.sharded)
+        return out, blocks, [others[c.key()] for c in self.payload.chunks if not c.sharded] \
+            + list(extras_fps.values()), None
 
     def _records(self, tmp_dir: Path, data_name: str, size: int, written: list[Chunk],
                  blocks: list, own_extras: list) -> RankRecords:
@@ -253,7 +243,7 @@ class RankSave:
             files=[FileRecord(data_name, size, blocks), FileRecord(extra_name, esize, eblocks)],
             tensors=tensors, extras=[ExtrasEntry(rank, extra_name, own)], checksum=algorithm)
 
-    def _prints(self, rest: list[Chunk]) -> tuple[list[Held], dict]:
+    def _prints(self, rest: list[Chunk]) -> tuple[dict[tuple, int], dict]:
         """The fingerprints of the plain chunks this rank holds but does not write first,
         and of its extras."""
         efps = self.extras_fps if self.extras_fps is not None \

@@ -97,3 +97,46 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def one_file(manifest, version: int = 4) -> dict:
+    """``manifest`` (every rank's entries) as formats 1-4 held it: one JSON document, the
+    tensors' sums under ``crc32`` below version 4, no ``checksum`` field in version 1-2."""
+    tensors = [t.to_json() for t in manifest.tensors]
+    if version < 4:
+        for t in tensors:
+            t["crc32"] = t.pop("sum")
+    raw = {"format": "hpctrain-checkpoint", "format_version": version, "step": manifest.step,
+           "created": manifest.created, "world_size": manifest.world_size,
+           "layout": manifest.layout, "versions": manifest.versions,
+           "files": [f.to_json() for f in manifest.files], "tensors": tensors,
+           "extras": [e.to_json() for e in manifest.extras]}
+    if version >= 3:
+        raw["checksum"] = manifest.checksum
+    return raw
+
+
+def as_format(step_dir: Path, version: int) -> None:
+    """Rewrite a committed step's manifest as hpctrain 0.3 to 0.7 wrote it (``version`` 3
+    or 4: one ``manifest.json``, no ``manifest.ranks``)."""
+    import json
+
+    from hpctrain.checkpoint.manifest import MANIFEST, RANKS
+    from hpctrain.checkpoint.reader import read_manifest
+
+    whole = read_manifest(step_dir)
+    (step_dir / MANIFEST).write_text(json.dumps(one_file(whole, version)))
+    (step_dir / RANKS).unlink()
+
+
+def whole_manifest(step_dir: Path) -> dict:
+    """A step's manifest, every rank's entries, as one JSON object (``format_version`` as
+    the step's head says), whichever format the step is in."""
+    import json
+
+    from hpctrain.checkpoint.manifest import MANIFEST
+    from hpctrain.checkpoint.reader import read_manifest
+
+    raw = one_file(read_manifest(step_dir))
+    raw["format_version"] = json.loads((step_dir / MANIFEST).read_text())["format_version"]
+    return raw

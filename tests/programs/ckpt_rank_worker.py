@@ -62,9 +62,9 @@ def save_and_load(rank: int, world: int, roots: list[str], port: int,
     node with CPUs to spare), else after them (as on this 2-core machine)."""
     import torch.distributed as dist
 
-    from hpctrain.checkpoint import CheckpointManager, writer
+    from hpctrain.checkpoint import CheckpointManager, coordinator
 
-    writer.cpus_per_rank = lambda nodes, rank: 2.0 if alongside else 1.0
+    coordinator.cpus_per_rank = lambda nodes: [2.0 if alongside else 1.0] * len(nodes)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -13,7 +13,7 @@ from hpctrain.checkpoint import CheckpointManager, read_tensors, verify_step
 from hpctrain.checkpoint import checksum
 from hpctrain.checkpoint.manifest import MANIFEST, parse
 from hpctrain.errors import CheckpointError
-from helpers.ckpt import assert_state_is, make_state, run_cli
+from helpers.ckpt import as_format, assert_state_is, make_state, run_cli, whole_manifest
 
 OLD = Path(__file__).resolve().parents[1] / "data" / "ckpt-0.2"  # written by hpctrain 0.2.0
 
@@ -60,8 +60,8 @@ def test_a_checkpoint_written_by_0_2_loads_and_verifies(old_root: Path) -> None:
         assert_state_is(state, 7)
         # the next save is written with today's checksum beside the old step
         mgr.save(8, make_state(8, rows=8))
-    new = json.loads((old_root / "step_000000008" / MANIFEST).read_text())
-    assert new["format_version"] == 4 and new["checksum"] == "crc32c"
+    new = whole_manifest(old_root / "step_000000008")
+    assert new["format_version"] == 5 and new["checksum"] == "crc32c"
     assert all("sum" in t and "crc32" not in t for t in new["tensors"])
     assert verify_step(old_root / "step_000000008") == []
     assert dict(read_tensors(step_dir))["model.w"].sum() == 7 * 8 * 256
@@ -86,11 +86,8 @@ def test_a_version_3_checkpoint_loads_verifies_and_exports(tmp_path: Path) -> No
     with CheckpointManager(tmp_path) as mgr:
         mgr.save(5, make_state(5, rows=8))
     path = tmp_path / "step_000000005" / MANIFEST
-    raw = json.loads(path.read_text())
-    raw["format_version"] = 3
-    for t in raw["tensors"]:
-        t["crc32"] = t.pop("sum")
-    path.write_text(json.dumps(raw))
+    as_format(path.parent, 3)
+    assert json.loads(path.read_text())["format_version"] == 3
     assert verify_step(path.parent) == []
     with CheckpointManager(tmp_path) as mgr:
         state = make_state(0, rows=8)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from helpers.ckpt import free_port
+from helpers.ckpt import free_port, whole_manifest
 from programs.ckpt_dist_worker import full_weight, worker
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -22,7 +21,7 @@ def test_world_size_2_save_then_load_with_world_size_1(tmp_path: Path) -> None:
 
     mp.spawn(worker, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
     step_dir = tmp_path / "step_000000005"
-    man = json.loads((step_dir / "manifest.json").read_text())
+    man = whole_manifest(step_dir)
     assert man["world_size"] == 2
     sizes = {f["name"]: f["size"] for f in man["files"]}
     # both ranks wrote their half of the sharded weight, in parallel, to their own file

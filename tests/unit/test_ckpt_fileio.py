@@ -13,7 +13,6 @@ import pytest
 
 from hpctrain.checkpoint import checksum
 from hpctrain.checkpoint.fileio import BOUNCE, SegmentFile
-from hpctrain.checkpoint.writer import cpus_per_rank
 
 MiB = 1 << 20
 
@@ -82,16 +81,3 @@ def test_a_failed_sync_surfaces_at_the_next_write_and_abort_leaves_nothing_runni
     assert err.value.errno == errno.EIO
     out.abort()
     assert out._syncing is None and out._fd == -1
-
-
-def test_cpus_per_rank_counts_the_cpus_the_ranks_of_a_node_share() -> None:
-    every = frozenset(range(8))
-    # 4 unbound ranks on an 8-CPU node, 2 on another: 2 and 4 per rank
-    nodes = [("a", every)] * 4 + [("b", every)] * 2
-    assert cpus_per_rank(nodes, 0) == 2.0
-    assert cpus_per_rank(nodes, 5) == 4.0
-    # ranks bound to 2 CPUs each: their union over their number
-    bound = [("a", frozenset({2 * r, 2 * r + 1})) for r in range(4)]
-    assert cpus_per_rank(bound, 3) == 2.0
-    # 4 ranks on 2 cores (this machine kind): half a CPU each
-    assert cpus_per_rank([("h", frozenset({0, 1}))] * 4, 2) == 0.5

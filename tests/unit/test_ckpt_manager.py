@@ -53,7 +53,7 @@ def test_save_and_load_latest_round_trip_in_place(tmp_path: Path) -> None:
     assert man["step"] == 200 and man["world_size"] == 1 and man["versions"]["torch"]
     # few large files per rank, never one per tensor
     assert sorted(os.listdir(tmp_path / "step_000000200")) == [
-        "manifest.json", "rank00000.bin", "rank00000.extra.pkl"]
+        "manifest.json", "manifest.ranks", "rank00000.bin", "rank00000.extra.pkl"]
 
 
 def test_retention_keeps_last_n_plus_every_kth(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The manifest, checksums and retention: pure logic, no torch."""
+"""The manifest (format 5: a head and every rank's record; and formats 1-4), checksums
+and retention: pure logic, no torch."""
 
 from __future__ import annotations
 
@@ -9,17 +10,29 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hpctrain.checkpoint.reader import verify_file, verify_step
-from hpctrain.checkpoint.manifest import (ExtrasEntry, FileRecord, Manifest, TensorEntry, parse,
+from helpers.ckpt import one_file
+from hpctrain.checkpoint.commit import manifest_files
+from hpctrain.checkpoint.manifest import (MANIFEST, RANKS, ExtrasEntry, FileRecord, Manifest,
+                                          RankRecords, TensorEntry, parse, parse_part,
                                           parse_step_dirname, step_dirname)
+from hpctrain.checkpoint.reader import read_manifest, read_rank_view, verify_file, verify_step
 from hpctrain.checkpoint.retention import select_deletions
-from hpctrain.errors import CheckpointError
+from hpctrain.errors import CheckpointCorrupt, CheckpointError
 import zlib
 
 
 def _manifest(files: list[FileRecord]) -> Manifest:
     return Manifest(step=12, world_size=1, files=files, tensors=[], extras=[],
-                    layout={"kind": "torch"}, versions={"torch": "x"}, created=1.0)
+                    layout={"kind": "torch"}, versions={"torch": "x"}, created=1.0,
+                    parts=[RankRecords(files=files)])
+
+
+def _write(step_dir: Path, m: Manifest) -> Path:
+    """The step's manifest files, as the commit writes them (format 5)."""
+    step_dir.mkdir(exist_ok=True)
+    for name, data in manifest_files(m).items():
+        (step_dir / name).write_bytes(data)
+    return step_dir
 
 
 def test_step_dirnames_sort_numerically_and_round_trip() -> None:
@@ -38,50 +51,87 @@ def test_bad_step_is_refused_with_the_value(bad: object) -> None:
         step_dirname(bad)  # type: ignore[arg-type]
 
 
-def test_manifest_round_trips() -> None:
+def test_manifest_round_trips(tmp_path: Path) -> None:
     m = _manifest([FileRecord("rank00000.bin", 10, [(0, 4, 1), (4, 6, 2)])])
-    back = parse(m.dumps())
-    assert back.to_json() == m.to_json()
-    assert back.total_bytes == 10
+    back = read_manifest(_write(tmp_path / "s", m))
+    assert back.files == m.files and back.total_bytes == 10 and back.parts == m.parts
+    assert parse(m.dumps()).ranks == m.ranks == back.ranks
 
 
 def _with_entries() -> Manifest:
-    m = _manifest([FileRecord("rank00000.bin", 16, [(0, 8, 11), (8, 8, 12)]),
-                   FileRecord("rank00000.extra.pkl", 3, [(0, 3, 13)])])
-    m.tensors = [TensorEntry(["model", "w", 0], "float32", [4], [0], [2], True,
-                             "rank00000.bin", 0, 8, 11),
-                 TensorEntry(["rng"], "uint8", [8], [0], [8], False, "rank00000.bin", 8, 8, 12,
-                             rank=0)]
-    m.extras = [ExtrasEntry(0, "rank00000.extra.pkl", [["extra", "seed"]])]
-    return m
+    """Two ranks: a shard each, and each its own RNG state; rank 1's extras differ."""
+    files = [[FileRecord(f"rank{r:05d}.bin", 16, [(0, 8, 11 + r), (8, 8, 13 + r)]),
+              FileRecord(f"rank{r:05d}.extra.pkl", 3, [(0, 3, 20 + r)])] for r in range(2)]
+    tensors = [[TensorEntry(["model", "w", 0], "float32", [4], [2 * r], [2], True,
+                            f"rank{r:05d}.bin", 0, 8, 11 + r),
+                TensorEntry(["rng"], "uint8", [8], [0], [8], False, f"rank{r:05d}.bin", 8, 8,
+                            13 + r, rank=r)] for r in range(2)]
+    extras = [[ExtrasEntry(r, f"rank{r:05d}.extra.pkl", [["extra", "seed"]])] for r in range(2)]
+    parts = [RankRecords(files[r], tensors[r], extras[r]) for r in range(2)]
+    return Manifest(step=12, world_size=2, files=files[0] + files[1],
+                    tensors=tensors[0] + tensors[1], extras=extras[0] + extras[1],
+                    layout={"kind": "torch"}, versions={"torch": "x"}, created=1.0,
+                    per_rank=[["rng"]], own=[["extra", "seed"]], parts=parts)
 
 
-def test_entries_round_trip_through_version_4_and_its_sum_key() -> None:
+def test_format_5_keeps_each_ranks_entries_in_its_own_record(tmp_path: Path) -> None:
     m = _with_entries()
-    raw = json.loads(m.dumps())
-    assert raw["format_version"] == 4 and raw["checksum"] == "crc32"
-    assert [t["sum"] for t in raw["tensors"]] == [11, 12]
-    assert not any("crc32" in t for t in raw["tensors"])
-    assert "rank" not in raw["tensors"][0] and raw["tensors"][1]["rank"] == 0
-    assert raw["extras"] == [{"rank": 0, "file": "rank00000.extra.pkl",
-                              "own": [["extra", "seed"]]}]
-    back = parse(m.dumps())
-    assert back == m and back.to_json() == m.to_json() and back.kind == "torch"
+    step = _write(tmp_path / "s", m)
+    head = json.loads((step / MANIFEST).read_text())
+    assert head["format_version"] == 5 and head["checksum"] == "crc32"
+    # the head: the shared entries (sums under "sum"), the per-rank paths, no rank's files
+    assert [t["path"] for t in head["tensors"]] == [["model", "w", 0]] * 2
+    assert all("sum" in t and "crc32" not in t and "rank" not in t for t in head["tensors"])
+    assert head["files"] == [] and "extras" not in head
+    assert head["per_rank"] == [["rng"]] and head["own"] == [["extra", "seed"]]
+    assert head["ranks"]["name"] == RANKS and head["ranks"]["size"] == (step / RANKS).stat().st_size
+    # a rank's view: the head, its record; the whole manifest: every record
+    view = read_rank_view(step, 1)
+    assert [f.name for f in view.files] == ["rank00001.bin", "rank00001.extra.pkl"]
+    assert [(t.path, t.rank) for t in view.tensors] == [(["model", "w", 0], None)] * 2 \
+        + [(["rng"], 1)]
+    assert [e.rank for e in view.extras] == [1] and view.own == [["extra", "seed"]]
+    assert read_rank_view(step, 5).extras == m.extras[:1]   # the world grew: rank 0's extras
+    whole = read_manifest(step)
+    assert sorted(map(repr, whole.tensors)) == sorted(map(repr, m.tensors))
+    assert whole.files == m.files and whole.extras == m.extras and whole.world_size == 2
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
-def test_older_versions_hold_the_sum_under_crc32(version: int) -> None:
-    raw = json.loads(_with_entries().dumps())
-    raw["format_version"] = version
-    for t in raw["tensors"]:
-        t["crc32"] = t.pop("sum")
-    assert parse(json.dumps(raw)) == _with_entries()
-    with pytest.raises(CheckpointError, match=r"tensor \['model', 'w', 0\]: crc32"):
-        parse(json.dumps({**raw, "tensors": json.loads(_with_entries().dumps())["tensors"]}))
+def test_a_damaged_record_is_found_by_the_rank_that_reads_it(tmp_path: Path) -> None:
+    step = _write(tmp_path / "s", _with_entries())
+    data = bytearray((step / RANKS).read_bytes())
+    data[-5] ^= 0x20                      # in rank 1's record, the last one
+    (step / RANKS).write_bytes(bytes(data))
+    assert read_rank_view(step, 0).extras[0].rank == 0
+    with pytest.raises(CheckpointCorrupt, match=r"manifest.ranks: rank 1's record does not "
+                       "match its sum"):
+        read_rank_view(step, 1)
+    (problem,) = verify_step(step)
+    assert "manifest.ranks does not match" in problem
+    data[:8] = b"HPCRANKZ"
+    (step / RANKS).write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorrupt, match="header is not that of 2 ranks"):
+        read_rank_view(step, 0)
+    (step / RANKS).unlink()
+    with pytest.raises(CheckpointCorrupt, match="cannot read .*manifest.ranks"):
+        read_rank_view(step, 0)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_one_file_versions_still_parse(version: int) -> None:
+    """What 0.1 to 0.7 wrote: every entry in manifest.json; before 4 the sums under crc32."""
+    m = _with_entries()
+    raw = one_file(m, version)
+    back = parse(json.dumps(raw))
+    assert back.ranks is None and back.tensors == m.tensors and back.extras == m.extras
+    assert back.per_rank == [["rng"]] and back.own == [["extra", "seed"]]   # computed
+    if version < 4:
+        with pytest.raises(CheckpointError, match=r"tensor \['model', 'w', 0\]: crc32"):
+            parse(json.dumps({**raw, "tensors": one_file(m)["tensors"]}))
 
 
 def test_version_4_without_its_sum_key_is_refused() -> None:
-    raw = json.loads(_with_entries().dumps())
+    raw = one_file(_with_entries())
     raw["tensors"][1]["crc32"] = raw["tensors"][1].pop("sum")
     with pytest.raises(CheckpointError, match=r"tensor \['rng'\]: sum"):
         parse(json.dumps(raw))
@@ -102,14 +152,37 @@ def test_version_4_without_its_sum_key_is_refused() -> None:
      "extras entry"),
 ])
 def test_invalid_manifests_are_named(mutate, message: str) -> None:
-    raw = _manifest([FileRecord("rank00000.bin", 10, [(0, 4, 1), (4, 6, 2)])]).to_json()
+    raw = one_file(_manifest([FileRecord("rank00000.bin", 10, [(0, 4, 1), (4, 6, 2)])]))
     mutate(raw)
     with pytest.raises(CheckpointError, match=message):
         parse(json.dumps(raw), where="m.json")
 
 
+@pytest.mark.parametrize("mutate, message", [
+    (lambda j: j.pop("ranks"), "file entry None"),
+    (lambda j: j.update(per_rank="rng"), "per_rank/own lists"),
+    (lambda j: j["ranks"].update(size=3), "cover"),
+])
+def test_an_invalid_format_5_head_is_named(mutate, message: str) -> None:
+    m = _with_entries()
+    manifest_files(m)
+    raw = json.loads(m.dumps())
+    mutate(raw)
+    with pytest.raises(CheckpointError, match=message):
+        parse(json.dumps(raw), where="m.json")
+
+
+def test_a_record_that_claims_another_ranks_entries_is_refused() -> None:
+    part = json.dumps(_with_entries().parts[1].to_json()).encode()
+    assert parse_part(part, 1, "r").tensors[0].rank == 1
+    with pytest.raises(CheckpointError, match=r"rank 0's tensor \['rng'\]: rank 1"):
+        parse_part(part, 0, "r")
+
+
 def test_truncated_manifest_json_is_a_clear_error() -> None:
-    data = _manifest([]).dumps()
+    m = _manifest([])
+    manifest_files(m)
+    data = m.dumps()
     with pytest.raises(CheckpointError, match="not valid JSON"):
         parse(data[: len(data) // 2])
 

@@ -10,13 +10,12 @@ fails with the fix instead of handing over another rank's value.
 from __future__ import annotations
 
 import gc
-import json
 import warnings
 from pathlib import Path
 
 import pytest
 
-from helpers.ckpt import free_port, run_cli
+from helpers.ckpt import free_port, run_cli, whole_manifest
 from programs.ckpt_rank_worker import check_own, grown_world, own_state, save_and_load
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -24,7 +23,7 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 
 def _manifest(root: Path) -> dict:
-    return json.loads((root / "step_000000003" / "manifest.json").read_text())
+    return whole_manifest(root / "step_000000003")
 
 
 def _ranks_at(manifest: dict, path: list) -> list:
@@ -47,8 +46,9 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int,
              nprocs=world, join=True)
     for root in roots:
         man = _manifest(root)
-        # every save writes version 4 (per-rank values needed 2, crc32c 3)
-        assert man["format_version"] == 4
+        # every save writes version 5 (per-rank values needed 2, crc32c 3, each rank's
+        # record apart 5)
+        assert man["format_version"] == 5
         # own values: one entry per rank; the replica and the DTensor shards: no rank
         assert _ranks_at(man, ["optim", "state", 0, "exp_avg"]) == list(range(world))
         assert _ranks_at(man, ["rng"]) == list(range(world))
@@ -115,7 +115,7 @@ def test_replicated_state_still_writes_one_copy(tmp_path: Path) -> None:
 
     mp.spawn(_save_replicas, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
     man = _manifest(tmp_path)
-    assert man["format_version"] == 4
+    assert man["format_version"] == 5
     assert len(man["tensors"]) == 1 and "rank" not in man["tensors"][0]
     assert all("own" not in e for e in man["extras"])
 

@@ -17,6 +17,7 @@ import pytest
 from hpctrain.runtime import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT
 from hpctrain.runtime.exitrecord import read_record
 from hpctrain.runtime.signals import StopFlag, parse_signals
+from helpers.ckpt import whole_manifest
 from helpers.torchrun import env_for, start, worker_pids
 
 JOB = Path(__file__).resolve().parents[1] / "programs" / "runtime_job.py"
@@ -120,7 +121,7 @@ def test_term_to_one_rank_stops_all_ranks_at_one_step(tmp_path: Path) -> None:
 
     from hpctrain.checkpoint import CheckpointManager
 
-    manifest = json.loads((ckpt / f"step_{stops[0]['step']:09d}" / "manifest.json").read_text())
+    manifest = whole_manifest(ckpt / f"step_{stops[0]['step']:09d}")
     assert [t.get("rank") for t in manifest["tensors"] if t["path"] == ["w"]] == [None]
     assert sorted(t["rank"] for t in manifest["tensors"] if t["path"] == ["mine"]) == [0, 1, 2, 3]
     state = {"w": torch.zeros(10_000_000), "mine": torch.ones(1000)}
