@@ -1,9 +1,10 @@
-"""The checkpoint's save plan and manifest at 64 to 4,096 ranks, simulated in one process
-(no Slurm, no process per rank), through hpctrain's own planning and manifest code.
+"""The checkpoint's save plan, manifest and load at 64 to 16,384 ranks, simulated in one
+process (no Slurm, no process per rank), through hpctrain's own planning, manifest and
+loading code.
 
-    .venv/bin/python benchmarks/ckpt_scale_sim.py                  # 64, 256, 1024, 4096 ranks
+    .venv/bin/python benchmarks/ckpt_scale_sim.py                  # 64 ... 16384 ranks
     .venv/bin/python benchmarks/ckpt_scale_sim.py --quick          # 64, 256, 1024
-    .venv/bin/python benchmarks/ckpt_scale_sim.py --ranks 64,4096 --json /tmp/sim.json
+    .venv/bin/python benchmarks/ckpt_scale_sim.py --ranks 1024,16384 --json /tmp/sim.json
 
 The state is a GPT-3-175B-like model (96 layers, d_model 12288, vocab 51200) laid out as
 examples/train_gpt.py lays it out: ranks ordered tp fastest, then dp, then pp; q/k/v/fc1
@@ -12,42 +13,52 @@ Replicate), the embeddings and head vocab-parallel, the layer norms plain tensor
 state per parameter (exp_avg, exp_avg_sq as the parameter; step, a plain scalar), its
 param_groups and the data position as extras, and each rank's own RNG state (a plain
 tensor that differs by rank). tp and pp are fixed (8 x 8 by default) and dp grows with the
-ranks: at 4,096 ranks tp=8, pp=8, dp=64; 769-781 tensors per rank (192-195 parameters,
-each with its three optimizer tensors, and the RNG state).
+ranks: at 16,384 ranks tp=8, pp=8, dp=256; 769-781 tensors per rank.
 
 Tensors are metadata where the code allows: a DTensor's global shape is real and its local
 tensor one element (the plan and the manifest use only the box and its byte count); plain
 tensors (layer norms, optimizer steps, RNG states) are real, since their bytes are
 fingerprinted. Data files are sparse files of the recorded size: no tensor bytes are written.
 
+Two saves run, as a training job makes them: the first (step 1000: the plan is made) and a
+later one of the same structure with new values (step 1001: new layer norms, moments, step
+counters, RNG states and data positions: the plan is reused, the values compared again).
 What runs for real, per simulated rank: ``tree.flatten`` (the DTensor branch under torch's
 own *fake* process-group backend, ``torch.testing._internal.distributed.fake_pg``, which
-gives each rank its tp coordinate without communicating), ``writer.rank_writer`` (the
-provisional plan: ``replicas.plan_writes`` on every rank's all-gathered sizes,
-``cpus_per_rank``), ``writer.fingerprints`` and ``RankSave._prints`` (the second
-all_gather's contribution), ``replicas.settle`` and ``replicas.differing`` (the final plan),
-``RankSave._records`` (the manifest records and the extras file); on rank 0
-``CheckpointManager._persist`` and ``_commit`` (``commit.manifest_of``, ``Manifest.dumps``,
-``commit.publish``, ``catalog.prune``); then ``reader.read_manifest`` (parse + validate) and
-``StepReader.check_sizes``, which every rank runs again at load (``loader.load_step``).
+gives each rank its tp coordinate without communicating); ``saveplan.Structure`` (the
+structure and its digest), ``PlanCache.vote``, ``.reused``, ``.adopt`` and ``.settled``;
+``writer.fingerprints``, ``writer.extras_fingerprints`` and ``saveplan.fingerprint_message``;
+``RankSave._records`` (the manifest records and the extras file). On rank 0, the
+coordinator: ``coordinator.plan`` (``Coordinator``: ``replicas.plan_writes`` over the
+groups of equal structures, each rank's part) and ``coordinator.settle`` (each rank's
+answer, ``replicas.Agreement``); ``CheckpointManager._persist`` and ``_commit``
+(``commit.manifest_of``, ``commit.publish``: the head and ``manifest.ranks``,
+``catalog.prune``). At load, on ``--samples`` ranks: ``reader.read_rank_view`` (the head and
+the rank's own record) and ``loader.prepare`` (the reads it will make; a stat of each file
+it reads); on rank 0 ``reader.read_manifest`` and ``StepReader.check_sizes`` (every
+record, every file: what ``ckpt list`` and each save's prune read).
 
-What does not run: torch.distributed's collectives (``comm.Comm`` needs a process group;
-:class:`FakeCollective` stands in for it, pickling and unpickling each contribution as
-torch's ``*_object`` collectives do; the network is not modelled, the bytes it would carry
-are reported); ``RankSave._write_first`` and the rest of ``RankSave.write`` (the data I/O):
-their contribution to the fingerprint all_gather is made of the same functions (the block
-checksum of a chunk written first is by construction its ``fingerprints`` value), their
-blocks are built from the chunks' byte counts, with a stand-in checksum for DTensor shards
-(whose bytes do not exist here). Every rank computes the same plan from the same gathered
-lists: it is computed (and timed) on ``--samples`` ranks and served from memory to the rest.
+What does not run: torch.distributed's collectives. The simulated ranks run one after
+another, so the plan's exchanges (``exchange.provisional`` and ``exchange.settle``: an
+all-reduce of the votes, a gather to rank 0, a scatter back) are run as their three
+steps, each rank's contribution handed to the next step as ``comm.Comm``'s collectives
+hand it; the bytes they would carry are counted from the messages themselves, as
+``comm.Comm`` frames them (an 8-byte length each, the largest message's size agreed in an
+all-reduce or a broadcast of one int64). The records' gather to rank 0 (``_persist``) goes
+through :class:`FakeComm`, which pickles each rank's records as ``Comm.gather`` does.
+``RankSave._write_first`` and the rest of ``RankSave.write`` (the data I/O): their blocks
+are built from the chunks' byte counts and the fingerprints (a written block's sum is by
+construction its chunk's fingerprint), with a stand-in sum for DTensor shards.
 
-Figures per rank count: plan time per rank (and for all ranks: that times the ranks), the
-collectives' bytes and (un)pickling time, the manifest's size and entries, rank 0's build,
-serialization, commit and read/verify times; then how each grows (fitted exponent of the
-rank count, and the one between the last two). ``--json FILE`` writes them all.
-Times are this process's CPU time (the machine is shared; a rank's part is single-threaded),
-taken with the garbage collector off: this process holds every simulated rank's objects,
-which no real rank's collector would walk.
+Figures per rank count: for each save, a rank's planning CPU (median over the ranks; the
+checksums of its plain values apart: they are the per-rank rule's cost, O(the bytes it
+holds)) and the bytes it receives for planning; the coordinator's CPU and bytes; the
+manifest; rank 0's commit; a loading rank's CPU (its view of the manifest, the reads it
+prepares, the files it stats) against reading the whole manifest; then how each grows
+(fitted exponent of the rank count, and the one between the last two). ``--json FILE``
+writes them all. Times are this process's CPU time (the machine is shared; a rank's part
+is single-threaded), taken with the garbage collector off: this process holds every
+simulated rank's objects, which no real rank's collector would walk.
 """
 
 from __future__ import annotations
@@ -73,28 +84,36 @@ from pathlib import Path
 from typing import Any
 
 # the real code each simulated save runs, and what stands in for what it cannot run here
-DRIVES = ["tree.flatten", "writer.rank_writer", "writer.node_cpus (a simulated host per rank)",
-          "writer.cpus_per_rank", "replicas.plan_writes", "writer.fingerprints",
-          "writer.extras_fingerprints", "RankSave._prints", "replicas.settle",
-          "replicas.differing", "RankSave._records", "fileio.write_segments",
-          "CheckpointManager._persist", "CheckpointManager._commit", "commit.manifest_of",
-          "Manifest.dumps", "commit.publish", "storage.apply_modes", "catalog.prune",
-          "reader.read_manifest", "manifest.parse", "StepReader.check_sizes"]
-STANDS_IN = {"comm.Comm (torch.distributed gloo group)": "FakeCollective / FakeComm",
+DRIVES = ["tree.flatten", "saveplan.Structure (digest, contribution)", "PlanCache.vote",
+          "PlanCache.reused", "PlanCache.adopt", "PlanCache.settled", "writer.fingerprints",
+          "writer.extras_fingerprints", "saveplan.fingerprint_message", "coordinator.plan",
+          "coordinator.Coordinator", "coordinator.cpus_per_rank", "replicas.plan_writes",
+          "coordinator.settle", "replicas.Agreement", "RankSave._records",
+          "fileio.write_segments", "CheckpointManager._persist", "CheckpointManager._commit",
+          "commit.manifest_of", "commit.publish", "ranksfile.encode", "storage.apply_modes",
+          "catalog.prune", "reader.read_rank_view", "ranksfile.read_record",
+          "loader.prepare", "StepReader.check_files", "reader.read_manifest",
+          "manifest.parse", "manifest.parse_part", "StepReader.check_sizes"]
+STANDS_IN = {"comm.Comm's all_reduce_max, gather_bytes, scatter_bytes":
+                 "the simulation's sequencing of exchange.provisional and exchange.settle; "
+                 "bytes counted from the messages as comm.Comm frames them",
+             "comm.Comm.gather (the records, to rank 0)": "FakeCollective / FakeComm",
              "DeviceMesh's process group": "torch's fake backend (fake_pg), one tp rank at a time",
              "RankSave._write_first and the data I/O of RankSave.write":
                  "blocks from the chunks' byte counts; sparse data files; stand-in sums for "
                  "DTensor shards"}
 GPUS_PER_NODE = 8    # simulated ranks per host (what writer.node_cpus reports for each)
 CPUS_PER_RANK = 12   # each rank's CPU affinity: a 96-core node with 8 GPUs
-FULL_RANKS = (64, 256, 1024, 4096)
+FULL_RANKS = (64, 256, 1024, 4096, 16384)
+QUICK_RANKS = (64, 256, 1024)
+FRAME = 8            # comm.Comm: each message framed with its length (int64)
+INT = 8              # one int64 of an all-reduce or a broadcast
 # Figures are this process's CPU time (user + system): a simulated rank's work is
 # single-threaded, and on a shared machine wall time mostly measures the neighbours.
 clock = time.process_time
 # tmpfs when there is one: thousands of small files and sparse ones; the disk's fsyncs and
 # unlinks would only add noise (the figures are CPU time anyway)
 DEFAULT_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-QUICK_RANKS = (64, 256, 1024)
 
 
 # -- the state ------------------------------------------------------------------------
@@ -208,11 +227,13 @@ def stage_state(params: list[tuple[str, tuple, str]], plain: StagePlain, mesh: A
 
 
 def rank_state(stage: dict, rank: int, dp_rank: int, step: int) -> dict:
-    """One rank's whole state: its stage's, its own RNG state, the data position."""
+    """One rank's whole state: its stage's, its own RNG state (another at each step), the
+    data position."""
     import torch
 
+    seed = 100_003 * step + rank
     return {**stage, "step": step,
-            "rng": {"torch": torch.Generator().manual_seed(1_000 + rank).get_state()},
+            "rng": {"torch": torch.Generator().manual_seed(seed).get_state()},
             "data": {"epoch": 0, "dp_rank": dp_rank, "position": step * 1024 + dp_rank}}
 
 
@@ -234,189 +255,73 @@ def fake_process_group(rank: int, world: int) -> Iterator[Any]:
 
 
 # -- the fake collective ------------------------------------------------------------
-def unpickled_size(blobs: list[bytes], probes: int = 3) -> int:
-    """About what ``blobs`` take in memory once unpickled: what tracemalloc sees a few of
-    them (the first, the largest, the last) take, per pickled byte, times all the bytes."""
-    import tracemalloc
-
-    picks = list(dict.fromkeys([0, max(range(len(blobs)), key=lambda i: len(blobs[i])),
-                                len(blobs) - 1]))[:probes]
-    took = 0
-    for i in picks:
-        tracemalloc.start()
-        obj = pickle.loads(blobs[i])
-        took += tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
-        del obj
-    return int(took / sum(len(blobs[i]) for i in picks) * sum(len(b) for b in blobs))
 
 
-class AtCollective(Exception):
-    """A simulated rank reached a collective whose other contributions are not all in."""
-
-
+# -- the records' gather ------------------------------------------------------------
 class FakeCollective:
-    """FAKE collective: a recorded-behaviour stand-in for one ``all_gather_object`` or
-    ``gather_object`` of the checkpoint's gloo group (:class:`hpctrain.checkpoint.comm.Comm`).
-
-    The simulated ranks run one after another in this process, so none can wait in a
-    collective for the others. Each contribution is pickled as torch's ``*_object``
-    collectives pickle it and held in memory; a rank that reaches the collective before
-    every contribution is in (or while ``stop`` is set: the recording pass) is stopped
-    there (:class:`AtCollective`); once all are in, a rank that reaches it (its code run
-    again) gets what the real collective returns: every rank's object, unpickled, in rank
-    order, and its own contribution is checked to be the one recorded. The unpickling is
-    done (and timed) once: every receiver of a real all_gather pays it. The network is not
-    modelled; :meth:`figures` gives the bytes it would carry (torch pads every contribution
-    to the largest, so each receiver gets ``world x max``).
-    """
+    """FAKE collective: a recorded-behaviour stand-in for the commit's gather of every
+    rank's records (:meth:`hpctrain.checkpoint.comm.Comm.gather`). Each rank's contribution
+    is pickled as ``Comm.gather`` pickles it and held; rank 0, reaching it last, gets every
+    rank's object unpickled, in rank order. The network is not modelled; :meth:`figures`
+    gives the bytes it would carry."""
 
     def __init__(self, name: str, world: int) -> None:
         self.name, self.world = name, world
         self.blobs: list[bytes | None] = [None] * world
-        self.pickle_s: list[float] = []
         self.unpickle_s = 0.0
-        self.unpickled_bytes = 0   # what the delivered objects take in memory (about)
-        self.stop = True
-        self._delivered: list[Any] | None = None
 
-    def record(self, rank: int, obj: Any) -> bytes:
-        start = clock()
-        blob = pickle.dumps(obj)  # what _object_to_tensor's Pickler writes
-        self.pickle_s.append(clock() - start)
-        if self.blobs[rank] is None:
-            self.blobs[rank] = blob
-        elif blob != self.blobs[rank] and pickle.loads(self.blobs[rank]) != obj:
-            raise AssertionError(f"{self.name}: rank {rank} contributed something else "
-                                 "when run again")
-        return blob
+    def record(self, rank: int, obj: Any) -> None:
+        self.blobs[rank] = pickle.dumps(obj, protocol=5)  # what Comm.gather sends
 
     def exchange(self, rank: int, obj: Any) -> list[Any]:
         self.record(rank, obj)
-        if self.stop or any(b is None for b in self.blobs):
-            raise AtCollective(self.name)
-        return self.deliver()
+        missing = [r for r, b in enumerate(self.blobs) if b is None]
+        if missing:
+            raise AssertionError(f"{self.name}: no contribution from ranks {missing[:5]}")
+        start = clock()
+        out = [pickle.loads(b) for b in self.blobs]  # type: ignore[arg-type]
+        self.unpickle_s = clock() - start
+        return out
 
-    def deliver(self) -> list[Any]:
-        if self._delivered is None:
-            missing = [r for r, b in enumerate(self.blobs) if b is None]
-            if missing:
-                raise AssertionError(f"{self.name}: no contribution from ranks {missing[:5]}")
-            start = clock()
-            self._delivered = [pickle.loads(b) for b in self.blobs]  # type: ignore[arg-type]
-            self.unpickle_s = clock() - start
-            self.unpickled_bytes = unpickled_size(self.blobs)  # type: ignore[arg-type]
-        return self._delivered
-
-    def release(self) -> None:
-        """Drop the contributions (the figures stay)."""
-        self._fig = self.figures()
-        self.blobs, self._delivered = [], None
-
-    def figures(self, gather: bool = False) -> dict[str, float]:
-        if not self.blobs and hasattr(self, "_fig"):
-            return self._fig
+    def figures(self) -> dict[str, float]:
         sizes = [len(b) for b in self.blobs if b is not None]
-        return {"bytes_per_rank_mean": statistics.mean(sizes),
-                "bytes_per_rank_max": max(sizes), "bytes_total": sum(sizes),
-                # torch pads each contribution to the largest: a receiver gets world x max
-                "recv_bytes_per_receiver": self.world * max(sizes),
-                "receivers": 1 if gather else self.world,
-                "pickle_ms_per_rank": 1e3 * statistics.median(self.pickle_s),
-                "unpickle_s_per_receiver": self.unpickle_s,
-                # about (tracemalloc on a few contributions, scaled by the bytes)
-                "unpickled_mb_per_receiver": self.unpickled_bytes / 1e6}
+        return {"bytes_per_rank_max": max(sizes), "bytes_total": sum(sizes),
+                # Comm.gather_bytes pads each contribution to the largest (its size agreed
+                # in an all-reduce): rank 0 gets world x max, every other rank one int64
+                "recv_bytes_rank0": self.world * (max(sizes) + FRAME),
+                "recv_bytes_per_rank": INT,
+                "unpickle_s_rank0": self.unpickle_s}
 
 
 class FakeComm:
-    """The interface of :class:`hpctrain.checkpoint.comm.Comm` for one simulated rank,
-    its all_gather and gather served by a :class:`FakeCollective`. Only rank 0's view of
-    a broadcast is simulated (its own object)."""
+    """The interface of :class:`hpctrain.checkpoint.comm.Comm` for rank 0 of the commit,
+    its gather served by a :class:`FakeCollective`; a broadcast is rank 0's own object."""
 
     active = True
 
     def __init__(self, rank: int, world: int, collective: FakeCollective | None = None) -> None:
         self.rank, self.world, self.collective = rank, world, collective
 
-    def barrier(self) -> None:
-        pass
-
-    def all_gather(self, obj: Any) -> list[Any]:
-        assert self.collective is not None
-        return self.collective.exchange(self.rank, obj)
-
     def gather(self, obj: Any) -> list[Any] | None:
-        assert self.collective is not None
-        out = self.collective.exchange(self.rank, obj)
-        return out if self.rank == 0 else None
+        assert self.collective is not None and self.rank == 0
+        return self.collective.exchange(self.rank, obj)
 
     def broadcast(self, obj: Any) -> Any:
         assert self.rank == 0, "only rank 0's view of a broadcast is simulated"
         return obj
 
 
-class patched:
-    """``owner.name = value`` within a with-block. A class, not a generator: a simulated
-    rank stopped at a collective (AtCollective) passes through it, and a generator's
-    context manager would keep that exception, its traceback and so every frame on it
-    (the whole simulation's locals) alive in a reference cycle."""
-
-    def __init__(self, owner: Any, name: str, value: Any) -> None:
-        self.owner, self.name, self.value = owner, name, value
-
-    def __enter__(self) -> None:
-        self.own = self.name in vars(self.owner)   # else inherited (a method): deleted after
-        self.old = getattr(self.owner, self.name)
-        setattr(self.owner, self.name, self.value)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.own:
-            setattr(self.owner, self.name, self.old)
-        else:
-            delattr(self.owner, self.name)
-
-
-def simulated_host(rank: int) -> Callable[[], tuple[str, frozenset[int]]]:
-    """What ``writer.node_cpus`` reports on ``rank``: its node (GPUS_PER_NODE ranks a node)
-    and its CPUs (CPUS_PER_RANK of them), not this machine's."""
-    first = (rank % GPUS_PER_NODE) * CPUS_PER_RANK
-    host = (f"gpu{rank // GPUS_PER_NODE:05d}", frozenset(range(first, first + CPUS_PER_RANK)))
-    return lambda: host
-
-
-class PlanMemo:
-    """``replicas.plan_writes`` computed for real on the sampled ranks and served from
-    memory to the others, which would compute the same plan from the same lists."""
-
-    def __init__(self, real: Callable) -> None:
-        self.real, self.compute = real, True
-        self.plan: Any = None
-        self.inputs: list | None = None
-        self.seconds: list[float] = []
-
-    def __call__(self, held: list) -> Any:
-        if self.compute or self.inputs is None:
-            start = clock()
-            plan = self.real(held)
-            self.seconds.append(clock() - start)
-            if self.plan is not None and plan != self.plan:
-                raise AssertionError("two ranks computed different save plans")
-            self.plan, self.inputs = plan, held
-            return plan
-        assert len(held) == len(self.inputs)
-        assert all(a is b for a, b in zip(held, self.inputs, strict=True))
-        return self.plan
-
-
 class Probes:
-    """Wall time spent in named functions while a block runs (wrapped, then restored)."""
+    """CPU and wall time spent in named functions while a block runs (wrapped, then
+    restored)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}     # CPU
         self.wall: dict[str, float] = {}
-        self._stack = contextlib.ExitStack()
+        self._undo: list[Callable[[], None]] = []
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
+        own = name in vars(owner)   # else inherited (a method): deleted after
         real = getattr(owner, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -427,32 +332,73 @@ class Probes:
                 self.seconds[label] = self.seconds.get(label, 0.0) + clock() - start
                 self.wall[label] = self.wall.get(label, 0.0) + time.perf_counter() - wall
 
-        self._stack.enter_context(patched(owner, name, timed))
+        setattr(owner, name, timed)
+        self._undo.append(lambda: setattr(owner, name, real) if own else delattr(owner, name))
 
     def __enter__(self) -> Probes:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stack.close()
+        for undo in reversed(self._undo):
+            undo()
+
+
+def simulated_node(rank: int) -> tuple[str, frozenset[int]]:
+    """What ``writer.node_cpus`` reports on ``rank``: its node (GPUS_PER_NODE ranks a node)
+    and its CPUs (CPUS_PER_RANK of them), not this machine's."""
+    first = (rank % GPUS_PER_NODE) * CPUS_PER_RANK
+    return f"gpu{rank // GPUS_PER_NODE:05d}", frozenset(range(first, first + CPUS_PER_RANK))
+
+
+class Blocks:
+    """Every simulated rank's state, made (tp coordinate, stage) by (tp coordinate, stage):
+    the dp ranks of one share the stage's tensors, as replicas hold equal bytes."""
+
+    def __init__(self, lay: Layout, model: Model, steps: list[int]) -> None:
+        self.lay = lay
+        self.params = [stage_params(model, p, lay.pp) for p in range(lay.pp)]
+        # new layer norms and moments at each step: a later save's values are new
+        self.plain = {s: [StagePlain(self.params[p], s, seed=p + 97 * s) for p in range(lay.pp)]
+                      for s in steps}
+
+    def states(self, steps: list[int], ranks: set[int] | None = None
+               ) -> Iterator[tuple[int, dict[int, dict]]]:
+        """(rank, {step: its state}) for every rank (or ``ranks``), within the fake process
+        group of its tp coordinate."""
+        from hpctrain.checkpoint import tree
+
+        lay = self.lay
+        for t in range(lay.tp):
+            if ranks is not None and not any(r % lay.tp == t for r in ranks):
+                continue
+            with fake_process_group(t, lay.tp) as mesh:
+                tree._local_box.cache_clear()  # its key (the mesh) is equal across tp ranks
+                for p in range(lay.pp):
+                    stages = {s: stage_state(self.params[p], self.plain[s][p], mesh)
+                              for s in steps}
+                    for d in range(lay.dp):
+                        r = lay.rank(p, d, t)
+                        if ranks is None or r in ranks:
+                            yield r, {s: rank_state(stages[s], r, d, s) for s in steps}
+                    del stages
 
 
 # -- one simulation ---------------------------------------------------------------------
 @dataclass
 class Sim:
-    """One simulated save: its figures, and what the tests look at."""
+    """One simulated pair of saves and a load: figures, and what the tests look at."""
 
     layout: Layout
     step: int
     figures: dict[str, Any] = field(default_factory=dict)
-    chunks: list[list] = field(default_factory=list)      # per rank: tree.Chunk
-    plan: Any = None                                       # provisional WritePlan
-    final: Any = None                                      # settled WritePlan
-    own_extras: list = field(default_factory=list)
     sampled: list[int] = field(default_factory=list)
-    manifest: Any = None                                   # as read back from disk
-    manifest_bytes: bytes = b""
-    held: list = field(default_factory=list)               # the sizes all_gather, delivered
-    contributions: list = field(default_factory=list)      # what each rank put into it
+    chunks: list[list] = field(default_factory=list)     # per rank (<= 64 ranks): tree.Chunk
+    plans: list = field(default_factory=list)            # per rank: its provisional RankPlan
+    finals: list = field(default_factory=list)           # per rank: (settled plan, own extras)
+    later: list = field(default_factory=list)            # the same, of the later save
+    coordinator: Any = None
+    manifest: Any = None                                 # as read back whole from disk
+    manifest_bytes: bytes = b""                          # the head, manifest.json
 
 
 def warm_imports() -> None:
@@ -465,7 +411,8 @@ def warm_imports() -> None:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: F401
     from torch.testing._internal.distributed import fake_pg  # noqa: F401
 
-    from hpctrain.checkpoint import catalog, commit, manager, reader, writer  # noqa: F401
+    from hpctrain.checkpoint import (catalog, commit, coordinator, loader, manager,  # noqa: F401
+                                     reader, saveplan, writer)
 
 
 def sample_ranks(world: int, samples: int) -> list[int]:
@@ -475,13 +422,15 @@ def sample_ranks(world: int, samples: int) -> list[int]:
 
 
 def simulate(world: int, workdir: Path, *, tp: int = 8, pp: int = 8, model: Model = Model(),
-             samples: int = 2, step: int = 1000, keep: bool = False,
+             samples: int = 3, step: int = 1000, keep: bool = False,
              log: Callable[[str], None] = lambda s: None) -> Sim:
-    """Simulate one sync save of ``world`` ranks into a fresh root under ``workdir``.
+    """Simulate two saves of ``world`` ranks (the plan made, then reused) into a fresh root
+    under ``workdir``, and the first one's load.
 
     The garbage collector is off meanwhile: this process holds every simulated rank's
-    state, which no real rank's collector walks, so its collections would measure the
-    simulation; the figures are the code's own cost (reference counting still frees)."""
+    caches and messages, which no real rank's collector walks, so its collections would
+    measure the simulation; the figures are the code's own cost (reference counting still
+    frees)."""
     warm_imports()
     enabled = gc.isenabled()
     gc.disable()
@@ -493,152 +442,261 @@ def simulate(world: int, workdir: Path, *, tp: int = 8, pp: int = 8, model: Mode
             gc.enable()
 
 
+class Timer:
+    """Per-rank CPU seconds of named parts (each rank's own, summed per rank)."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.parts: dict[str, list[float]] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, part: str, rank: int) -> Iterator[None]:
+        start = clock()
+        yield
+        self.parts.setdefault(part, [0.0] * self.world)[rank] += clock() - start
+
+    def median(self, *parts: str) -> float:
+        """The median over the ranks of the sum of ``parts``."""
+        return statistics.median(sum(self.parts[p][r] for p in parts) for r in range(self.world))
+
+
+def _intern(structure: Any, seen: dict) -> Any:
+    """Keep one copy of each distinct structure's lists (ranks of a group hold equal
+    ones; the simulation holds every rank's), and drop the pickle the digest was taken of."""
+    structure.items, structure.extras = seen.setdefault(structure.digest,
+                                                        (structure.items, structure.extras))
+    structure.__dict__.pop("_pickled", None)
+    return structure
+
+
+def _votes(votes: list[list[int]]) -> list[int]:
+    """``comm.Comm.all_reduce_max`` of every rank's vote."""
+    return [max(column) for column in zip(*votes)]
+
+
 def _simulate(world: int, workdir: Path, *, tp: int, pp: int, model: Model, samples: int,
               step: int, keep: bool, log: Callable[[str], None]) -> Sim:
-    from hpctrain.checkpoint import catalog, commit, replicas, storage, tree, writer
-    from hpctrain.checkpoint.manager import CheckpointManager
-    from hpctrain.checkpoint.manifest import Manifest, step_dirname
-    from hpctrain.checkpoint.reader import StepReader, read_manifest
+    from hpctrain.checkpoint import coordinator, tree
+    from hpctrain.checkpoint.saveplan import PlanCache, Structure, fingerprint_message
 
     lay = layout_for(world, tp, pp)
     sim = Sim(lay, step, sampled=sample_ranks(world, samples))
+    later = step + 1
+    blocks = Blocks(lay, model, [step, later])
+    timer, wall0 = Timer(world), time.perf_counter()
+    caches = [PlanCache() for _ in range(world)]
+    structures: list[Any] = [None] * world
+    seen: dict = {}
     fig: dict[str, Any] = {"ranks": world, "tp": lay.tp, "pp": lay.pp, "dp": lay.dp}
-    wall0 = time.perf_counter()
 
-    # 1. every rank's state, flattened (tree.flatten) and run to rank_writer's all_gather
-    sizes = FakeCollective("sizes all_gather", world)
-    chunks: list[list] = [[] for _ in range(world)]
-    extras: list[dict] = [{} for _ in range(world)]
-    flatten_s, local_s = [0.0] * world, [0.0] * world
-    params = [stage_params(model, p, pp) for p in range(pp)]
-    plain = [StagePlain(params[p], step, seed=p) for p in range(pp)]
-    for t in range(tp):
-        with fake_process_group(t, tp) as mesh:
-            tree._local_box.cache_clear()  # its key (the mesh) is equal across tp ranks here
-            for p in range(pp):
-                stage = stage_state(params[p], plain[p], mesh)
-                for d in range(lay.dp):
-                    r = lay.rank(p, d, t)
-                    state = rank_state(stage, r, d, step)
-                    start = clock()
-                    chunks[r], extras[r] = tree.flatten(state)
-                    flatten_s[r] = clock() - start
-                    with patched(writer, "node_cpus", simulated_host(r)):
-                        start = clock()
-                        try:
-                            writer.rank_writer(FakeComm(r, world, sizes), chunks[r], extras[r])
-                        except AtCollective:
-                            pass
-                        else:
-                            raise AssertionError("rank_writer passed its all_gather")
-                        local_s[r] = clock() - start
-                del stage
-    log(f"  {world} ranks: flattened, sizes recorded ({time.perf_counter() - wall0:.1f} s)")
+    def progress(what: str) -> None:
+        log(f"  {world} ranks: {what} ({time.perf_counter() - wall0:.1f} s)")
 
-    # 2. the sizes all_gather delivered; rank_writer run again on every rank: the
-    # provisional plan computed on the sampled ranks, served to the others
-    sizes.stop = False
-    sizes.deliver()
-    memo = PlanMemo(replicas.plan_writes)
-    saves: list[Any] = [None] * world
-    writer_s: dict[int, float] = {}
-    with patched(replicas, "plan_writes", memo):
-        for r in sim.sampled + [r for r in range(world) if r not in sim.sampled]:
-            memo.compute = r in sim.sampled
-            with patched(writer, "node_cpus", simulated_host(r)):
-                start = clock()
-                saves[r] = writer.rank_writer(FakeComm(r, world, sizes), chunks[r],
-                                              extras[r]).__self__
-                if r in sim.sampled:
-                    writer_s[r] = clock() - start
-    plan = sim.plan = memo.plan
-    held_counts = [len(held) for _, held in sizes.deliver()]
-    if world <= 64:  # for the tests: what was gathered, and what each rank sent
-        sim.held = [held for _, held in sizes.deliver()]
-        sim.contributions = [pickle.loads(b) for b in sizes.blobs]  # type: ignore[arg-type]
-    sizes.release()
-    log(f"  {world} ranks: provisional plan ({time.perf_counter() - wall0:.1f} s)")
+    # 1. the first save, as far as each rank goes alone: its structure and vote, its
+    # contribution to the planning gather, its fingerprints (sent once the plan is in)
+    votes, contributions, counts = [], [b""] * world, [0] * world
+    prints: list[list[int]] = [[] for _ in range(world)]
+    pickled: list[bytes] = [b""] * world     # its extras, for its records
+    chunks_of: dict[int, list] = {}
+    for r, states in blocks.states([step]):
+        with timer("flatten", r):
+            chunks, extras = tree.flatten(states[step])
+        with timer("structure", r):
+            s = Structure.of(chunks, list(extras), simulated_node(r))
+            votes.append(caches[r].vote(s))
+        with timer("contribution", r):
+            contributions[r] = s.contribution()
+        with timer("fingerprints", r):
+            prints[r] = _fingerprints(chunks, extras)
+        structures[r], counts[r] = _intern(s, seen), len(chunks)
+        pickled[r] = pickle.dumps(extras, protocol=5)
+        if world <= 64:
+            chunks_of[r] = chunks
+    sim.chunks = [chunks_of[r] for r in sorted(chunks_of)]
+    agreed = _votes(votes)
+    progress("structures")
 
-    # 3. the fingerprints all_gather (RankSave.write's), then settle and differing
-    prints = FakeCollective("fingerprints all_gather", world)
-    prints_s = [0.0] * world
+    # 2. the coordinator plans; every rank adopts its part, sends its fingerprints
+    start = clock()
+    parts, made = coordinator.plan(contributions)
+    coord_plan_s = clock() - start
+    if made is None:
+        raise AssertionError(pickle.loads(parts[0])[1])
+    sim.coordinator = made
+    gather_in = world * (max(map(len, contributions)) + FRAME)
+    del contributions
+    sim.plans, messages = [None] * world, [b""] * world
     for r in range(world):
-        save = saves[r]
-        start = clock()
-        first = [c for c in save.payload.chunks if plan.writes(r, c.key())]
-        rest = [c for c in save.payload.chunks if not plan.writes(r, c.key())]
-        others, efps = save._prints(rest)
-        local = (writer.fingerprints(first) + others, efps)
-        prints_s[r] = clock() - start
-        try:
-            prints.exchange(r, local)
-        except AtCollective:
-            pass
-    prints.stop = False
-    del memo.inputs
-    gathered = prints.deliver()
-    settle_s, differing_s = [], []
-    for _rank in sim.sampled:   # each computes it: timed on each
-        start = clock()
-        final = replicas.settle(plan, [held for held, _ in gathered])
-        settle_s.append(clock() - start)
-        start = clock()
-        own = replicas.differing([e for _, e in gathered])
-        differing_s.append(clock() - start)
-        if sim.final is not None and (final != sim.final or own != sim.own_extras):
-            raise AssertionError("two ranks settled on different plans")
-        sim.final, sim.own_extras = final, own
-    final, own_extras = sim.final, sim.own_extras
-    # the plain chunks' checksums (a written block's sum is its fingerprint)
-    crcs = [{key: crc for key, _n, crc in held if crc is not None} for held, _ in gathered]
-    prints.release()
-    del gathered
-    log(f"  {world} ranks: settled ({time.perf_counter() - wall0:.1f} s)")
+        with timer("adopt", r):
+            if caches[r].reused(agreed) is not None:
+                raise AssertionError("a first save reused a plan")
+            sim.plans[r] = caches[r].adopt(structures[r], parts[r], made if r == 0 else None)
+        with timer("message", r):
+            messages[r] = fingerprint_message(prints[r], sim.plans[r].message)
+    part_in = max(map(len, parts)) + FRAME
+    del parts
+    progress("planned")
 
-    # 4. every rank's records (RankSave._records), gathered to rank 0, which commits
-    workdir.mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix=f"ckpt-sim-{world}-", dir=workdir))
+    # 3. the coordinator answers; each rank settles and records its files. Then the later
+    # save, as far as each rank goes alone: structure, vote, fingerprints
+    start = clock()
+    answers = coordinator.settle(caches[0].coordinator, messages)
+    coord_settle_s = clock() - start
+    message_in = world * (len(messages[0]) + FRAME)
+    answer_in = max(map(len, answers)) + FRAME
+    del messages
+    stage = Path(tempfile.mkdtemp(prefix="stage-", dir=workdir))
     records = FakeCollective("records gather", world)
-    records_s = [0.0] * world
-    written_entries = [0] * world
+    later_votes: list[list[int]] = []
+    later_messages: list[bytes] = [b""] * world
+    sim.finals = [None] * world
+    for r, states in blocks.states([later]):
+        chunks, extras = tree.flatten(states[later])
+        with timer("settled", r):
+            sim.finals[r] = caches[r].settled(sim.plans[r], answers[r], structures[r])
+        records.record(r, ("ok", _records(r, world, caches[r], sim.plans[r], sim.finals[r],
+                                           structures[r], chunks, prints[r], pickled[r],
+                                           stage, timer)))
+        with timer("later structure", r):
+            s = Structure.of(chunks, list(extras), simulated_node(r))
+            later_votes.append(caches[r].vote(s))
+        if s.digest != structures[r].digest:
+            raise AssertionError("the later save's structure differs")
+        with timer("later fingerprints", r):
+            mine = _fingerprints(chunks, extras)
+        with timer("later message", r):
+            later_messages[r] = fingerprint_message(mine, caches[r].plan.message)
+    del answers, prints, pickled
+    progress("first save settled; later save fingerprinted")
+
+    # 4. rank 0 commits the first save
+    root = Path(tempfile.mkdtemp(prefix=f"ckpt-sim-{world}-", dir=workdir))
+    commit_fig = _commit(root, stage, step, world, records)
+    shutil.rmtree(stage, ignore_errors=True)
+    progress("committed")
+
+    # 5. the later save: one all-reduce says nothing changed; fingerprints compared again
+    agreed = _votes(later_votes)
+    for r in range(world):
+        with timer("later reused", r):
+            if caches[r].reused(agreed) is not sim.plans[r]:
+                raise AssertionError(f"rank {r} did not reuse its plan")
+    start = clock()
+    answers = coordinator.settle(caches[0].coordinator, later_messages)
+    coord_later_s = clock() - start
+    later_answer_in = max(map(len, answers)) + FRAME
+    del later_messages
+    sim.later = [None] * world
+    for r in range(world):
+        with timer("later settled", r):
+            sim.later[r] = caches[r].settled(sim.plans[r], answers[r], structures[r])
+    del answers
+    _check_plans(sim, structures)
+    progress("later save settled")
+
+    # 6. the load: sampled ranks' views and reads; rank 0's whole manifest
+    load = _load(sim, blocks, root, step)
+    if not keep:
+        shutil.rmtree(root, ignore_errors=True)
+    progress("loaded")
+
+    vote_in = 3 * INT
+    fig.update({
+        "tensors_per_rank": statistics.mean(counts),
+        "distinct_structures": len(sim.coordinator.ranks),
+        "distinct_keys": len(sim.coordinator.plan.owner) + len(sim.coordinator.plan.per_rank),
+        "sampled_ranks": sim.sampled,
+        "flatten_s": timer.median("flatten"),
+        "first_save": {
+            "plan_s": timer.median("structure", "contribution", "adopt", "message", "settled"),
+            "fingerprint_s": timer.median("fingerprints"),
+            # votes; the gather's size (an all-reduce); the part and the answer, each after
+            # a broadcast of its size (an int64)
+            "bytes_in": vote_in + INT + (INT + part_in) + (INT + answer_in),
+            "coordinator_s": coord_plan_s + coord_settle_s,
+            "coordinator_plan_s": coord_plan_s,
+            "coordinator_settle_s": coord_settle_s,
+            "coordinator_bytes_in": gather_in + message_in,
+        },
+        "later_save": {
+            "plan_s": timer.median("later structure", "later reused", "later message",
+                                   "later settled"),
+            "fingerprint_s": timer.median("later fingerprints"),
+            "bytes_in": vote_in + (INT + later_answer_in),
+            "coordinator_s": coord_later_s,
+            "coordinator_bytes_in": message_in,
+        },
+        "records_s": timer.median("records"),
+        "commit": commit_fig,
+        "load": load,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "sim_wall_s": time.perf_counter() - wall0,
+    })
+    sim.figures = fig
+    return sim
+
+
+def _fingerprints(chunks: list, extras: dict) -> list[int]:
+    """A rank's fingerprints in its structure's order (what RankSave.write sends): the
+    checksum of each plain chunk (``writer.fingerprints``), then of each extra."""
+    from hpctrain.checkpoint import writer
+
+    crcs = writer.fingerprints(chunks)
+    return [crcs[c.key()] for c in chunks if not c.sharded] \
+        + list(writer.extras_fingerprints(extras).values())
+
+
+def _records(rank: int, world: int, cache: Any, plan: Any, settled: Any, structure: Any,
+             chunks: list, prints: list[int], extras: bytes, stage: Path, timer: Timer) -> Any:
+    """What rank ``rank`` adds to the first save's manifest (``RankSave._records``, for
+    real) and its files in ``stage``: the chunks the settled plan gives it, in the order
+    RankSave.write writes them (first, then the per-rank values found), blocks from their
+    byte counts and the fingerprints ``prints`` (a written block's sum is its chunk's; a
+    stand-in sum for DTensor shards), the data file sparse, ``extras`` (pickled) its extras
+    file. ``chunks`` give the keys, dtypes and shapes (the later save's: the same
+    structure, asserted by its digest)."""
+    from hpctrain.checkpoint import writer
+
+    final, own_extras = settled
+    crcs = dict(zip((c.key() for c in chunks if not c.sharded), prints))
+    first = [c for c in chunks if plan.writes(c.key())]
+    more = [c for c in chunks if final.writes(c.key()) and not plan.writes(c.key())]
+    written = [dataclasses.replace(c, rank=rank) if c.key() in final.per_rank else c
+               for c in first + more]
+    blocks, off = [], 0
+    for c in written:
+        crc = zlib.crc32(repr((c.key(), rank)).encode()) if c.sharded else crcs[c.key()]
+        blocks.append((off, c.nbytes, crc))
+        off += c.nbytes
+    data_name = f"rank{rank:05d}.bin"
+    with open(stage / data_name, "wb") as f:
+        f.truncate(off)  # sparse: the recorded size, no bytes
+    save = writer.RankSave(FakeComm(rank, world), cache, plan, structure,
+                           writer.RankPayload(chunks, extras), {}, None, None)
+    with timer("records", rank):
+        return save._records(stage, data_name, off, written, blocks, own_extras)
+
+
+def _commit(root: Path, stage: Path, step: int, world: int, records: FakeCollective) -> dict:
+    """Rank 0's part of the first save (``CheckpointManager._persist``), every rank's files
+    moved into its temporary directory (the simulated writes) and records gathered."""
+    from hpctrain.checkpoint import catalog, commit, storage
+    from hpctrain.checkpoint.manager import CheckpointManager
+
+    moved = {"s": 0.0}
 
     def write_all(tmp: Path) -> Any:
-        """Every rank's write into ``tmp``: ranks 1.. contribute to rank 0's gather."""
-        mine = None
-        for r in range(world):
-            save = saves[r]
-            start = clock()
-            first = [c for c in save.payload.chunks if plan.writes(r, c.key())]
-            more = [c for c in save.payload.chunks if final.writes(r, c.key())
-                    and not plan.writes(r, c.key())]
-            written = [dataclasses.replace(c, rank=r) if c.key() in final.per_rank else c
-                       for c in first + more]
-            blocks, off = [], 0
-            for c in written:  # SegmentFile.write's blocks; shards' sums stand-ins
-                crc = crcs[r].get(c.key())
-                if crc is None:
-                    crc = zlib.crc32(repr((c.key(), r)).encode())
-                blocks.append((off, c.nbytes, crc))
-                off += c.nbytes
-            data_name = f"rank{r:05d}.bin"
-            with open(tmp / data_name, "wb") as f:
-                f.truncate(off)  # sparse: the recorded size, no bytes
-            rec = save._records(tmp, data_name, off, written, blocks, own_extras)
-            records_s[r] = clock() - start
-            written_entries[r] = len(rec.tensors)
-            if r == 0:
-                mine = rec
-            else:
-                records.record(r, ("ok", rec))
-        return mine
+        start = clock()
+        for name in os.listdir(stage):
+            os.rename(stage / name, tmp / name)
+        moved["s"] = clock() - start
+        return pickle.loads(records.blobs[0])[1]   # type: ignore[arg-type]
 
-    records.stop = False
     mgr = CheckpointManager(root, keep_last=3)
     try:
         mgr.comm = FakeComm(0, world, records)
         with Probes() as probes:
             probes.wrap(commit, "manifest_of", "manifest_of")
-            probes.wrap(Manifest, "dumps", "dumps")
             probes.wrap(commit, "publish", "publish")
             probes.wrap(storage, "apply_modes", "apply_modes")
             probes.wrap(catalog, "prune", "prune")
@@ -648,110 +706,97 @@ def _simulate(world: int, workdir: Path, *, tp: int, pp: int, model: Model, samp
             persist_s = clock() - start
     finally:
         mgr.close()
-    # rank 0's own part of _persist: all but the other ranks' simulated writes and sends
-    persist_rank0_s = persist_s - sum(records_s[1:]) - sum(records.pickle_s[:-1])
-    rec_fig = records.figures(gather=True)
-    records.release()
-    log(f"  {world} ranks: committed ({time.perf_counter() - wall0:.1f} s)")
-
-    # 5. read back and check, as latest_step/prune (rank 0) and every loading rank do
-    step_dir = root / step_dirname(step)
-    start = clock()
-    sim.manifest = read_manifest(step_dir)
-    read_s = clock() - start
-    start = clock()
-    problem = StepReader(step_dir, sim.manifest).check_sizes()
-    check_s = clock() - start
-    if problem:
-        raise AssertionError(problem)
-    sim.manifest_bytes = (step_dir / "manifest.json").read_bytes()
-    if not keep:
-        shutil.rmtree(root, ignore_errors=True)
-    sim.chunks = chunks if world <= 64 else []
-
-    # the figures
-    man = sim.manifest
-    med = statistics.median
-    sampled_writer = [writer_s[r] for r in sim.sampled]
-    per_rank_plan_ms = 1e3 * (med(flatten_s) + med(sampled_writer) + med(prints_s)
-                              + med(settle_s) + med(differing_s))
-    fig.update({
-        "tensors_per_rank": statistics.mean(held_counts),
-        "held_items_total": sum(held_counts),
-        "distinct_keys": len(plan.owner) + len(plan.per_rank),
-        "per_rank_keys": len(final.per_rank),
-        "sampled_ranks": sim.sampled,
-        "plan": {
-            "flatten_ms": 1e3 * med(flatten_s),
-            "rank_writer_to_collective_ms": 1e3 * med(local_s),
-            "rank_writer_ms": 1e3 * med(sampled_writer),
-            "plan_writes_ms": 1e3 * med(memo.seconds),
-            "fingerprints_ms": 1e3 * med(prints_s),
-            "settle_ms": 1e3 * med(settle_s),
-            "differing_ms": 1e3 * med(differing_s),
-            "per_rank_ms": per_rank_plan_ms,
-            "all_ranks_cpu_s": per_rank_plan_ms * world / 1e3,
-        },
-        "collectives": {"sizes_all_gather": sizes.figures(),
-                        "fingerprints_all_gather": prints.figures(),
-                        "records_gather": rec_fig},
-        "manifest": {
-            "bytes": len(sim.manifest_bytes),
-            "files": len(man.files), "tensor_entries": len(man.tensors),
-            "per_rank_tensor_entries": sum(1 for t in man.tensors if t.rank is not None),
-            "extras_entries": len(man.extras),
-            "records_ms_per_rank": 1e3 * med(records_s),
+    gathered = records.figures()
+    return {"records_gather": gathered,
             "manifest_of_s": probes.seconds.get("manifest_of", 0.0),
-            "dumps_s": probes.seconds.get("dumps", 0.0),
             "publish_s": probes.seconds.get("publish", 0.0),
             "apply_modes_s": probes.seconds.get("apply_modes", 0.0),
             "prune_s": probes.seconds.get("prune", 0.0),
             "commit_s": probes.seconds.get("commit", 0.0),
             "commit_wall_s": probes.wall.get("commit", 0.0),
-            "publish_wall_s": probes.wall.get("publish", 0.0),
-            "persist_rank0_s": persist_rank0_s,
-            "read_parse_s": read_s,
-            "check_sizes_s": check_s,
-        },
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "sim_wall_s": time.perf_counter() - wall0,
-    })
-    sim.figures = fig
-    return sim
+            # rank 0's own part of _persist: not the simulated ranks' files moved in
+            "persist_rank0_s": persist_s - moved["s"]}
+
+
+def _check_plans(sim: Sim, structures: list) -> None:
+    """Every rank's own values are its RNG state, in both saves; every shared value is
+    written once (the tests check the manifest itself)."""
+    for r, ((final, own), (again, own_again)) in enumerate(zip(sim.finals, sim.later)):
+        rng = {key for key, _, _ in structures[r].items if key[0][0] == "rng"}
+        if final.per_rank != rng or again.per_rank != rng or own != own_again:
+            raise AssertionError(f"rank {r}: own values {sorted(final.per_rank)[:3]}, "
+                                 f"later {sorted(again.per_rank)[:3]}")
+
+
+def _load(sim: Sim, blocks: Blocks, root: Path, step: int) -> dict:
+    """The load's cost: on the sampled ranks their view of the manifest and the reads they
+    prepare (with the stat of each file read); on rank 0 the whole manifest and a stat of
+    every file, as every rank did before format 5."""
+    from hpctrain.checkpoint import loader
+    from hpctrain.checkpoint.manifest import MANIFEST, step_dirname
+    from hpctrain.checkpoint.reader import StepReader, read_manifest, read_rank_view
+
+    step_dir = root / step_dirname(step)
+    view_s, prepare_s, files, own_files, added = [], [], [], [], []
+    for r, states in blocks.states([step], set(sim.sampled)):
+        start = clock()
+        view = read_rank_view(step_dir, r)
+        view_s.append(clock() - start)
+        start = clock()
+        ops, fresh, extras_file, _ = loader.prepare(StepReader(step_dir, view), states[step], r)
+        prepare_s.append(clock() - start)
+        # the saved tensors the rank's state lacks (the other stages') are added to it
+        # (docs/checkpoint.md): their owners' files are read too
+        new = {id(c) for c in fresh}
+        files.append(len({e.file for e, _, _ in ops} | {extras_file}))
+        own_files.append(len({e.file for e, c, _ in ops if id(c) not in new} | {extras_file}))
+        added.append(len(fresh))
+    start = clock()
+    sim.manifest = read_manifest(step_dir)
+    whole_s = clock() - start
+    start = clock()
+    problem = StepReader(step_dir, sim.manifest).check_sizes()
+    stat_s = clock() - start
+    if problem:
+        raise AssertionError(problem)
+    sim.manifest_bytes = (step_dir / MANIFEST).read_bytes()
+    man = sim.manifest
+    med = statistics.median
+    return {"per_rank_s": med(v + p for v, p in zip(view_s, prepare_s)),
+            "view_s": med(view_s), "prepare_s": med(prepare_s), "files_read": med(files),
+            "files_read_own": med(own_files), "tensors_added": med(added),
+            "whole_manifest_s": whole_s + stat_s, "whole_read_s": whole_s,
+            "whole_stat_s": stat_s,
+            "head_bytes": len(sim.manifest_bytes),
+            "ranks_file_bytes": man.ranks.size if man.ranks else 0,
+            "manifest_bytes": len(sim.manifest_bytes) + (man.ranks.size if man.ranks else 0),
+            "files": len(man.files), "tensor_entries": len(man.tensors),
+            "per_rank_tensor_entries": sum(1 for t in man.tensors if t.rank is not None)}
 
 
 # -- growth and output ----------------------------------------------------------------
 METRICS: list[tuple[str, str, str]] = [
     # (label, path in the figures, what it is per)
-    ("manifest bytes", "manifest.bytes", "rank 0"),
-    ("manifest tensor entries", "manifest.tensor_entries", "rank 0"),
-    ("manifest files", "manifest.files", "rank 0"),
-    ("plan: flatten", "plan.flatten_ms", "per rank"),
-    ("plan: rank_writer (provisional plan)", "plan.rank_writer_ms", "per rank"),
-    ("plan: replicas.plan_writes", "plan.plan_writes_ms", "per rank"),
-    ("plan: fingerprints", "plan.fingerprints_ms", "per rank"),
-    ("plan: replicas.settle", "plan.settle_ms", "per rank"),
-    ("plan: total", "plan.per_rank_ms", "per rank"),
-    ("plan: total, all ranks (CPU)", "plan.all_ranks_cpu_s", "all ranks"),
-    ("sizes all_gather: bytes received", "collectives.sizes_all_gather.recv_bytes_per_receiver",
-     "per rank"),
-    ("sizes all_gather: unpickle", "collectives.sizes_all_gather.unpickle_s_per_receiver",
-     "per rank"),
-    ("fingerprints all_gather: bytes received",
-     "collectives.fingerprints_all_gather.recv_bytes_per_receiver", "per rank"),
-    ("fingerprints all_gather: unpickle",
-     "collectives.fingerprints_all_gather.unpickle_s_per_receiver", "per rank"),
-    ("records gather: bytes at rank 0", "collectives.records_gather.recv_bytes_per_receiver",
-     "rank 0"),
-    ("records gather: unpickle", "collectives.records_gather.unpickle_s_per_receiver", "rank 0"),
-    ("records (RankSave._records)", "manifest.records_ms_per_rank", "per rank"),
-    ("commit.manifest_of", "manifest.manifest_of_s", "rank 0"),
-    ("Manifest.dumps", "manifest.dumps_s", "rank 0"),
-    ("commit.publish", "manifest.publish_s", "rank 0"),
-    ("catalog.prune", "manifest.prune_s", "rank 0"),
-    ("CheckpointManager._commit", "manifest.commit_s", "rank 0"),
-    ("read_manifest (parse+validate)", "manifest.read_parse_s", "every rank at load"),
-    ("StepReader.check_sizes", "manifest.check_sizes_s", "every rank at load"),
+    ("first save: plan CPU", "first_save.plan_s", "per rank"),
+    ("first save: bytes received", "first_save.bytes_in", "per rank"),
+    ("first save: coordinator CPU", "first_save.coordinator_s", "rank 0"),
+    ("first save: coordinator bytes received", "first_save.coordinator_bytes_in", "rank 0"),
+    ("later save: plan CPU", "later_save.plan_s", "per rank"),
+    ("later save: bytes received", "later_save.bytes_in", "per rank"),
+    ("later save: coordinator CPU", "later_save.coordinator_s", "rank 0"),
+    ("fingerprints (checksums)", "later_save.fingerprint_s", "per rank"),
+    ("flatten", "flatten_s", "per rank"),
+    ("records (RankSave._records)", "records_s", "per rank"),
+    ("records gather: bytes at rank 0", "commit.records_gather.recv_bytes_rank0", "rank 0"),
+    ("CheckpointManager._commit", "commit.commit_s", "rank 0"),
+    ("manifest files", "load.files", "rank 0"),
+    ("manifest bytes (head + records)", "load.manifest_bytes", "rank 0"),
+    ("manifest head bytes", "load.head_bytes", "every rank at load"),
+    ("load: view + prepare", "load.per_rank_s", "per rank"),
+    ("load: view of the manifest", "load.view_s", "per rank"),
+    ("load: files stat-ed", "load.files_read", "per rank"),
+    ("load: files of its own tensors", "load.files_read_own", "per rank"),
+    ("whole manifest read + stat", "load.whole_manifest_s", "rank 0"),
 ]
 
 
@@ -802,49 +847,48 @@ def growth(results: list[dict]) -> list[dict]:
     return out
 
 
-def mb(n: float) -> str:
-    return f"{n / 1e6:.2f}" if n < 1e8 else f"{n / 1e6:.0f}"
+def kb(n: float) -> str:
+    return f"{n / 1e3:.1f}" if n < 1e5 else f"{n / 1e3:,.0f}"
 
 
 def print_tables(results: list[dict]) -> None:
-    print("\nSave plan, per rank (CPU ms; median over the ranks, plan_writes and settle over the "
-          "sampled ones)")
-    print(f"{'ranks':>6} {'tp x pp x dp':>13} {'tensors':>8} {'flatten':>8} {'writer':>8} "
-          f"{'plan_wr':>8} {'fprints':>8} {'settle':>8} {'total':>8} {'all ranks CPU s':>16}")
+    print("\nSave plan, per rank (CPU ms, median over the ranks; checksums of the plain values "
+          "apart) and bytes received for planning;")
+    print("the coordinator (rank 0): CPU s, MB received")
+    print(f"{'ranks':>6} {'tp x pp x dp':>13} {'groups':>6} | {'first: ms':>9} {'KB in':>6} "
+          f"{'coord s':>7} {'coord MB':>8} | {'later: ms':>9} {'KB in':>6} {'coord s':>7} "
+          f"{'coord MB':>8} | {'sums ms':>7}")
     for r in results:
-        p = r["plan"]
+        f, lt = r["first_save"], r["later_save"]
         print(f"{r['ranks']:>6} {r['tp']:>4} x {r['pp']} x {r['dp']:<3} "
-              f"{r['tensors_per_rank']:>8.0f} {p['flatten_ms']:>8.2f} {p['rank_writer_ms']:>8.1f} "
-              f"{p['plan_writes_ms']:>8.1f} {p['fingerprints_ms']:>8.2f} {p['settle_ms']:>8.1f} "
-              f"{p['per_rank_ms']:>8.1f} {p['all_ranks_cpu_s']:>16.1f}")
-    print("\nCollectives (fake: pickled as torch's *_object ones; network not modelled). MB: one "
-          "contribution (the largest),")
-    print("what each receiver gets (world x the largest), what it unpickles into (about); "
-          "s: CPU unpickling it all")
-    print(f"{'ranks':>6} | {'sizes all_gather':^29} | {'fingerprints all_gather':^29} | "
-          f"{'records gather (rank 0)':^29}")
-    print(f"{'':>6} |" + " |".join([f" {'MB/rank':>7} {'MB recv':>7} {'MB obj':>6} {'s':>5}"] * 3))
+              f"{r['distinct_structures']:>6} | {1e3 * f['plan_s']:>9.2f} {kb(f['bytes_in']):>6} "
+              f"{f['coordinator_s']:>7.2f} {f['coordinator_bytes_in'] / 1e6:>8.1f} | "
+              f"{1e3 * lt['plan_s']:>9.2f} {kb(lt['bytes_in']):>6} {lt['coordinator_s']:>7.2f} "
+              f"{lt['coordinator_bytes_in'] / 1e6:>8.1f} | {1e3 * lt['fingerprint_s']:>7.2f}")
+    print("\nCommit (rank 0, CPU s) and manifest: head (every loading rank reads it), records "
+          "(manifest.ranks: a rank reads its own)")
+    print(f"{'ranks':>6} {'files':>6} {'tensors':>8} {'per-rank':>8} {'head MB':>8} "
+          f"{'ranks MB':>8} {'build':>6} {'publish':>7} {'prune':>6} {'commit':>7}")
     for r in results:
-        cells = []
-        for name in ("sizes_all_gather", "fingerprints_all_gather", "records_gather"):
-            c = r["collectives"][name]
-            cells.append(f" {mb(c['bytes_per_rank_max']):>7} "
-                         f"{mb(c['recv_bytes_per_receiver']):>7} "
-                         f"{c['unpickled_mb_per_receiver']:>6.0f} "
-                         f"{c['unpickle_s_per_receiver']:>5.2f}")
-        print(f"{r['ranks']:>6} |" + " |".join(cells))
-    print("\nManifest: entries, size; CPU s on rank 0 (records: ms per rank; read and stat:")
-    print("rank 0 at every save's prune, and every rank at a load; commit wall: with fsyncs)")
-    print(f"{'ranks':>6} {'files':>6} {'tensors':>8} {'per-rank':>8} {'MB':>7} {'records':>8} "
-          f"{'build':>6} {'dumps':>6} {'publish':>7} {'prune':>6} {'commit':>7} {'wall':>6} "
-          f"{'read':>6} {'stat':>6}")
+        c, ld = r["commit"], r["load"]
+        print(f"{r['ranks']:>6} {ld['files']:>6} {ld['tensor_entries']:>8} "
+              f"{ld['per_rank_tensor_entries']:>8} {ld['head_bytes'] / 1e6:>8.2f} "
+              f"{ld['ranks_file_bytes'] / 1e6:>8.2f} {c['manifest_of_s']:>6.3f} "
+              f"{c['publish_s']:>7.3f} {c['prune_s']:>6.3f} {c['commit_s']:>7.3f}")
+    print("\nLoad, per rank (CPU s, median of the sampled ranks): its view of the manifest, "
+          "the reads it prepares (and the stat")
+    print("of each file it reads); against the whole manifest read and every file stat-ed "
+          "(rank 0's prune, ckpt list; every rank before format 5)")
+    print("(files: those it reads, those holding its own tensors; added: the saved tensors its "
+          "state lacks, the other stages', added to it)")
+    print(f"{'ranks':>6} {'view':>7} {'prepare':>7} {'total':>7} {'files':>6} {'own':>5} "
+          f"{'added':>6} | {'whole read':>10} {'stat all':>8}")
     for r in results:
-        m = r["manifest"]
-        print(f"{r['ranks']:>6} {m['files']:>6} {m['tensor_entries']:>8} "
-              f"{m['per_rank_tensor_entries']:>8} {m['bytes'] / 1e6:>7.2f} "
-              f"{m['records_ms_per_rank']:>8.2f} {m['manifest_of_s']:>6.3f} {m['dumps_s']:>6.3f} "
-              f"{m['publish_s']:>7.3f} {m['prune_s']:>6.3f} {m['commit_s']:>7.3f} "
-              f"{m['commit_wall_s']:>6.3f} {m['read_parse_s']:>6.3f} {m['check_sizes_s']:>6.3f}")
+        ld = r["load"]
+        print(f"{r['ranks']:>6} {ld['view_s']:>7.3f} {ld['prepare_s']:>7.3f} "
+              f"{ld['per_rank_s']:>7.3f} {ld['files_read']:>6.0f} {ld['files_read_own']:>5.0f} "
+              f"{ld['tensors_added']:>6.0f} | {ld['whole_read_s']:>10.3f} "
+              f"{ld['whole_stat_s']:>8.3f}")
 
 
 def print_growth(rows: list[dict], results: list[dict]) -> None:
@@ -862,58 +906,40 @@ def print_growth(rows: list[dict], results: list[dict]) -> None:
         print(f"{g['metric']:<42} {g['per']:<19} {fit:>5} {last:>6} {ratio:>7}  {g['growth']}")
 
 
+TARGETS = {  # the issue's (42): per rank at the largest rank count, and the load's growth
+    "later_save.plan_s": 0.010, "later_save.bytes_in": 64_000, "first_save.plan_s": 1.0,
+    "first_save.coordinator_s": 10.0}
+LOAD_GROWTH = (1024, 16384, 1.2)   # load per rank grows <= 1.2x from 1,024 to 16,384 ranks
+
+
 def summary(rows: list[dict], results: list[dict]) -> list[str]:
-    """A few sentences: what grows how, and what grows faster than the ranks."""
-    if len(results) < 2:
-        return []
-    by = {g["path"]: g for g in rows}
-    first, last = results[0], results[-1]
-    n0, n = first["ranks"], last["ranks"]
-
-    def b(path: str) -> str:
-        g = by[path]
-        return "-" if g["last_exponent"] is None else f"{g['last_exponent']:.2f}"
-
-    p0, p = first["plan"], last["plan"]
-    lines = [(
-        f"Save plan, per rank: {p['per_rank_ms'] / 1e3:.2f} s CPU at {n} ranks against "
-        f"{p0['per_rank_ms'] / 1e3:.2f} s at {n0} (ranks^{b('plan.per_rank_ms')} at the top), "
-        f"though a rank holds {last['tensors_per_rank']:.0f} tensors at any size: every rank "
-        f"runs replicas.plan_writes over every rank's list ({last['held_items_total']:,} items "
-        f"at {n} ranks), twice (rank_writer's provisional plan, "
-        f"{p['plan_writes_ms'] / 1e3:.2f} s; replicas.settle, {p['settle_ms'] / 1e3:.2f} s). "
-        f"All ranks together: {p['all_ranks_cpu_s']:,.0f} CPU-s per save "
-        f"(ranks^{b('plan.all_ranks_cpu_s')}).")]
-    s, f = (last["collectives"][k] for k in ("sizes_all_gather", "fingerprints_all_gather"))
-    lines.append(
-        f"The two all_gathers bring every rank's list to every rank: at {n} ranks each rank "
-        f"receives {mb(s['recv_bytes_per_receiver'])} + {mb(f['recv_bytes_per_receiver'])} MB, "
-        f"unpickles them in {s['unpickle_s_per_receiver']:.2f} + "
-        f"{f['unpickle_s_per_receiver']:.2f} s CPU into about "
-        f"{s['unpickled_mb_per_receiver']:.0f} + {f['unpickled_mb_per_receiver']:.0f} MB of "
-        f"objects; {n * (s['recv_bytes_per_receiver'] + f['recv_bytes_per_receiver']) / 1e9:,.1f}"
-        f" GB cross the network in all (ranks^2).")
-    m, m0 = last["manifest"], first["manifest"]
-    lines.append(
-        f"Manifest: {m['bytes'] / 1e6:.2f} MB at {n} ranks against {m0['bytes'] / 1e6:.2f} MB at "
-        f"{n0} (ranks^{b('manifest.bytes')} at the top): {m['files']} files, "
-        f"{m['tensor_entries']:,} tensor entries of which {m['per_rank_tensor_entries']:,} "
-        f"per-rank. With tp x pp fixed the shared entries ({last['distinct_keys']:,} keys) do "
-        f"not grow with dp; the files, extras and per-rank entries grow one set per rank.")
-    lines.append(
-        f"Rank 0's commit (CheckpointManager._commit: build, dumps, publish, prune) takes "
-        f"{m['commit_s']:.2f} s CPU at {n} ranks ({m0['commit_s']:.2f} s at {n0}). At a load "
-        f"every rank parses the whole manifest ({m['read_parse_s']:.2f} s) and stats every "
-        f"file ({m['check_sizes_s'] * 1e3:.0f} ms): {n * m['files']:,} stats and "
-        f"{n * m['bytes'] / 1e9:.1f} GB of manifest read in all (ranks^2).")
-    worse = [g for g in rows if g["growth"] == "SUPERLINEAR" and g["per"] != "all ranks"]
-    if worse:
-        lines.append("Faster than linear on one rank: " + "; ".join(
-            f"{g['metric']} ({g['per']}, b={g['last_exponent']:.2f})" for g in worse) + ".")
-    else:
-        lines.append("On one rank nothing measured grows faster than linearly in the ranks; "
-                     "what every rank repeats (the plan, the exchanges, a load's reads) "
-                     "grows as ranks^2 in all.")
+    """A few sentences: the targets, what grows how, what grows faster than the ranks."""
+    last = results[-1]
+    n = last["ranks"]
+    lines = []
+    for path, limit in TARGETS.items():
+        value = get(last, path)
+        lines.append(f"{path} at {n} ranks: {value:.4g} (target <= {limit:g}): "
+                     f"{'MET' if value <= limit else 'MISSED'}")
+    by = {r["ranks"]: r for r in results}
+    low, high, limit = LOAD_GROWTH
+    if low in by and high in by:
+        a, b = by[low]["load"], by[high]["load"]
+        ratio = b["per_rank_s"] / a["per_rank_s"]
+        lines.append(f"load per rank from {low} to {high} ranks: x{ratio:.2f} (target <= "
+                     f"x{limit:g}): {'MET' if ratio <= limit else 'MISSED'}; its view of the "
+                     f"manifest x{b['view_s'] / a['view_s']:.2f}; files it stats "
+                     f"{a['files_read']:.0f} -> {b['files_read']:.0f}, of which those of its "
+                     f"own tensors {a['files_read_own']:.0f} -> {b['files_read_own']:.0f}")
+    worse = [g for g in rows if g["growth"] == "SUPERLINEAR"]
+    lines.append("Faster than linear: " + "; ".join(
+        f"{g['metric']} ({g['per']}, b={g['last_exponent']:.2f})" for g in worse) + "."
+        if worse else "Nothing measured grows faster than linearly in the ranks.")
+    per_rank = [g for g in rows if g["per"] == "per rank" and g["growth"] in ("linear",
+                                                                                "SUPERLINEAR")]
+    lines.append("Per rank, growing with the ranks: " + "; ".join(
+        f"{g['metric']} (b={g['last_exponent']:.2f})" for g in per_rank) + "."
+        if per_rank else "Per rank, nothing grows linearly or faster with the ranks.")
     return lines
 
 
@@ -921,14 +947,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", help=f"rank counts [{','.join(map(str, FULL_RANKS))}]")
     ap.add_argument("--quick", action="store_true",
-                    help=f"rank counts {','.join(map(str, QUICK_RANKS))} (under a minute)")
+                    help=f"rank counts {','.join(map(str, QUICK_RANKS))}")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--pp", type=int, default=8)
     ap.add_argument("--layers", type=int, default=Model.layers)
     ap.add_argument("--d-model", type=int, default=Model.d_model)
     ap.add_argument("--vocab", type=int, default=Model.vocab)
-    ap.add_argument("--samples", type=int, default=2,
-                    help="ranks on which the (identical) plan is computed and timed [2]")
+    ap.add_argument("--samples", type=int, default=3,
+                    help="ranks whose load is simulated and timed [3]")
     ap.add_argument("--dir", default=DEFAULT_DIR,
                     help=f"where the simulated root goes [{DEFAULT_DIR}: the storage is not "
                     "what is measured here, benchmarks/ckpt_bench.py measures it]")
@@ -937,10 +963,11 @@ def main(argv: list[str] | None = None) -> int:
     ranks = ([int(x) for x in args.ranks.split(",")] if args.ranks
              else list(QUICK_RANKS if args.quick else FULL_RANKS))
     model = Model(args.layers, args.d_model, args.vocab)
-    print(f"Simulated sync save: GPT {model.layers} layers, d_model {model.d_model}, vocab "
+    print(f"Simulated saves: GPT {model.layers} layers, d_model {model.d_model}, vocab "
           f"{model.vocab}; tp={args.tp}, pp={args.pp}, dp = ranks / {args.tp * args.pp}; "
           f"bf16 parameters, fp32 AdamW state; root under {args.dir}")
     results = []
+    started = time.perf_counter(), clock()
     work = Path(tempfile.mkdtemp(prefix="ckpt-scale-sim-", dir=args.dir))
     try:
         for n in ranks:
@@ -954,17 +981,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = growth(results)
     print_growth(rows, results)
     lines = summary(rows, results)
-    if lines:
-        print("\nSummary")
-        for line in lines:
-            print(f"- {line}")
+    print("\nSummary")
+    for line in lines:
+        print(f"- {line}")
+    took = {"wall_s": time.perf_counter() - started[0], "cpu_s": clock() - started[1]}
+    print(f"\nthe simulation took {took['wall_s']:.0f} s ({took['cpu_s']:.0f} s CPU)")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"model": dataclasses.asdict(model), "tp": args.tp, "pp": args.pp,
              "gpus_per_node": GPUS_PER_NODE, "drives": DRIVES, "stands_in": STANDS_IN,
-             "results": results, "growth": rows,
-             "summary": lines}, indent=1))
-        print(f"\nfigures written to {args.json}")
+             "results": results, "by_ranks": {str(r["ranks"]): r for r in results},
+             "growth": rows, "summary": lines, "took": took}, indent=1))
+        print(f"figures written to {args.json}")
     return 0
 
 
