@@ -5,10 +5,9 @@ A step directory is a complete checkpoint exactly when it carries a manifest tha
 parses and validates here; every byte of data is described by a block (offset, length,
 sum) of some file, so ``hpctrain ckpt verify`` can check a checkpoint without torch.
 
-Schema (format_version 5, what this hpctrain writes): ``manifest.json`` holds what every
-rank needs (the head), ``manifest.ranks`` each rank's own part (:mod:`~hpctrain.checkpoint.
-ranksfile`: an index, then one JSON record per rank), so a loading rank reads the head and
-its own record, not every rank's::
+Schema (format_version 5, what this hpctrain writes): ``manifest.json`` (the head) holds what
+every rank needs, ``manifest.ranks`` (:mod:`~hpctrain.checkpoint.ranksfile`) each rank's
+record, so that a loading rank reads the head and its own record::
 
     {"format": "hpctrain-checkpoint", "format_version": 5, "checksum": "crc32c",
      "step": 1200, "created": 1763700000.0, "world_size": 2,
@@ -24,11 +23,10 @@ its own record, not every rank's::
      "own": [["extra", "seed"]],   # paths of the extras that differ by rank
      "ranks": {"name": "manifest.ranks", "size": 812, "blocks": [[0, 812, 456]]}}
 
-    rank r's record: {"files": [{"name": "rank00000.bin", "size": 4096,
+    rank 0's record: {"files": [{"name": "rank00000.bin", "size": 4096,
                                  "blocks": [[0, 4096, 123]]}, ...],
-                      "tensors": [... its per-rank entries, each with "rank": r],
-                      "extras": [{"rank": 0, "file": "rank00000.extra.pkl",
-                                  "own": [["extra", "seed"]]}]}
+                      "tensors": [...],   # its per-rank entries, each with "rank": 0
+                      "extras": [{"rank": 0, "file": "rank00000.extra.pkl", "own": [...]}]}
 
 Every block's third number and every tensor's ``sum`` is a checksum of the algorithm
 ``checksum`` names (:mod:`hpctrain.checkpoint.checksum`). Older versions, all still read:
@@ -40,12 +38,10 @@ Every block's third number and every tensor's ``sum`` is a checksum of the algor
   extras that differ by rank (never handed to another rank);
 * 3 adds ``"checksum"`` (absent: crc32): a version-1/2 reader would check crc32c values
   as crc32 and call a sound checkpoint damaged, so it must refuse them;
-* 4 names the tensor's sum ``sum`` (it held CRC-32C under the key ``crc32`` in 3); one
-  file, ``manifest.json``, holds every entry of every rank (``files``, ``tensors``,
-  ``extras``), which 0.7 and earlier wrote;
-* 5 moves each rank's files, per-rank entries and extras entry into its record in
-  ``manifest.ranks`` and adds ``per_rank``, ``own`` and ``ranks`` to the head: a version-4
-  reader would find no rank's files, so it must refuse it.
+* 4 names the tensor's sum ``sum`` (CRC-32C was under ``crc32`` in 3); 1 to 4 keep every
+  rank's entries (``files``, ``tensors``, ``extras``) in ``manifest.json``;
+* 5 moves each rank's into its record in ``manifest.ranks`` and adds ``per_rank``, ``own``
+  and ``ranks`` to the head: a version-4 reader would find no rank's files.
 """
 
 from __future__ import annotations
@@ -298,8 +294,7 @@ class Manifest:
         raise CheckpointError(f"manifest of step {self.step} names no file {name!r}")
 
     def to_json(self) -> dict[str, Any]:
-        """The head of version 5 (``manifest.json``): what is not in a rank's record
-        (``parts``), and the record of ``manifest.ranks`` (``ranks``), which holds them."""
+        """The head (version 5): all but the ranks' records (``parts``), and ``ranks``."""
         assert self.ranks is not None and self.parts is not None
         recorded = {f.name for part in self.parts for f in part.files}
         return {"format": FORMAT, "format_version": VERSION, "checksum": self.checksum,
@@ -316,16 +311,17 @@ class Manifest:
 def parse(data: bytes | str, where: str = "manifest") -> Manifest:
     """Parse and validate manifest bytes of any readable version (of version 5: the head,
     ``ranks`` set, no rank's record); CheckpointError names what is wrong."""
+    raw = _json(data, where)
     try:
-        return _manifest(_json(data, where))
+        return _manifest(raw)
     except CheckpointError as exc:
         raise CheckpointError(f"{where}: {exc}") from None
 
 
 def parse_part(data: bytes, rank: int, where: str) -> RankRecords:
     """One rank's record of ``manifest.ranks`` (version 5), validated."""
+    raw = _json(data, where)
     try:
-        raw = _json(data, where)
         _need(isinstance(raw, dict) and all(isinstance(raw.get(k), list)
                                             for k in ("files", "tensors", "extras")),
               "a rank's record must hold files, tensors and extras lists")

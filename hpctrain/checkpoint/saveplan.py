@@ -1,5 +1,6 @@
 """The save plan, made once at a coordinator and kept while nothing changes: each rank's
-side (its structure, its part of the plan, the two exchanges of a save).
+side (its structure, its part of the plan and the cache that keeps it, its fingerprint
+message); the collectives that carry them are :mod:`hpctrain.checkpoint.exchange`'s.
 
 A rank's *structure* is what the plan depends on: the key, byte count and kind (plain or
 DTensor shard) of every chunk it holds, the paths of its extras, its node and CPUs. The
