@@ -1,9 +1,10 @@
-"""The checkpoint's save plan, manifest and load at 64 to 16,384 ranks, simulated in one
-process (no Slurm, no process per rank), through hpctrain's own planning, manifest and
-loading code.
+"""The checkpoint's save plan, manifest and load, simulated at 64 to 16,384 ranks.
+
+In one process (no Slurm, no process per rank), through hpctrain's own planning, manifest
+and loading code:
 
     .venv/bin/python benchmarks/ckpt_scale_sim.py                  # 64 ... 16384 ranks
-    .venv/bin/python benchmarks/ckpt_scale_sim.py --quick          # 64, 256, 1024
+    .venv/bin/python benchmarks/ckpt_scale_sim.py --quick          # 64, 256, 1024 (~1 min)
     .venv/bin/python benchmarks/ckpt_scale_sim.py --ranks 1024,16384 --json /tmp/sim.json
 
 The state is a GPT-3-175B-like model (96 layers, d_model 12288, vocab 51200) laid out as
@@ -947,7 +948,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", help=f"rank counts [{','.join(map(str, FULL_RANKS))}]")
     ap.add_argument("--quick", action="store_true",
-                    help=f"rank counts {','.join(map(str, QUICK_RANKS))}")
+                    help=f"rank counts {','.join(map(str, QUICK_RANKS))} (about a minute of "
+                    "CPU; seconds with a small model, as its unit test runs it)")
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--pp", type=int, default=8)
     ap.add_argument("--layers", type=int, default=Model.layers)

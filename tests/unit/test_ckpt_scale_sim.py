@@ -144,10 +144,11 @@ def test_the_fake_collective_hands_rank_0_every_contribution(sim_mod: ModuleType
     assert fig["recv_bytes_rank0"] == 3 * (len(pickle.dumps({"rank": 0}, protocol=5)) + 8)
 
 
-def test_the_command_prints_its_tables_and_writes_the_figures(
+def test_the_quick_tier_prints_its_tables_and_writes_the_figures(
         sim_mod: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The --quick tier's rank counts (64, 256, 1,024), on the tiny model: a few seconds."""
     out = tmp_path / "sim.json"
-    assert sim_mod.main(["--ranks", "8,16", "--tp", "2", "--pp", "2", "--layers", "4",
+    assert sim_mod.main(["--quick", "--tp", "2", "--pp", "2", "--layers", "4",
                          "--d-model", "64", "--vocab", "128", "--dir", str(tmp_path),
                          "--json", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -155,13 +156,15 @@ def test_the_command_prints_its_tables_and_writes_the_figures(
                     "Growth with the rank count", "Summary", "the simulation took"):
         assert heading in printed
     data = json.loads(out.read_text())
-    assert [r["ranks"] for r in data["results"]] == [8, 16]
+    assert [r["ranks"] for r in data["results"]] == [64, 256, 1024]
     for fields in data["by_ranks"].values():   # the issue's names
         assert fields["first_save"]["plan_s"] > 0 and fields["first_save"]["bytes_in"] > 0
         assert fields["later_save"]["plan_s"] > 0 and fields["later_save"]["bytes_in"] > 0
         assert fields["load"]["per_rank_s"] > 0
     assert {g["metric"] for g in data["growth"]} == {m[0] for m in sim_mod.METRICS}
     files = next(g for g in data["growth"] if g["path"] == "load.files")
-    assert files["values"] == [16, 32] and files["growth"] == "linear"
+    assert files["values"] == [128, 512, 2048] and files["growth"] == "linear"
+    later = next(g for g in data["growth"] if g["path"] == "later_save.bytes_in")
+    assert later["growth"] == "flat"   # what a rank receives does not grow with the ranks
     assert any("later_save.plan_s" in line and "MET" in line for line in data["summary"])
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("ckpt-")], "left behind"
