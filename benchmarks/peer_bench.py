@@ -66,7 +66,7 @@ def worker(args: argparse.Namespace) -> None:
             mgr.snapshot(step + 1, {"model": model.state_dict(), "opt": opt.state_dict()})
             stalls.append(time.perf_counter() - t1)
         times.append(time.perf_counter() - t0)
-    peers = mgr._peers if mgr is not None else None
+    peers = mgr._memory.peers if mgr is not None else None
     sent = [peers.sent, peers.puts] if peers is not None else [0, 0]
     if mgr is not None:
         mgr.close()

@@ -83,3 +83,20 @@ def prune(root: Path, keep_last: int, keep_every: int | None = None,
         storage.fault("prune-after-trash")
         remove(gone)
     return victims
+
+
+def agreed_steps(comm: Any, root: Path) -> list[int]:
+    """The committed steps under ``root`` as rank 0 lists them, on every rank (collective):
+    a node with a stale directory cache (NFS, Lustre after a failover) must not pick
+    another step."""
+    listing: list[int] | None = None
+    error: str | None = None
+    if comm.rank == 0:
+        try:
+            listing = storage.committed_steps(root)
+        except CheckpointError as exc:
+            error = str(exc)
+    listing, error = comm.broadcast((listing, error))
+    if error:
+        raise CheckpointError(error)
+    return listing or []

@@ -29,6 +29,7 @@ from hpctrain import protocol
 from hpctrain.checkpoint import catalog, commit, live, settings, snapshot, storage
 from hpctrain.checkpoint.hashing import hash_files
 from hpctrain.checkpoint.manifest import RankRecords, step_dirname
+from hpctrain.checkpoint.memory import InMemory
 from hpctrain.checkpoint.reader import read_rank_view
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
@@ -96,13 +97,10 @@ class CheckpointManager:
         self.comm = Comm()
         self.plans = PlanCache()   # the save plan, reused while the state's structure stays
         self._lock: storage.RootLock | None = None
-        self._peers = None
+        self._memory: InMemory | None = None
         self._setup()
-        from hpctrain.checkpoint.peers import PeerCopies
-        self._peers = PeerCopies.start(self.comm)   # collective: where each rank listens
+        self._memory = InMemory(self.root, self.comm)   # snapshot()'s (and peer copies)
         self._staging = Staging()
-        # snapshot()'s own (a save in flight reads the other); with peer copies, in node memory
-        self._snap_staging = Staging(self._peers.allocate if self._peers else None)
         self._bg = Background() if async_save else None
         self._removals: list[storage.Task] = []  # pruned steps being deleted
         live.register(self)
@@ -278,18 +276,11 @@ class CheckpointManager:
         restart in the same process (``hpctrain.runtime.run``) resumes from it. Call it on
         every rank at the same step, as :meth:`save`; it costs one copy of the state into
         buffers allocated once (a second set beside an async save's), no I/O and no
-        collective. An async save keeps its staged copy as a snapshot too."""
-        from hpctrain.checkpoint.tree import flatten
-
-        step_dirname(step)
-        chunks, extras = flatten(state)
-        snapshot.forget(self.root)   # a copy cut short (an exception) must not be restored
-        if self._peers is not None:
-            self._peers.before_stage()    # the last copy's send reads the staging memory
-        staged = self._snap_staging.stage(chunks, extras)
-        snapshot.keep(self.root, step, staged)
-        if self._peers is not None:       # its checksums and its send: in the background
-            self._peers.put(step, staged.chunks, staged.extras)
+        collective. An async save keeps its staged copy as a snapshot too. With peer copies
+        (``[elastic] peer_copies``) it also lies in node memory and at a partner rank on
+        another node (:mod:`hpctrain.checkpoint.peers`)."""
+        assert self._memory is not None, "snapshot() on a closed CheckpointManager"
+        self._memory.take(step, state)
 
     def load_latest(self, state: dict, verify: bool | None = None) -> int | None:
         """Load the newest step into ``state`` in place; return it (or None).
@@ -303,31 +294,13 @@ class CheckpointManager:
         """
         with progress.phase("loading"):
             self.wait()
-            step = self._restore_snapshot(state)
+            assert self._memory is not None, "load_latest() on a closed CheckpointManager"
+            step = self._memory.restore(state, self.latest_step, self.unpickle)
             if step is None:
                 step = self.first_loadable(
                     lambda step: self._load(step, state, verify, listed=True))
-            if self._peers is not None:
-                self._peers.forget_others(step)   # copies of another past
+            self._memory.loaded(step)
             return step
-
-    def _restore_snapshot(self, state: dict) -> int | None:
-        """The step restored from memory on every rank (this process's snapshot, else a peer
-        copy), or None (nothing restored that the caller keeps: storage is read). Rank 0
-        alone finds the newest durable step (it stats every rank's files); the rest of the
-        agreement is all-reduced: O(1) bytes a rank."""
-        kept = snapshot.newest(self.root)
-        mine = kept.step if kept is not None else -1
-        high, low = self.comm.all_reduce_max([mine, -mine])   # one step on every rank?
-        durable = self.comm.broadcast(self.latest_step() if self.comm.rank == 0 else None) \
-            if high >= 0 or self._peers is not None else None
-        step = None
-        if kept is not None and high == -low and (durable is None or high >= durable):
-            laid_out_otherwise = self.comm.all_reduce_max([0 if kept.restore(state) else 1])
-            step = None if laid_out_otherwise[0] else high   # (on any rank: none restores)
-        if step is None and self._peers is not None:
-            step = self._peers.restore(state, durable, self.unpickle)
-        return step
 
     def first_loadable(self, attempt: Callable[[int], Any],
                        step: int | None = None) -> int | None:
@@ -339,7 +312,8 @@ class CheckpointManager:
         not skipped: CheckpointError on every rank); CheckpointError for the caller's
         mistake, raised on every rank. Shared by :meth:`load_latest` and DeepSpeed's loader.
         """
-        for s in [step] if step is not None else reversed(self.agreed_steps()):
+        for s in [step] if step is not None else \
+                reversed(catalog.agreed_steps(self.comm, self.root)):
             outcome: tuple[str, str] | None = None
             try:
                 attempt(s)
@@ -356,21 +330,6 @@ class CheckpointManager:
             warnings.warn(f"hpctrain: skipping checkpoint step {s}: {outcomes[0][1]}",
                           RuntimeWarning, stacklevel=3)
         return None
-
-    def agreed_steps(self) -> list[int]:
-        """The committed steps as rank 0 lists them, on every rank: a node with a stale
-        directory cache (NFS, Lustre after a failover) must not pick another step."""
-        listing: list[int] | None = None
-        error: str | None = None
-        if self.comm.rank == 0:
-            try:
-                listing = storage.committed_steps(self.root)
-            except CheckpointError as exc:
-                error = str(exc)
-        listing, error = self.comm.broadcast((listing, error))
-        if error:
-            raise CheckpointError(error)
-        return listing or []
 
     def load(self, step: int, state: dict, verify: bool | None = None) -> None:
         """Load ``step`` into ``state`` in place; CheckpointError if absent or damaged."""
@@ -422,9 +381,8 @@ class CheckpointManager:
             if getattr(self, "_bg", None) is not None:
                 self._bg.collect()
         finally:
-            if getattr(self, "_peers", None) is not None:
-                self._peers.close()
-                self._peers = None
+            if getattr(self, "_memory", None) is not None:
+                self._memory.close()
             for removal in getattr(self, "_removals", ()):
                 removal.result()  # remove_tree ignores errors: this only waits
             if self._lock is not None:

@@ -29,6 +29,7 @@ import hmac
 import json
 import mmap
 import os
+import pickle
 import socket
 import sys
 import threading
@@ -46,6 +47,7 @@ from hpctrain.protocol import RESTART_COUNT, RUN_ID, channel, nodemem
 CONNECT_S = 10.0                      # a partner that does not accept within this: no copy
 CLOSE_WAIT_S = 10.0                   # a closing manager waits this long for the last send
 CUT_WARN = 20                         # sends cut short in a row before the job log says so
+WHERE_MAX = 512                       # bytes of a rank's (node, port), pickled
 BLOCK = 4 << 20                       # bytes received per read
 
 
@@ -84,6 +86,36 @@ def restore_plan(held: Sequence[tuple[int | None, Mapping[int, int]]],
         if all(s is not None for s in sources.values()):
             return step, sources      # type: ignore[return-value]
     return None
+
+
+def assign(where: Sequence[tuple[str, int]]) -> list[bytes]:
+    """Rank 0's answer to every rank's (node, port): each rank's (its partner's address,
+    its wards, why there are no peer copies or ""), pickled, in rank order."""
+    plan = partners([node for node, _ in where])
+    why = "the job runs on one node" if plan and plan[0] is None else \
+        "no progress channel token (no supervisor)" if not all(p for _, p in where) else ""
+    wards: list[list[int]] = [[] for _ in where]
+    for rank, partner in enumerate(plan):
+        if partner is not None:
+            wards[partner].append(rank)
+    return [pickle.dumps((where[p] if p is not None else ("", 0), wards[r], why))
+            for r, p in enumerate(plan)]
+
+
+def sources_of(plan: tuple[int, dict[int, int]] | None,
+               sizes: Sequence[Mapping[int, int]]) -> list[bytes]:
+    """Rank 0's answer to the ranks' copies (a :func:`restore_plan`, each rank's {ward:
+    size}): each rank's (the step or None, [the wards it sends their copies to], (whom to
+    receive its own from, how many bytes) or None), pickled, in rank order."""
+    if plan is None:
+        return [pickle.dumps((None, [], None))] * len(sizes)
+    step, sources = plan
+    sends: list[list[int]] = [[] for _ in sizes]
+    for rank, source in sources.items():
+        if source != rank:
+            sends[source].append(rank)
+    return [pickle.dumps((step, sends[r], None if sources[r] == r else
+                          (sources[r], sizes[sources[r]][r]))) for r in range(len(sizes))]
 
 
 # ---- the wire: a header line, then the copy's bytes -----------------------------------------
@@ -165,24 +197,23 @@ class PeerCopies:
         node = env.get("SLURMD_NODENAME") or socket.gethostname()
         server = socket.create_server(("", 0)) if token else None
         port = server.getsockname()[1] if server is not None else 0
-        where = comm.all_gather((node, port))
-        plan = partners([n for n, _ in where])
-        mine = plan[comm.rank]
-        if mine is None or not all(p for _, p in where):
+        # rank 0 pairs them: a gather of (node, port), each rank its own part back (its
+        # partner's address, its wards), O(1) bytes a rank whatever the world
+        gathered = comm.gather_bytes(pickle.dumps((node, port)), size=WHERE_MAX)
+        parts = None if gathered is None else assign([pickle.loads(g) for g in gathered])
+        partner, wards, why = pickle.loads(comm.scatter_bytes(parts))
+        if why:
             if server is not None:
                 server.close()
             if comm.rank == 0:
-                why = "the job runs on one node" if mine is None else \
-                    "no progress channel token (no supervisor)"
                 print(f"hpctrain: peer copies of snapshots off: {why}", file=sys.stderr,
                       flush=True)
             return None
         directory = nodemem.peer_dir(env, env.get(RUN_ID, "run"),
                                      int(env.get(RESTART_COUNT, "0") or 0), node)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        wards = {r for r, p in enumerate(plan) if p == comm.rank}
         assert server is not None
-        return cls(comm, directory, where[mine], wards, token, server)
+        return cls(comm, directory, tuple(partner), set(wards), token, server)
 
     # ---- a snapshot: kept in node memory, sent to the partner -----------------------------
     def allocate(self, nbytes: int) -> torch.Tensor:
@@ -326,22 +357,26 @@ class PeerCopies:
         every rank, or None (the caller reads the durable checkpoint)."""
         import torch.distributed as dist
 
-        own, steps, sizes = self.held()
-        every = self.comm.all_gather((own, steps, sizes))
-        plan = restore_plan([(o, s) for o, s, _ in every], durable)
-        if plan is None:
+        # rank 0 decides: a gather of what each node holds (a few numbers a rank), each
+        # rank its own part back: the step, what to send, what to receive
+        held = pickle.dumps(self.held())
+        gathered = self.comm.gather_bytes(held)
+        parts = None
+        if gathered is not None:
+            every = [pickle.loads(g) for g in gathered]
+            parts = sources_of(restore_plan([(o, s) for o, s, _ in every], durable),
+                               [z for _, _, z in every])
+        step, sends, receive = pickle.loads(self.comm.scatter_bytes(parts))
+        if step is None:
             return None
-        step, sources = plan
-        rank = self.comm.rank
         ops, got = [], None
-        for ward, source in sources.items():
-            if source == rank and ward != rank:
-                path = next(p for p, m in self._slots(ward) if m and m["step"] == step)
-                ops.append(dist.P2POp(dist.isend, torch.from_numpy(np.fromfile(path, np.uint8)),
-                                      self.comm._global(ward), group=self.comm.group))
-        if sources[rank] != rank:
-            got = torch.empty(every[sources[rank]][2][rank], dtype=torch.uint8)
-            ops.append(dist.P2POp(dist.irecv, got, self.comm._global(sources[rank]),
+        for ward in sends:
+            path = next(p for p, m in self._slots(ward) if m and m["step"] == step)
+            ops.append(dist.P2POp(dist.isend, torch.from_numpy(np.fromfile(path, np.uint8)),
+                                  self.comm._global(ward), group=self.comm.group))
+        if receive is not None:
+            got = torch.empty(receive[1], dtype=torch.uint8)
+            ops.append(dist.P2POp(dist.irecv, got, self.comm._global(receive[0]),
                                   group=self.comm.group))
         for request in dist.batch_isend_irecv(ops) if ops else ():
             request.wait()
@@ -353,11 +388,9 @@ class PeerCopies:
             data, end = blob[:cut], blob[cut:]
         why = peerfile.restore(data, end, state, unpickle_mode)
         if why:
-            print(f"hpctrain: rank {rank}: not restoring step {step} from a peer copy: "
+            print(f"hpctrain: rank {self.rank}: not restoring step {step} from a peer copy: "
                   f"{why}", file=sys.stderr, flush=True)
-        if not all(not w for w in self.comm.all_gather(why)):
-            return None
-        return step
+        return None if self.comm.all_reduce_max([1 if why else 0])[0] else step
 
     def forget_others(self, step: int | None) -> None:
         """Drop the copies of any step but ``step`` (after a load: a copy of another step is

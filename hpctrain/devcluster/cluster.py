@@ -23,6 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 from hpctrain.devcluster import accounting, config, daemons, sshd, strict
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.devcluster.containers import ensure_host_image
+from hpctrain.devcluster.nodestates import node_held, node_usable
 from hpctrain.devcluster.packages import ensure_packages
 from hpctrain.errors import DevclusterError, SlurmError
 from hpctrain.slurm import client
@@ -34,23 +35,6 @@ INSTANCE_ENV = "HPCTRAIN_DEVCLUSTER_INSTANCE"
 SYSTEM_SLURM_CONF = Path("/etc/slurm/slurm.conf")
 HOSTS_FILE = Path("/etc/hosts")
 READY_TIMEOUT_S = 60.0
-# Node state flags (scontrol's State=BASE+FLAG+...) under which Slurm places no new job.
-_UNUSABLE_FLAGS = ("DRAIN", "FAIL", "NOT_RESPONDING", "POWER", "MAINT", "REBOOT", "INVALID")
-
-
-def node_usable(state: str) -> bool:
-    """Whether Slurm would start a job on a node in ``state``: IDLE+DRAIN is not usable."""
-    base, *flags = state.split("+")
-    return (base in ("IDLE", "MIXED", "ALLOCATED")
-            and not any(flag.startswith(_UNUSABLE_FLAGS) for flag in flags))
-
-
-def node_held(state: str) -> bool:
-    """Whether a node in ``state`` stays out until somebody resumes it (DOWN, DRAIN, FAIL)."""
-    base, *flags = state.split("+")
-    return base == "DOWN" or any(flag in ("DRAIN", "FAIL") for flag in flags)
-
-
 def _hostname_is_loopback() -> bool:
     """Whether every address this host's name resolves to is a loopback address (then
     Slurm's NoInAddrAny binds the daemons to loopback only; see config.comm_params)."""
@@ -375,8 +359,7 @@ class DevCluster:
         return daemons.stop(self._daemon(name))
 
     def daemon_pid(self, name: str) -> int | None:
-        """The pid of one running daemon (``slurmd-n2``), or None: what a test kills at
-        once with a node's other processes (a power loss)."""
+        """The pid of one running daemon (``slurmd-n2``), or None (a test's power loss)."""
         return daemons.running_pid(self._daemon(name))
 
     def start_daemon(self, name: str) -> None:

@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hpctrain.devcluster import config
+from hpctrain.devcluster import ociconf
 from hpctrain.devcluster.config import Paths
 from hpctrain.errors import DevclusterError
 from hpctrain.files import atomic_write
@@ -44,16 +44,16 @@ def ensure_host_image(paths: Paths) -> Path:
     for d in (paths.images, paths.runc_root):
         d.mkdir(parents=True, exist_ok=True)
     paths.runc_root.chmod(0o1777)  # like /tmp: every user's runc makes its own state dir
-    _write_if_changed(paths.oci_conf, config.oci_conf(paths))
+    _write_if_changed(paths.oci_conf, ociconf.oci_conf(paths))
     here = [sys.prefix, sys.base_prefix, os.path.realpath(sys.executable),
             str(Path(__file__).resolve().parents[2])]
-    binds = config.image_binds(here)
+    binds = ociconf.image_binds(here)
     image = paths.host_image
     rootfs = image / "rootfs"
     for d in ("proc", "dev", "sys", *(b.lstrip("/") for b in binds)):
         (rootfs / d).mkdir(parents=True, exist_ok=True)  # mount points in the empty root
     _write_if_changed(image / "config.json",
-                      json.dumps(config.host_image_config(runc_default_spec(), binds),
+                      json.dumps(ociconf.host_image_config(runc_default_spec(), binds),
                                  indent=1) + "\n")
     return image
 

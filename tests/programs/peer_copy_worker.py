@@ -41,7 +41,7 @@ def main() -> None:
             if step == DURABLE:
                 mgr.save(step, state)
             mgr.snapshot(step, state)
-        peers = mgr._peers
+        peers = mgr._memory.peers
         assert peers is not None, "peer copies are off"
         mgr.close()
         end = time.monotonic() + 30

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.checkpoint.peers import partners, restore_plan
+from hpctrain.checkpoint.peers import assign, partners, restore_plan, sources_of
 
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "peer_copy_worker.py"
 
@@ -49,6 +49,24 @@ def test_a_copy_missing_for_one_rank_falls_back_to_an_older_common_step_or_none(
     assert restore_plan(held, durable=None) is None
     assert restore_plan([(7, {1: 6}), (6, {0: 7})], durable=None) is None
     assert restore_plan([(7, {1: 6}), (6, {0: 6})], durable=None) == (6, {0: 1, 1: 1})
+
+
+def test_rank_0_answers_each_rank_with_its_part_only() -> None:
+    """Set-up and restore go through rank 0 (a gather, each rank its own part back): what a
+    rank receives does not grow with the rank count."""
+    import pickle
+
+    where = [("n1", 1001), ("n1", 1002), ("n2", 2001), ("n2", 2002)]
+    parts = [pickle.loads(b) for b in assign(where)]
+    assert parts[0] == (("n2", 2001), [2], "") and parts[2] == (("n1", 1001), [0], "")
+    assert pickle.loads(assign([("n1", 1), ("n1", 2)])[0])[2] == "the job runs on one node"
+    assert "no progress channel token" in pickle.loads(assign([("a", 0), ("b", 0)])[1])[2]
+    plan = restore_plan([(7, {2: 7}), (7, {3: 7}), (None, {}), (None, {})], durable=4)
+    answer = [pickle.loads(b) for b in sources_of(plan, [{2: 500}, {3: 600}, {}, {}])]
+    assert answer == [(7, [2], None), (7, [3], None), (7, [], (0, 500)), (7, [], (1, 600))]
+    assert [pickle.loads(b) for b in sources_of(None, [{}, {}])] == [(None, [], None)] * 2
+    big = [len(b) for b in assign([(f"n{r // 8}", 1000 + r) for r in range(4096)])]
+    assert max(big) < 200, max(big)
 
 
 def test_a_durable_checkpoint_newer_than_every_copy_wins() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.devcluster import config, packages, sshconf, strict
+from hpctrain.devcluster import config, ociconf, packages, sshconf, strict
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.errors import DevclusterError
 from hpctrain.slurm.parse import parse_kv_line
@@ -199,13 +199,13 @@ def test_node_states_slurm_places_jobs_on(state: str, usable: bool, held: bool) 
 def test_the_host_image_binds_where_the_python_and_project_live() -> None:
     # CI clones the project to /check/work/main: its venv must be in the container too
     present = {"/usr", "/etc", "/work", "/tmp", "/check", "/var/lib/hpctrain", "/opt"}
-    binds = config.image_binds(
+    binds = ociconf.image_binds(
         ["/check/work/main/.venv", "/usr/local", "/check/work/main/.venv/bin/python3.11",
          "/var/lib/hpctrain/x/venv", "/opt/py/bin/python"], exists=present.__contains__)
     assert binds == ["/usr", "/etc", "/opt", "/work", "/tmp", "/var/lib/hpctrain", "/check"]
     # the pseudo file systems and /var (which holds the image itself) are never bound whole
-    assert config.image_binds(["/proc/1", "/var/cache/x", "/"], exists=lambda d: True) \
-        == list(config.HOST_IMAGE_BINDS)
+    assert ociconf.image_binds(["/proc/1", "/var/cache/x", "/"], exists=lambda d: True) \
+        == list(ociconf.HOST_IMAGE_BINDS)
 
 
 def test_sshd_config_is_loopback_and_keys_only() -> None:
