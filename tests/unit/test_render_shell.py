@@ -63,7 +63,13 @@ FIELDS = ["name", "partition", "time", "account", "qos", "constraint", "exclude"
           "sbatch.comment", "sbatch.mem"]
 
 
-@pytest.mark.parametrize("field", FIELDS)
+# the fields whose every payload is carried into a script that then runs (about 10 s
+# each): the full suite's, not the quick tier's
+CARRIED = ("run.command", "run.env.SAFE_NAME", "checkpoint.dir")
+
+
+@pytest.mark.parametrize("field", [pytest.param(f, marks=pytest.mark.slow) if f in CARRIED
+                                   else f for f in FIELDS])
 def test_hostile_values_are_refused_or_inert(tmp_path: Path, field: str) -> None:
     marker = tmp_path / "PWNED"
     executed = refused = 0
