@@ -9,6 +9,7 @@ time does not wait for a stack dump.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -159,7 +160,9 @@ class HangResponse:
 
 # Run on every node beside the hung step: each Python process of the step (found by its
 # environment, so only this node's), dumped by py-spy. Constant text: the values come as
-# arguments ($1 py-spy, $2 the step id), never spliced in.
+# arguments ($1 py-spy, $2 the step id), never spliced in. Every line of a dump carries its
+# process's tag ("RANK NODE PID|"): srun interleaves the nodes' output line by line, so a
+# dump's lines are told apart by their tag, not by where they fall.
 SPY_SCRIPT = r"""
 spy=$1 step=$2
 for d in /proc/[0-9]*; do
@@ -169,8 +172,11 @@ for d in /proc/[0-9]*; do
   grep -qx "SLURMD_NODENAME=$SLURMD_NODENAME" <<< "$env" || continue
   case $(basename "$(readlink "$d/exe")") in python*) ;; *) continue ;; esac
   rank=$(grep -m1 '^RANK=' <<< "$env" | cut -d= -f2)
-  echo "==== ${rank:-launcher} ${SLURMD_NODENAME} ${d#/proc/}"
-  "$spy" dump --pid "${d#/proc/}" 2>&1
+  tag="${rank:-launcher} ${SLURMD_NODENAME} ${d#/proc/}"
+  printf '%s|\n' "$tag"
+  "$spy" dump --pid "${d#/proc/}" 2>&1 | while IFS= read -r line; do
+    printf '%s|%s\n' "$tag" "$line"
+  done
 done
 """
 
@@ -204,26 +210,29 @@ def spy_stacks(slurm: Scheduler, key: str, nodes: int) -> dict[int, str]:
     return stacks
 
 
+_SPY_LINE = re.compile(r"^(\d+) (\S+) (\d+)\|(.*)$")
+
+
 def parse_spy(text: str) -> dict[int, str]:
-    """py-spy dumps, each after a ``==== RANK NODE PID`` line, as {rank: stacks} in the
-    runtime's format (``--- main thread ---`` blocks); launchers, with no rank, are left out."""
-    found: dict[int, str] = {}
-    for block in text.split("==== ")[1:]:
-        head, _, body = block.partition("\n")
-        words = head.split()
-        if len(words) < 3 or not words[0].isdigit():
+    """py-spy dumps, each line tagged ``RANK NODE PID|`` (in any order between processes),
+    as {rank: stacks} in the runtime's format (``--- main thread ---`` blocks); launchers,
+    with no rank, and untagged lines (srun's own) are left out."""
+    heads: dict[int, str] = {}
+    threads: dict[int, list[str]] = {}
+    for raw in text.splitlines():
+        m = _SPY_LINE.match(raw)
+        if not m:
             continue
-        rank, node, pid = int(words[0]), words[1], words[2]
-        threads = []
-        for line in body.splitlines():
-            if line.startswith("Thread "):   # Thread 42 (idle): "MainThread"
-                name = line.rsplit(":", 1)[-1].strip().strip('"')
-                threads.append("--- main thread ---" if name == "MainThread"
-                               else f"--- thread {name} ---")
-            elif line.startswith("    ") and threads:   # a frame: "    main (t.py:3)"
-                threads.append(line)
-        found[rank] = f"rank {rank} on {node} (pid {pid}), by py-spy\n" + "\n".join(threads)
-    return found
+        rank, line = int(m.group(1)), m.group(4)
+        heads.setdefault(rank, f"rank {rank} on {m.group(2)} (pid {m.group(3)}), by py-spy")
+        mine = threads.setdefault(rank, [])
+        if line.startswith("Thread "):   # Thread 42 (idle): "MainThread"
+            name = line.rsplit(":", 1)[-1].strip().strip('"')
+            mine.append("--- main thread ---" if name == "MainThread"
+                        else f"--- thread {name} ---")
+        elif line.startswith("    ") and mine:   # a frame: "    main (t.py:3)"
+            mine.append(line)
+    return {rank: "\n".join([head, *threads[rank]]) for rank, head in heads.items()}
 
 
 def print_stacks(stacks: dict[int, str], world: int, first: tuple[int, ...],

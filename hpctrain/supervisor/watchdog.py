@@ -355,7 +355,8 @@ def culprits(stacks: Mapping[int, str], world: int, known: set[int] | None = Non
         return mute, "did not answer the stack request (frozen holding the GIL, stopped, " \
                      "or its node is gone)"
     waiting = {r for r, text in stacks.items() if in_collective(text)}
-    outside = tuple(sorted(answered - waiting))
+    # a dump without the main thread's frames (py-spy came back empty) says nothing
+    outside = tuple(sorted(r for r in answered - waiting if main_stack(stacks[r]).strip()))
     if waiting and outside:
         where = innermost(stacks[outside[0]])
         return outside, ("not in a collective while rank(s) "

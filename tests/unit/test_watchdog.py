@@ -375,22 +375,26 @@ def test_the_ledger_counts_in_place_restarts_and_excluded_nodes() -> None:
 
 
 # ---- py-spy (plain scripts) ---------------------------------------------------------------
-SPY = """==== launcher n1 100
-Process 100: python -m torch.distributed.run
-==== 0 n1 101
-Process 101: python train.py
-Python v3.11.7 (/usr/bin/python3.11)
-
-Thread 101 (idle): "MainThread"
-    backward (torch/autograd/__init__.py:353)
-    backward (torch/_tensor.py:648)
-    main (train.py:71)
-Thread 140 (idle): "pin_memory"
-    wait (threading.py:327)
-==== 1 n2 102
-Thread 102 (idle): "MainThread"
-    main (train.py:68)
-    <module> (train.py:90)
+# as srun brings it back: each node's lines in order, the two nodes' interleaved (a dump's
+# lines are told by their tag; before tags, rank 1's frames landed under rank 0's header)
+SPY = """launcher n1 100|
+launcher n1 100|Process 100: python -m torch.distributed.run
+0 n1 101|
+1 n2 102|
+0 n1 101|Process 101: python train.py
+1 n2 102|Thread 102 (idle): "MainThread"
+0 n1 101|Python v3.11.7 (/usr/bin/python3.11)
+0 n1 101|
+1 n2 102|    main (train.py:68)
+0 n1 101|Thread 101 (idle): "MainThread"
+0 n1 101|    backward (torch/autograd/__init__.py:353)
+1 n2 102|    <module> (train.py:90)
+0 n1 101|    backward (torch/_tensor.py:648)
+0 n1 101|    main (train.py:71)
+srun: error: n3: task 2: Exited with exit code 1
+0 n1 101|Thread 140 (idle): "pin_memory"
+0 n1 101|    wait (threading.py:327)
+3 n2 103|
 """
 
 
@@ -398,12 +402,16 @@ def test_py_spy_dumps_become_rank_stacks_and_name_the_culprit() -> None:
     from hpctrain.supervisor.response import parse_spy
 
     stacks = parse_spy(SPY)
-    assert sorted(stacks) == [0, 1]                        # the launcher has no rank
+    assert sorted(stacks) == [0, 1, 3]                     # the launcher has no rank
+    assert stacks[3] == "rank 3 on n2 (pid 103), by py-spy"   # answered, with no stack
     assert stacks[1].startswith("rank 1 on n2 (pid 102), by py-spy")
     assert in_collective(stacks[0]) and not in_collective(stacks[1])
     assert "pin_memory" not in main_stack(stacks[0])
     assert innermost(stacks[1]) == "main (train.py:68)"   # py-spy: innermost first
-    ranks, why = culprits(stacks, 2)
+    assert "<module> (train.py:90)" in stacks[1] and "train.py:90" not in stacks[0]
+    # rank 3's dump came back empty: it tells nothing, so it is not named with rank 1
+    assert culprits(stacks, 4, known={0, 1, 3})[0] == (1,)
+    ranks, why = culprits({r: stacks[r] for r in (0, 1)}, 2)
     assert ranks == (1,) and "rank 1 is at main (train.py:68)" in why
     assert node_of(stacks[1]) == "n2" and node_of(WAITING) == "n1" and node_of("x") == ""
 
