@@ -42,8 +42,11 @@ def final(prefix: Path) -> list[dict]:
     return [torch.load(prefix / f"rank-{r}.pt") for r in range(4)]
 
 
+@pytest.mark.parametrize("copies", [True, False], ids=["peer-copies", "durable-only"])
 def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
-        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copies: bool) -> None:
+    """With peer copies (on by default with a spare): the last step done before the loss;
+    ``peer_copies = false``: the durable step, as before."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     dev = admin.Cluster()
     wait_until(lambda: not client.run(["squeue", "-h", "-o", "%i"]).stdout.strip(), 300,
@@ -57,12 +60,13 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
         run={"launcher": "srun", "command": [sys.executable, str(PROGRAM), *args,
                                              "--step-sleep", "0.2"],
              "env": {"OMP_NUM_THREADS": "1"}},
-        checkpoint={"dir": str(root / "ckpt")}, elastic={"spare_nodes": 1},
+        checkpoint={"dir": str(root / "ckpt")},
+        elastic={"spare_nodes": 1, **({} if copies else {"peer_copies": False})},
         requeue={"max_requeues": 2})
     (root / "spec.toml").write_text(spec)
     dry = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml",
                           "--dry-run"], capture_output=True, text=True, timeout=60)
-    assert "peer copies: each rank's newest snapshot" in dry.stdout, dry.stdout
+    assert ("peer copies: each rank's newest snapshot" in dry.stdout) == copies, dry.stdout
     res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -97,15 +101,19 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
     starts = events(log, "start")
     finished = [e for e in events(log, "step") if e["time"] < starts[1]["time"]]
     last_done = max(e["step"] for e in finished) + 1     # a step's number + 1: its state
-    assert starts[1]["step"] >= last_done - 1 and starts[1]["step"] > EVERY, \
-        (starts, last_done, out)
+    if copies:
+        assert starts[1]["step"] >= last_done - 1 and starts[1]["step"] > EVERY, \
+            (starts, last_done, out)
+    else:
+        assert starts[1]["step"] == EVERY, (starts, out)
     assert sorted({e["step"] for e in events(log, "step")}) == list(range(TOTAL))
     row = status(job)
     assert row["cause"] == "completed" and row["restarts_in_place"] == {"node_fail": 1}, row
     assert ref is not None and ref.returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
     assert bitwise_equal(final(tmp_path / "ref"), final(root / "final"))
     first = min(e["time"] for e in events(log, "step") if e["time"] > starts[1]["time"])
-    print(f"\nfigures[peer-copies]: loss -> first step on the spare {first - t_lost:.1f} s "
+    kind = "peer-copies" if copies else "durable-only"
+    print(f"\nfigures[{kind}]: loss -> first step on the spare {first - t_lost:.1f} s "
           f"(-> the restarted main's start, its state loaded: {starts[1]['time'] - t_lost:.1f} s); "
           f"resumed at step {starts[1]['step']} (last done before the loss: {last_done}, "
           f"durable: {EVERY}); steps lost {last_done - starts[1]['step']}")
