@@ -746,8 +746,9 @@ def _load(sim: Sim, blocks: Blocks, root: Path, step: int) -> dict:
         start = clock()
         ops, fresh, extras_file, _ = loader.prepare(StepReader(step_dir, view), states[step], r)
         prepare_s.append(clock() - start)
-        # the saved tensors the rank's state lacks (the other stages') are added to it
-        # (docs/checkpoint.md): their owners' files are read too
+        # a saved tensor the state lacks is added only where the state leaves its place
+        # open (docs/checkpoint.md): the other stages' layers are not (0 here); were they,
+        # their owners' files would be read too
         new = {id(c) for c in fresh}
         files.append(len({e.file for e, _, _ in ops} | {extras_file}))
         own_files.append(len({e.file for e, c, _ in ops if id(c) not in new} | {extras_file}))
@@ -881,7 +882,7 @@ def print_tables(results: list[dict]) -> None:
     print("of each file it reads); against the whole manifest read and every file stat-ed "
           "(rank 0's prune, ckpt list; every rank before format 5)")
     print("(files: those it reads, those holding its own tensors; added: the saved tensors its "
-          "state lacks, the other stages', added to it)")
+          "state lacks and leaves room for)")
     print(f"{'ranks':>6} {'view':>7} {'prepare':>7} {'total':>7} {'files':>6} {'own':>5} "
           f"{'added':>6} | {'whole read':>10} {'stat all':>8}")
     for r in results:

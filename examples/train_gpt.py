@@ -146,12 +146,6 @@ def state_of(model: GPT, opt: torch.optim.Optimizer) -> dict:
     return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
 
 
-def restrict(loaded: dict, template: dict) -> dict:
-    """``loaded`` limited (recursively, through dicts) to the keys ``template`` has."""
-    return {k: restrict(loaded[k], v) if isinstance(v, dict) and isinstance(loaded[k], dict)
-            else loaded[k] for k, v in template.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(__doc__.splitlines()[0], argv)
     if args.inprocess:
@@ -170,14 +164,11 @@ def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     prime_optimizer(model, opt)
     ckpt = checkpoints(args)   # the spec's [checkpoint] dir, keep_last and interval
     state = state_of(model, opt)
-    template = state_of(model, opt)
     if faults.hit("load-crash"):
         raise RuntimeError("--fault load-crash: simulated failure while the others load")
     resumed = ckpt.load_latest(state)
     if resumed is not None:
-        # the manager also fills in entries this rank does not hold (other pipeline
-        # stages' layers): keep only this rank's own
-        state = restrict(state, template)
+        # (the state holds this stage's layers only, and only they are loaded)
         set_model_state_dict(model, state["model"])
         set_optimizer_state_dict(model, opt, state["optim"])
     start = resumed or 0

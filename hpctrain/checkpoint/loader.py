@@ -20,7 +20,7 @@ from hpctrain.checkpoint import unpickle
 from hpctrain.checkpoint.manifest import Manifest, TensorEntry
 from hpctrain.checkpoint.reader import StepReader
 from hpctrain.checkpoint.replicas import overlaps
-from hpctrain.checkpoint.tree import Chunk, dtype_from_name, flatten, set_path
+from hpctrain.checkpoint.tree import Chunk, dtype_from_name, flatten, has_room, set_path
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
 
 
@@ -65,7 +65,8 @@ def _by_path(manifest: Manifest,
     return {**shared, **own}, {tuple(p) for p in manifest.per_rank} - set(own)
 
 
-def _plan(manifest: Manifest, chunks: list[Chunk], rank: int) -> tuple[list, dict]:
+def _plan(manifest: Manifest, state: dict, chunks: list[Chunk],
+          rank: int) -> tuple[list, dict]:
     by_path, unowned = _by_path(manifest, rank)
     ops: list[tuple[TensorEntry, Chunk, Any]] = []
     for c in chunks:
@@ -87,12 +88,16 @@ def _plan(manifest: Manifest, chunks: list[Chunk], rank: int) -> tuple[list, dic
             region = _overlap(e, c)
             if region is not None:
                 ops.append((e, c, region))
+    # saved tensors the state lacks: added where it leaves their place open (a top-level
+    # entry, {}, a fresh optimizer's state), not inside a part it holds (a pipeline
+    # stage's model: the other stages' tensors are theirs, the whole model fits no rank)
     known = {c.path for c in chunks}
-    return ops, {p: es for p, es in by_path.items() if p not in known}
+    return ops, {p: es for p, es in by_path.items() if p not in known and has_room(state, p)}
 
 
 def _new_chunks(missing: dict[tuple, list[TensorEntry]]) -> list[Chunk]:
-    """Whole plain tensors for saved paths the state lacks (e.g. loading into ``{}``)."""
+    """Whole plain tensors for saved paths the state has room for (e.g. loading into
+    ``{}``)."""
     out = []
     for path, entries in missing.items():
         shape = tuple(entries[0].global_shape)
@@ -123,12 +128,13 @@ def prepare(reader: StepReader, state: dict,
             rank: int) -> tuple[list, list[Chunk], str | None, set[tuple]]:
     """Everything a load decides before it reads a byte, so that a refused load leaves the
     state as it was: (the reads, in file order; the tensors made for saved paths the state
-    lacks; the extras file to read; the paths in it that are not this rank's). With
+    lacks and has room for (:func:`~hpctrain.checkpoint.tree.has_room`); the extras file to
+    read; the paths in it that are not this rank's). With
     ``reader.verify``, CheckpointCorrupt when a file it reads is missing or short (only
     those: a rank stats its own files and the owners' of what it reads, not every rank's)."""
     manifest = reader.manifest
     chunks, wanted = flatten(state)
-    ops, missing = _plan(manifest, chunks, rank)
+    ops, missing = _plan(manifest, state, chunks, rank)
     extras_file, not_mine = _extras_source(manifest, rank, [c.path for c in chunks] + list(wanted))
     fresh = _new_chunks(missing)
     for c in fresh:   # (an empty shard, e.g. 4 columns over 3 ranks, overlaps nothing)

@@ -277,6 +277,35 @@ def test_enospc_is_a_clear_error_and_previous_checkpoint_survives(tmp_path: Path
         assert run_cli("ckpt", "verify", str(root)).returncode == 0
 
 
+def test_a_load_adds_what_the_state_leaves_open_and_not_another_stages_layers(
+        tmp_path: Path) -> None:
+    """A pipeline stage loads its own layers, not every stage's (the whole model fits no
+    rank); a top-level entry the state lacks, an empty dict (a fresh optimizer's
+    ``state``) and ``{}`` itself are filled from the checkpoint."""
+    import torch
+
+    from hpctrain.checkpoint.tree import has_room
+
+    saved = {"model": {"l0": torch.ones(3), "l1": torch.full((3,), 2.0)},
+             "optim": {"state": {0: {"exp_avg": torch.full((3,), 3.0)}}, "lr": 0.1},
+             "rng": torch.arange(4, dtype=torch.uint8)}
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, saved)
+        stage0 = {"model": {"l0": torch.zeros(3)}, "optim": {"state": {}, "lr": 0.0}}
+        assert mgr.load_latest(stage0) == 1
+        assert sorted(stage0["model"]) == ["l0"] and torch.equal(stage0["model"]["l0"],
+                                                                 torch.ones(3))
+        assert torch.equal(stage0["optim"]["state"][0]["exp_avg"], torch.full((3,), 3.0))
+        assert torch.equal(stage0["rng"], saved["rng"]) and stage0["optim"]["lr"] == 0.1
+        everything: dict = {}
+        assert mgr.load_latest(everything) == 1
+        assert sorted(everything["model"]) == ["l0", "l1"]
+    assert has_room({}, ("model", "l1")) and has_room({"model": {}}, ("model", "l1"))
+    assert has_room({"model": {"l0": 1}}, ("rng",))
+    assert not has_room({"model": {"l0": 1}}, ("model", "l1"))
+    assert not has_room({"model": {"l0": 1}}, ("model", "l0", "x"))   # a leaf, not a dict
+
+
 def test_real_model_and_adam_resume_exactly(tmp_path: Path) -> None:
     import torch
 
