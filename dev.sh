@@ -76,6 +76,7 @@ run_tests() {
         USER="$TEST_USER" LOGNAME="$TEST_USER" LANG=C.UTF-8 PATH="$VENV/bin:/usr/bin:/bin" \
         SLURM_CONF="$SLURM_CONF" ${CI:+CI="$CI"} ${PYTEST_ADDOPTS:+PYTEST_ADDOPTS="$PYTEST_ADDOPTS"} \
         ${HPCTRAIN_DEVCLUSTER_INSTANCE:+HPCTRAIN_DEVCLUSTER_INSTANCE="$HPCTRAIN_DEVCLUSTER_INSTANCE"} \
+        ${HPCTRAIN_TEST_TIMES_OUT:+HPCTRAIN_TEST_TIMES_OUT="$HPCTRAIN_TEST_TIMES_OUT"} \
         python -m pytest -p no:cacheprovider "$@"
 }
 
@@ -98,7 +99,9 @@ run_suite() {
     # the strict site's devcluster (tests/cluster/conftest.py: STRICT_INSTANCE), up before
     # the workers start: bringing an instance up rewrites /etc/hosts, which they all read
     hpctrain devcluster up --instance 7 --site strict
-    run_tests -n "$WORKERS" --dist loadfile -m "not alone" "$@" || status=$?
+    # the longest files first (tests/conftest.py orders them), not xdist's largest count
+    run_tests -n "$WORKERS" --dist loadfile --no-loadscope-reorder -m "not alone" "$@" \
+        || status=$?
     # the first failure's code is the suite's
     run_tests -m alone "$@" || { rc=$?; [ "$status" != 0 ] || status=$rc; }
     return "$status"

@@ -13,6 +13,9 @@ no __init__.py here), so every test imports ``helpers.<name>`` and ``programs.<n
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +26,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for module in ("torch", "deepspeed", "lightning", "transformers"):
         if item.get_closest_marker(module) is not None:
             require(importlib.util.find_spec(module) is not None, f"python package {module!r}")
+
+
+# ---- the longest files first (issue 44). ./dev.sh test hands whole files to its parallel
+# workers in collection order (--dist loadfile --no-loadscope-reorder): the files that take
+# longest start first and the short ones fill in at the end, so no worker is left running
+# a 10-minute file alone while the others are done. The seconds are a full run's
+# (tests/durations.json; `HPCTRAIN_TEST_TIMES_OUT=/tmp/t.json ./dev.sh test` writes a run's,
+# to copy there); a file not listed counts as a typical one of its folder.
+DURATIONS = Path(__file__).with_name("durations.json")
+TYPICAL_S = {"tests/cluster": 60.0, "tests/unit": 5.0}
+
+
+def file_seconds() -> dict[str, float]:
+    """The recorded seconds of each test file; {} when the record is missing or unreadable
+    (the order is then the collection's: slower, never wrong)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seconds = file_seconds()
+
+    def weight(item: pytest.Item) -> float:
+        path = item.nodeid.split("::", 1)[0]
+        return seconds.get(path, TYPICAL_S.get(path.rsplit("/", 1)[0], 5.0))
+
+    items.sort(key=lambda item: -weight(item))   # stable: a file's tests keep their order
 
 
 # ---- durations by folder and file, at the end of every run (issue 44: a test that gets
@@ -48,3 +80,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         write(f"{spent:8.1f}s  {folder}/")
     for path, spent in sorted(_SPENT.items(), key=lambda kv: -kv[1])[:15]:
         write(f"{spent:8.1f}s  {path}")
+    out = os.environ.get("HPCTRAIN_TEST_TIMES_OUT")
+    if out:   # every file's seconds, for the order of the next runs (DURATIONS); added
+        # to what the file holds (./dev.sh test runs its `alone` tests as a second session)
+        try:
+            known = json.loads(Path(out).read_text())
+        except (OSError, ValueError):
+            known = {}
+        known.update({p: round(s) for p, s in _SPENT.items()})
+        ranked = dict(sorted(known.items(), key=lambda kv: -kv[1]))
+        Path(out).write_text(json.dumps(ranked, indent=1) + "\n")
+        write(f"every file's seconds written to {out}")
