@@ -122,20 +122,21 @@ def set_path(state: dict, path: Path_, value: Any) -> None:
 
 
 def has_room(state: dict, path: Path_) -> bool:
-    """May a saved tensor at ``path``, which ``state`` lacks, be added to it? Yes where the
-    state leaves its place open: a top-level entry it does not have (``"rng"``), or under
-    an empty dict (``{}``, a fresh optimizer's ``state``). No inside a part the state does
-    hold (its ``"model"`` dict): there the state's keys are this rank's share, and the
+    """May a saved tensor at ``path``, which ``state`` holds no tensor at, be set there? Yes
+    where the state leaves its place open: a top-level entry it does not have (``"rng"``),
+    a key under an empty dict (``{}``, a fresh optimizer's ``state``), a value that is no
+    tensor (replaced, as a load always did). No for a key missing inside a part the state
+    does hold (its ``"model"`` dict): there the state's keys are this rank's share, and the
     others (another pipeline stage's layers) belong to other ranks; the whole model would
     not fit one."""
     node: Any = state
     for key in path:
         if not isinstance(node, dict):
-            return False
+            return True
         if key not in node:
             return node is state or not node
         node = node[key]
-    return False
+    return True
 
 
 def dtype_name(dtype: torch.dtype) -> str:

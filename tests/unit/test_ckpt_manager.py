@@ -303,7 +303,8 @@ def test_a_load_adds_what_the_state_leaves_open_and_not_another_stages_layers(
     assert has_room({}, ("model", "l1")) and has_room({"model": {}}, ("model", "l1"))
     assert has_room({"model": {"l0": 1}}, ("rng",))
     assert not has_room({"model": {"l0": 1}}, ("model", "l1"))
-    assert not has_room({"model": {"l0": 1}}, ("model", "l0", "x"))   # a leaf, not a dict
+    assert has_room({"model": {"l0": None}}, ("model", "l0"))   # a placeholder: replaced
+    assert has_room({"model": {"l0": 1}}, ("model", "l0", "x"))
 
 
 def test_real_model_and_adam_resume_exactly(tmp_path: Path) -> None:
