@@ -181,6 +181,9 @@ def rehearse(nodes: int, per_node: int) -> dict:
         "file_events": counter.count,
         "file_events_per_s_whole_job": round(counter.count / (t_end - t_submit), 3),
         "file_events_per_s_training": round(counter.rate(*training), 3),
+        # without the opens: what the job changed (status's polls open its files to read)
+        "file_changes_per_s_training": round(counter.rate(*training, opens=False), 3),
+        "opens": counter.opens,
         "busiest_files": sorted(counter.names.items(), key=lambda kv: -kv[1])[:6],
         "root": str(root),
     }
