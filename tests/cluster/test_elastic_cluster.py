@@ -156,7 +156,10 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
             in out
     else:
         assert "REQUEUED" not in states, (states, out)      # one Slurm run
-        assert "the ranks on n2 went silent: no attempt in place" in out, out
+        # no attempt in place: the node's silence is found while the survivors wait for
+        # it (in-process), or first by its heartbeat (on a loaded machine), as it happens
+        assert ("the ranks on n2 went silent: no attempt in place" in out
+                or "lost node(s) n2: every rank there stopped its heartbeat" in out), out
         assert [s["step"] for s in starts] == [0, saved], out
         assert row["requeues"] == {}, row
     assert sorted(s for s in set(done) if done.count(s) > 1) == rerun

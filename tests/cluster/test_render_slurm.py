@@ -242,11 +242,18 @@ def test_a_rendezvous_port_taken_after_the_check_moves_to_the_next_not_a_crash(
         "run": {"launcher": launcher, "command": command, "env": {"OMP_NUM_THREADS": "1"}},
         "checkpoint": {"dir": str(root / "ckpt")},
         "requeue": {"signal_lead_s": 30}, "sbatch": {"hold": True}})
-    job = submit(root, spec.to_toml())          # held: its port is known before it starts
-    port = protocol.master_port(job)
     holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    for _ in range(5):
+        job = submit(root, spec.to_toml())      # held: its port is known before it starts
+        port = protocol.master_port(job)
+        try:
+            holder.bind(("0.0.0.0", port))
+            break
+        except OSError:   # another worker's job listens there: the next job id, another port
+            client.run(["scancel", job], check=False)
+    else:
+        raise AssertionError("five held jobs in a row found their port in use")
     try:
-        holder.bind(("0.0.0.0", port))
         client.run(["scontrol", "release", job])
         assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
     finally:

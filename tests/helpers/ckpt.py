@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -92,11 +93,23 @@ def loop_ext4(where: Path, size_mb: int) -> Iterator[Path | None]:
         image.unlink(missing_ok=True)
 
 
+LOCAL_PORTS = range(10000, 15000)   # below the kernel's ephemeral range (32768-60999)
+
+
 def free_port() -> int:
-    """A TCP port free on this machine now (for a local process group's rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port free on this machine now (for a local process group's rendezvous), from
+    LOCAL_PORTS: a port the kernel hands out (bind to 0) can be taken by any outgoing
+    connection (the other workers' gloo pairs) before rank 0's store binds it, and the
+    other ranks then wait minutes for a store that never comes."""
+    for _ in range(200):
+        port = random.choice(LOCAL_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port in {LOCAL_PORTS.start}-{LOCAL_PORTS.stop - 1}")
 
 
 def one_file(manifest, version: int = 4) -> dict:
