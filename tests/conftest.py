@@ -80,6 +80,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         write(f"{spent:8.1f}s  {folder}/")
     for path, spent in sorted(_SPENT.items(), key=lambda kv: -kv[1])[:15]:
         write(f"{spent:8.1f}s  {path}")
+    # a file at least twice as slow as its recorded seconds (those of 20 s or more: below,
+    # machine noise decides) is named, so a regression is noticed where it happened
+    recorded = file_seconds()
+    for path, spent in sorted(_SPENT.items()):
+        was = recorded.get(path, 0.0)
+        if was >= 20 and spent >= 2 * was:
+            write(f"SLOWER: {path} took {spent:.0f} s, {spent / was:.1f}x its recorded {was:.0f} s "
+                  f"(tests/durations.json)")
     out = os.environ.get("HPCTRAIN_TEST_TIMES_OUT")
     if out:   # every file's seconds, for the order of the next runs (DURATIONS); added
         # to what the file holds (./dev.sh test runs its `alone` tests as a second session)
