@@ -147,9 +147,9 @@ def test_progress_that_never_reaches_the_supervisor_is_said_and_a_hang_is_still_
     # each node said once, as it goes silent: both in one line, or (on a loaded machine,
     # one node's relay signing later) a line each
     lines = [ln for ln in log.splitlines() if "no progress datagram" in ln]
-    named = [n for ln in lines for n in ln.split("from the ranks on ")[1].split(" ")[0]
-             .split(",")]
-    assert lines and len(named) == len(set(named)) and set(named) <= {"n1", "n2"}, log
+    silent = [n for ln in lines for n in ln.split("from the ranks on ")[1].split(" ")[0]
+              .split(",")]
+    assert lines and len(silent) == len(set(silent)) and set(silent) <= {"n1", "n2"}, log
     said = lines[0]
     assert said.startswith("hpctrain: no progress datagram from the ranks on "), log
     assert "has reached the supervisor on n1 (UDP port " in said, log

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import textwrap
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.ckpt import child_env, run_cli
+from helpers.ckpt import child_env, free_port, run_cli
 
 pytestmark = [pytest.mark.deepspeed, pytest.mark.torch, pytest.mark.slow]
 
@@ -49,14 +48,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def _run(root: Path, mode: str) -> str:
-    env = child_env(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=_port(),
+    env = child_env(DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                     RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(root), mode], capture_output=True,
                           text=True, timeout=600, env=env)
