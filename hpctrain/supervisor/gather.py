@@ -39,7 +39,7 @@ class Gather:
     def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, bad: BadNodes) -> None:
         self.cfg, self.slurm, self.state, self.bad = cfg, slurm, state, bad
         self.caught: list[Caught] = list(cfg.early)
-        self.pending: list[Caught] = []        # appended to by the signal handler only
+        self.pending: list[Caught] = []        # by the signal handler (and a missed warning)
         self.hang: Hang | None = None          # what the watchdog found in this attempt
         self.requeues: dict[str, int] = {}     # the ledger's counts by cause, at start
         self.on: list[str] = []                # [elastic]: the nodes the step runs on

@@ -80,6 +80,7 @@ class Supervisor:
         self._step: StepProcess | None = None    # the step being supervised
         self._forwarded = False
         self._acted: Decision | None = None     # a requeue made before the step ended
+        self._warn_at: float | None = None      # when the time-limit warning is due
         self.spares = Spares(cfg, slurm, self.seen, self.bad, self.books)
 
     def close(self) -> None:
@@ -109,6 +110,7 @@ class Supervisor:
         if decide_before_start(view, cfg.restart_count, seen.caught):
             facts = seen.facts(view)
             return self.actor.act(decide(facts), facts)
+        self._warn_at = warning_at(view, cfg.signal_lead_s)
         return self.run_step(view, last_cause)
 
     def account_restarts(self) -> tuple[str | None, Decision | None]:
@@ -265,8 +267,28 @@ class Supervisor:
         stacks of a hang), so a preemption's grace time is never spent waiting."""
         if self._step is None:
             return
+        self.miss_no_warning()
         for caught in self.seen.take_signals():
             self.on_stop(caught, self._step)
+
+    def miss_no_warning(self) -> None:
+        """Slurm sends the time-limit warning once, up to a minute before its lead (its
+        timer looks every 30 s): on a short job it can come before the batch script
+        listens, and is lost. So at the lead by Slurm's end time, a run that has caught no
+        stop signal takes the warning as received. Slurm is asked again first: an end
+        moved later (the limit raised) moves the warning with it."""
+        if self._warn_at is None or self.slurm.time() < self._warn_at:
+            return
+        self._warn_at = None
+        if self.seen.caught or self.seen.pending:     # a stop is in hand already
+            return
+        lead, view = self.cfg.signal_lead_s, self.seen.ask()
+        if not warning_due(view, lead, self.slurm.time()):
+            self._warn_at = warning_at(view, lead)
+            return
+        say(f"the time-limit warning is due (signal_lead_s={lead} before the job's end, by "
+            "Slurm's clock) and Slurm's did not come: taking it as received")
+        self.seen.pending.append(Caught(self.cfg.requeue_signal, self.slurm.time()))
 
     def on_stop(self, caught: Caught, step: StepProcess) -> None:
         """A stop signal while the step runs: the stop notice, an early requeue, the lost
@@ -295,6 +317,13 @@ class Supervisor:
         self._forwarded = True
         say(f"caught SIG{caught.name} ({r.notice or 'no preemption or time limit'}); "
             f"asking the training step to stop: {how}")
+
+
+def warning_at(view: JobView | None, lead_s: int) -> float | None:
+    """When the time-limit warning is due by Slurm's end time; None without one."""
+    if view is None or view.end_time is None or lead_s <= 0:
+        return None
+    return view.end_time - lead_s
 
 
 def main(argv: list[str] | None = None) -> int:

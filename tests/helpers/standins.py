@@ -60,7 +60,7 @@ esac
 # STAND-IN for scontrol: `show hostnames` answers what the devcluster answered for
 # n[1-2]; `show job -o ID` answers the devcluster's one-line record of a running job (as
 # recorded there, with times of now: it started a minute ago and ends in
-# $STANDIN_END_IN_S seconds, 600 by default; PreemptTime is a date once Slurm picked the
+# $STANDIN_END_IN_S seconds, 600 by default, or at $STANDIN_END_AT (epoch s); PreemptTime is a date once Slurm picked the
 # job for preemption: $STANDIN_PREEMPT_TIME, else None); every call is recorded.
 printf '%s\n' "$*" >> "$STANDIN_LOG/scontrol.calls"
 if [[ $1 == show && $2 == hostnames ]]; then printf 'n1\nn2\n'; fi
@@ -68,7 +68,10 @@ if [[ $1 == show && $2 == job ]]; then
   printf 'JobId=%s JobName=x UserId=root(0) JobState=RUNNING Reason=None Dependency=(null) ' "${@: -1}"
   printf 'Requeue=1 Restarts=%s BatchFlag=1 ExitCode=0:0 TimeLimit=00:10:00 ' "${SLURM_RESTART_COUNT:-0}"
   start=$(date -d '-60 sec' +%Y-%m-%dT%H:%M:%S)
-  printf 'StartTime=%s EndTime=%s ' "$start" "$(date -d "+${STANDIN_END_IN_S:-600} sec" +%Y-%m-%dT%H:%M:%S)"
+  when="+${STANDIN_END_IN_S:-600} sec"
+  [[ -n ${STANDIN_END_AT:-} ]] && when="@$STANDIN_END_AT"
+  end=$(date -d "$when" +%Y-%m-%dT%H:%M:%S)
+  printf 'StartTime=%s EndTime=%s ' "$start" "$end"
   printf 'PreemptEligibleTime=%s PreemptTime=%s SuspendTime=None ' "$start" "${STANDIN_PREEMPT_TIME:-None}"
   printf 'Partition=debug NodeList=n[1-2] BatchHost=n1 StdErr=/dev/null StdIn=/dev/null StdOut=/dev/null\n'
 fi

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -249,6 +250,23 @@ def test_a_warning_lost_in_the_hand_over_is_taken_from_slurms_end_time(tmp_path:
     assert run.read("srun.argv") == ""            # the training step never started
     assert "the time-limit warning is due" in run.stderr
     assert "requeue 4242" in run.read("scontrol.calls"), run.stderr
+
+
+def test_a_warning_slurm_sent_before_the_script_listened_is_made_up_at_the_lead(
+        tmp_path: Path) -> None:
+    """Slurm sends the warning once, up to a minute early: on a short job it can come
+    before the script exists (seen on the devcluster: a 1-minute job with a 45 s lead ran
+    into its limit with no USR2). At the lead by Slurm's end time, a running step is asked
+    to stop as if the signal had come, and the job is requeued for its time limit."""
+    data = base(tmp_path)
+    lead = data["requeue"]["signal_lead_s"]
+    run = run_script(render_script(JobSpec.from_dict(data)), tmp_path,
+                     STANDIN_END_AT=str(int(time.time()) + lead + 4), STANDIN_SRUN_MODE="sleep")
+    assert "Slurm's did not come: taking it as received" in run.stderr
+    assert "caught SIGUSR2 (time_limit); asking the training step to stop" in run.stderr
+    assert "--signal=USR2 4242" in run.read("scancel.calls"), run.stderr
+    assert "requeue 4242" in run.read("scontrol.calls"), run.stderr
+    assert "requeueing job 4242 after a time_limit" in run.stderr
 
 
 def test_the_step_gets_the_supervisors_environment(tmp_path: Path) -> None:
