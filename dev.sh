@@ -68,6 +68,18 @@ test_user() {
     done
 }
 
+# DeepSpeed builds its CPU communication op (shm_comm) on the first init_distributed of
+# each user, in ~/.cache/torch_extensions: ~85 s of CPU that would land in the middle of
+# the suite. Built here for the test user, beside the devclusters coming up.
+warm_deepspeed() {
+    [ "$(id -u)" = 0 ] || return 0
+    runuser -u "$TEST_USER" -- env -i HOME="$(getent passwd "$TEST_USER" | cut -d: -f6)" \
+        PATH="$VENV/bin:/usr/bin:/bin" DS_ACCELERATOR=cpu python -c \
+        'from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("ShareMemCommBuilder").load()' >/dev/null 2>&1 \
+        || echo "dev.sh: could not build DeepSpeed's shm_comm op ahead (the first job will)" >&2
+}
+
 run_tests() {
     if [ "$(id -u)" != 0 ]; then python -m pytest "$@"; return; fi
     # test_user ran before cluster_up, so `up` registered it with the accounting
@@ -94,11 +106,13 @@ run_suite() {
         if [ -e "${arg%%::*}" ]; then run_tests "$@"; return; fi
     done
     if [ "$WORKERS" -le 1 ]; then run_tests "$@"; return; fi
-    local i rc status=0
+    local i rc status=0 warm
+    warm_deepspeed & warm=$!
     for ((i = 1; i < WORKERS; i++)); do hpctrain devcluster up --instance "$i"; done
     # the strict site's devcluster (tests/cluster/conftest.py: STRICT_INSTANCE), up before
     # the workers start: bringing an instance up rewrites /etc/hosts, which they all read
     hpctrain devcluster up --instance 7 --site strict
+    wait "$warm"
     # the longest files first (tests/conftest.py orders them), not xdist's largest count
     run_tests -n "$WORKERS" --dist loadfile --no-loadscope-reorder -m "not alone" "$@" \
         || status=$?

@@ -16,7 +16,6 @@ from the node's loss to the first resumed step, in the allocation.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from helpers.examples import example_spec, submit_example
 from helpers.jobs import isolate
 from helpers.nodes import bring_back, lose_node
 from helpers.slurm import sacct_states, squeue_state, wait_done, wait_until
-from helpers.torchrun import EXAMPLES, bitwise_equal, env_for, events, final_state, records, \
-    start, steps
+from helpers.reference import Reference, gpt_reference_args, reference
+from helpers.torchrun import EXAMPLES, bitwise_equal, events, final_state, records, steps
 
 TOTAL, EVERY = 30, 10
 LOST, LAST = "n2", "n3"     # the step's second node, then the spare that replaced it
@@ -60,12 +59,9 @@ def before(log: Path, t: float) -> int:
     return max(r["step"] for r in records(log) if "loss" in r and r["time"] < t)
 
 
-def reference_run(tmp: Path) -> subprocess.Popen:
+def reference_run() -> Reference:
     """The same training, uninterrupted, under a local torchrun (4 ranks, DP=4)."""
-    args = ["--steps", str(TOTAL), "--save-every", str(EVERY), "--seed", "11",
-            "--ckpt-dir", str(tmp / "ref-ckpt"), "--log-file", str(tmp / "ref.jsonl"),
-            "--final-state", str(tmp / "ref")]
-    return start(EXAMPLES / "train_gpt.py", 4, args, env_for(), tmp / "ref.out")
+    return reference(EXAMPLES / "train_gpt.py", 4, gpt_reference_args(TOTAL))
 
 
 KINDS = {
@@ -103,7 +99,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
         saved = last_checkpoint_step(str(ckpt))
         lose_node(dev, LOST, job)
         t_lost = time.time()
-        ref = reference_run(tmp_path)   # the CPU is idle while the job finds the loss
+        ref = reference_run()   # the CPU is idle while the job finds the loss
         if second:
             # resumed on n1 and the spare n3; past the next periodic checkpoint, n3 is lost
             wait_until(lambda: (last_checkpoint_step(str(ckpt)) or 0) >= 2 * EVERY
@@ -117,11 +113,6 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
         dev.make_nodes_usable()  # slurmd started, node resumed
         if squeue_state(job):
             client.run(["scancel", job], check=False)
-        if ref is not None:
-            try:
-                ref.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                ref.kill()
     out = job_out(root, job)
     assert state == "COMPLETED", out
     assert not sruns_of(root), "an srun outlived its job"
@@ -168,8 +159,8 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
         if "loss" in r:
             losses.setdefault(r["step"], set()).add(r["loss"])
     assert all(len(v) == 1 for v in losses.values()), "a re-run step got another loss"
-    assert ref is not None and ref.returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
-    assert bitwise_equal(final_state(tmp_path / "ref", 4), final_state(root / "final", 4))
+    assert ref is not None and ref.wait(300) == 0, ref.out.read_text()[-3000:]
+    assert bitwise_equal(final_state(ref.path / "ref", 4), final_state(root / "final", 4))
 
     first = next(r["time"] for r in records(log) if "loss" in r and r["time"] > t_lost)
     print(f"\nfigures[elastic-{kind}]: seconds from node loss to the first resumed step = "

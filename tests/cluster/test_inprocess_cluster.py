@@ -36,7 +36,8 @@ from helpers.examples import EXAMPLES, example_spec, submit_example
 from helpers.jobs import isolate
 from helpers.cluster import preempt
 from helpers.slurm import sacct_states, wait_done, wait_until
-from helpers.torchrun import bitwise_equal, env_for, events, final_state, records, start
+from helpers.reference import gpt_reference_args, reference
+from helpers.torchrun import bitwise_equal, events, final_state, records
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 TOTAL, EVERY = 30, 5
@@ -58,12 +59,9 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
     spec = spec.replace("[checkpoint]\n", f'[checkpoint]\ndir = "{root / "ckpt"}"\n')
     job = submit_example(root, spec)
     # meanwhile, the same training undisturbed, under a local torchrun
-    reference = start(EXAMPLES / "train_gpt.py", 4, [
-        "--steps", str(TOTAL), "--save-every", str(EVERY), "--seed", "11",
-        "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--log-file", str(tmp_path / "ref.jsonl"),
-        "--final-state", str(tmp_path / "ref")], env_for(), tmp_path / "ref.out")
+    ref = reference(EXAMPLES / "train_gpt.py", 4, gpt_reference_args(TOTAL))
     assert wait_done(job, 400) == "COMPLETED", (root / f"job-{job}.out").read_text()[-4000:]
-    assert reference.wait(timeout=300) == 0, (tmp_path / "ref.out").read_text()[-3000:]
+    assert ref.wait(timeout=300) == 0, ref.out.read_text()[-3000:]
 
     log = root / "loss.jsonl"
     starts = events(log, "start")
@@ -109,7 +107,7 @@ def test_crashes_and_hangs_restart_in_the_same_processes_and_the_run_stays_bitwi
     # every step is in the log; the run's parameters equal the undisturbed run's
     steps = {r["step"] for r in records(log) if "loss" in r}
     assert steps == set(range(TOTAL))
-    assert bitwise_equal(final_state(root / "final", 4), final_state(tmp_path / "ref", 4))
+    assert bitwise_equal(final_state(root / "final", 4), final_state(ref.path / "ref", 4))
 
     # figures: the last step of an attempt -> the first step of the next (the first run)
     requeued_at = starts[-1]["time"]
@@ -159,16 +157,15 @@ def test_other_layouts_restart_in_place_where_they_can_and_cold_where_not(
                         f"[watchdog]\nmax_step_restarts = 4\nhang_timeout_s = {hang_s}\n")
     spec = spec.replace("[checkpoint]\n", f'[checkpoint]\ndir = "{root / "ckpt"}"\n')
     job = submit_example(root, spec)
-    reference = start(EXAMPLES / "train_gpt.py", 4, [
-        "--steps", str(total), "--save-every", str(EVERY), "--seed", "11",
-        "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--final-state", str(tmp_path / "ref")],
-        env_for(tp=layout.get("tp", 1), pp=layout.get("pp", 1)), tmp_path / "ref.out")
+    # the same training undisturbed (the pp cases share one run)
+    ref = reference(EXAMPLES / "train_gpt.py", 4, gpt_reference_args(total),
+                    tp=layout.get("tp", 1), pp=layout.get("pp", 1))
     steps = root / "loss.jsonl"
     wait_until(lambda: any(r.get("attempt") == 3 and r["step"] >= 12 for r in records(steps)
                            if "loss" in r), 240, "the last attempt's steps")
     preempt(job)
     assert wait_done(job, 300) == "COMPLETED", (root / f"job-{job}.out").read_text()[-4000:]
-    assert reference.wait(timeout=300) == 0, (tmp_path / "ref.out").read_text()[-3000:]
+    assert ref.wait(timeout=300) == 0, ref.out.read_text()[-3000:]
     state = protocol.state_dir(root / "ckpt", job)
     lines = (state / protocol.LEDGER).read_text().splitlines()
     restarts = [dict(w.split("=", 1) for w in ln.split()[1:]) for ln in lines
@@ -193,4 +190,4 @@ def test_other_layouts_restart_in_place_where_they_can_and_cold_where_not(
         assert "rank 3: a device error: this process cannot start another attempt" in log
         assert "not restarting attempt 2 in its processes: a rank's process cannot (a " \
                "device error)" in log, log[-3000:]
-    assert bitwise_equal(final_state(root / "final", 4), final_state(tmp_path / "ref", 4))
+    assert bitwise_equal(final_state(root / "final", 4), final_state(ref.path / "ref", 4))

@@ -24,7 +24,6 @@ tests/cluster/test_elastic_cluster.py's.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -39,20 +38,19 @@ from helpers.nodes import bring_back, lose_node
 from helpers.slurm import sacct_states, squeue_state, wait_done, wait_until
 from helpers.lossjobs import EVERY, PROGRAMS, TOTAL, empty_queue, job_log, loop_spec, \
     step_done, submit
-from helpers.torchrun import bitwise_equal, env_for, events, start
+from helpers.reference import Reference, reference
+from helpers.torchrun import bitwise_equal, events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 def final_state(prefix: Path) -> list[dict]:
     return [torch.load(prefix / f"rank-{r}.pt") for r in range(4)]
 
 
-def reference(tmp: Path) -> subprocess.Popen:
-    """The same loop, undisturbed, under a local torchrun (4 ranks)."""
-    args = ["--steps", str(TOTAL), "--save-every", str(EVERY), "--step-sleep", "0",
-            "--ckpt-dir", str(tmp / "ref-ckpt"), "--events", str(tmp / "ref.jsonl"),
-            "--final", str(tmp / "ref")]
-    (tmp / "ref-ckpt").mkdir()
-    return start(PROGRAMS / "plain_dp_loop.py", 4, args, env_for(), tmp / "ref.out")
+def undisturbed() -> Reference:
+    """The same loop, undisturbed, under a local torchrun (4 ranks): once for all cases."""
+    return reference(PROGRAMS / "plain_dp_loop.py", 4, [
+        "--steps", str(TOTAL), "--save-every", str(EVERY), "--step-sleep", "0",
+        "--ckpt-dir", "{out}/ckpt", "--events", "{out}/ref.jsonl", "--final", "{out}/ref"])
 
 
 # each launcher loses n2 processes first (to the spare); srun and torchrun then lose the
@@ -72,7 +70,7 @@ def test_a_node_lost_processes_first_then_one_lost_all_at_once(
         wait_until(lambda: step_done(root, EVERY + 2), 240, f"step {EVERY + 2}")
         lose_node(dev, "n2", job, order="processes-first")
         t_lost = time.time()
-        ref = reference(tmp_path)
+        ref = undisturbed()
         if second:
             wait_until(lambda: step_done(root, 3 * EVERY + 2) and len(
                 events(root / "events.jsonl", "start")) >= 2, 180,
@@ -85,11 +83,6 @@ def test_a_node_lost_processes_first_then_one_lost_all_at_once(
         dev.make_nodes_usable()
         if squeue_state(job):
             client.run(["scancel", job], check=False)
-        if ref is not None:
-            try:
-                ref.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                ref.kill()
     out = job_log(root, job)
     assert state == "COMPLETED", out
     # n2: srun ended the step at once (its stepd saw the deaths) and n2 answered no step;
@@ -111,5 +104,5 @@ def test_a_node_lost_processes_first_then_one_lost_all_at_once(
     print(f"\nfigures[loss-{launcher}]: processes-first loss -> first step on the spare "
           f"{first - t_lost:.1f} s (found by {'asking n2' if asked else 'its silence'}); "
           f"sacct {sacct_states(job)}")
-    assert ref is not None and ref.returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
-    assert bitwise_equal(final_state(tmp_path / "ref"), final_state(root / "final"))
+    assert ref is not None and ref.wait(300) == 0, ref.out.read_text()[-3000:]
+    assert bitwise_equal(final_state(ref.path / "ref"), final_state(root / "final"))

@@ -31,7 +31,8 @@ from helpers.jobs import isolate
 from helpers.nodes import lose_node
 from helpers.slurm import squeue_state, wait_done, wait_until
 from helpers.specs import spec_toml
-from helpers.torchrun import bitwise_equal, env_for, events, start
+from helpers.reference import reference
+from helpers.torchrun import bitwise_equal, events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "plain_dp_loop.py"
@@ -78,22 +79,15 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
                    240, "step 25")
         lose_node(dev, "n2", job)
         t_lost = time.time()
-        ref_args = [a if a != str(root / "ckpt") else str(tmp_path / "ref-ckpt")
-                    for a in args]
-        (tmp_path / "ref-ckpt").mkdir()
-        ref_args[ref_args.index(str(log))] = str(tmp_path / "ref.jsonl")
-        ref_args[ref_args.index(str(root / "final"))] = str(tmp_path / "ref")
-        ref = start(PROGRAM, 4, ref_args, env_for(), tmp_path / "ref.out")
+        # the same loop undisturbed (both cases: one run)
+        paths = {str(root / "ckpt"): "{out}/ckpt", str(log): "{out}/ref.jsonl",
+                 str(root / "final"): "{out}/ref"}
+        ref = reference(PROGRAM, 4, [paths.get(a, a) for a in args])
         state = wait_done(job, 240)
     finally:
         dev.make_nodes_usable()
         if squeue_state(job):
             client.run(["scancel", job], check=False)
-        if ref is not None:
-            try:
-                ref.wait(timeout=300)
-            except subprocess.TimeoutExpired:
-                ref.kill()
     text = (root / f"job-{job}.out").read_text(errors="replace")
     out = "\n".join(x for x in text.splitlines() if x.startswith(("hpctrain:", "srun:")))
     assert state == "COMPLETED", out
@@ -109,8 +103,8 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
     assert sorted({e["step"] for e in events(log, "step")}) == list(range(TOTAL))
     row = status(job)
     assert row["cause"] == "completed" and row["restarts_in_place"] == {"node_fail": 1}, row
-    assert ref is not None and ref.returncode == 0, (tmp_path / "ref.out").read_text()[-3000:]
-    assert bitwise_equal(final(tmp_path / "ref"), final(root / "final"))
+    assert ref is not None and ref.wait(300) == 0, ref.out.read_text()[-3000:]
+    assert bitwise_equal(final(ref.path / "ref"), final(root / "final"))
     first = min(e["time"] for e in events(log, "step") if e["time"] > starts[1]["time"])
     kind = "peer-copies" if copies else "durable-only"
     print(f"\nfigures[{kind}]: loss -> first step on the spare {first - t_lost:.1f} s "
