@@ -90,6 +90,15 @@ if [[ $1 == --signal=* && -f $STANDIN_LOG/srun.pid ]]; then
   fi
 fi
 ''',
+    "sinfo": r'''#!/bin/bash
+# STAND-IN for sinfo: records the call; `-h -N -n NODES -o %N|%T` answers each node of the
+# comma-separated NODES as the devcluster's sinfo printed an allocated one ("n1|allocated").
+printf '%s\n' "$*" >> "$STANDIN_LOG/sinfo.calls"
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == -n ]]; then IFS=, read -ra nodes <<< "$2"; printf '%s|allocated\n' "${nodes[@]}"; fi
+  shift
+done
+''',
     "sacct": r'''#!/bin/bash
 # STAND-IN for sacct: records the call; answers `-o State` with $STANDIN_SACCT_STATES
 # (one run per line, oldest first, as `sacct -n -X -D -P` printed them on the devcluster).
