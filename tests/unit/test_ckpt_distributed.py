@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.ckpt import free_port, whole_manifest
+from helpers.ckpt import free_port, spawn, whole_manifest
 from programs.ckpt_dist_worker import full_weight, worker
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -15,11 +15,10 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 def test_world_size_2_save_then_load_with_world_size_1(tmp_path: Path) -> None:
     import torch
-    import torch.multiprocessing as mp
 
     from hpctrain.checkpoint import CheckpointManager
 
-    mp.spawn(worker, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
+    spawn(worker, (2, str(tmp_path), free_port()), 2)
     step_dir = tmp_path / "step_000000005"
     man = whole_manifest(step_dir)
     assert man["world_size"] == 2

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.ckpt import free_port, run_cli, whole_manifest
+from helpers.ckpt import free_port, run_cli, spawn, whole_manifest
 from programs.ckpt_rank_worker import check_own, grown_world, own_state, save_and_load
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
@@ -35,15 +35,13 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int,
                                             alongside: bool) -> None:
     """Both ways of fingerprinting (alongside the first writes, or after them while the
     disk flushes them), each then appending the per-rank values to a file already synced."""
-    import torch.multiprocessing as mp
 
     from hpctrain.checkpoint import CheckpointManager
 
     roots = [tmp_path / "sync", tmp_path / "async"]
     for root in roots:
         root.mkdir()
-    mp.spawn(save_and_load, args=(world, [str(r) for r in roots], free_port(), alongside),
-             nprocs=world, join=True)
+    spawn(save_and_load, (world, [str(r) for r in roots], free_port(), alongside), world)
     for root in roots:
         man = _manifest(root)
         # every save writes version 5 (per-rank values needed 2, crc32c 3, each rank's
@@ -63,7 +61,7 @@ def test_each_rank_gets_its_own_values_back(tmp_path: Path, world: int,
         assert mgr.load_latest(state) == 3
     check_own(state, 0)
     if world == 2:  # the world grows to 4: ranks 2 and 3 have no own values
-        mp.spawn(grown_world, args=(4, str(roots[1]), free_port()), nprocs=4, join=True)
+        spawn(grown_world, (4, str(roots[1]), free_port()), 4)
     _export_round_trips(roots[0], world, tmp_path / "out")
 
 
@@ -111,9 +109,8 @@ def _export_round_trips(root: Path, world: int, out: Path) -> None:
 def test_replicated_state_still_writes_one_copy(tmp_path: Path) -> None:
     """A model every rank holds the same (DDP) costs no extra bytes: one copy, and no
     per-rank entries."""
-    import torch.multiprocessing as mp
 
-    mp.spawn(_save_replicas, args=(2, str(tmp_path), free_port()), nprocs=2, join=True)
+    spawn(_save_replicas, (2, str(tmp_path), free_port()), 2)
     man = _manifest(tmp_path)
     assert man["format_version"] == 5
     assert len(man["tensors"]) == 1 and "rank" not in man["tensors"][0]

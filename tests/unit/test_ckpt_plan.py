@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.ckpt import free_port, run_cli, whole_manifest
+from helpers.ckpt import free_port, run_cli, spawn, whole_manifest
 from programs.ckpt_plan_worker import (coordinator_fails, coordinator_killed, damaged_record,
                                        old_format, plan_reuse, round_trip)
 
@@ -25,9 +25,7 @@ OLD = Path(__file__).resolve().parents[1] / "data" / "ckpt-0.7"   # 2 ranks, hpc
 
 
 def _spawn(fn, world: int, *args) -> None:
-    import torch.multiprocessing as mp
-
-    mp.spawn(fn, args=(world, *args), nprocs=world, join=True)
+    spawn(fn, (world, *args), world)
 
 
 def _ranks_at(step_dir: Path, path: list) -> list:
@@ -87,7 +85,6 @@ def test_a_coordinator_that_fails_mid_plan_fails_the_save_on_every_rank(tmp_path
 
 def test_a_coordinator_killed_mid_plan_fails_the_others_at_once(tmp_path: Path) -> None:
     import torch
-    import torch.multiprocessing as mp
 
     from hpctrain.checkpoint import CheckpointManager
     from programs.ckpt_plan_worker import blank, mixed_state, same
@@ -95,8 +92,7 @@ def test_a_coordinator_killed_mid_plan_fails_the_others_at_once(tmp_path: Path) 
     root, out = tmp_path / "ckpt", tmp_path / "out"
     root.mkdir()
     out.mkdir()
-    ctx = mp.spawn(coordinator_killed, args=(3, str(root), free_port(), str(out)), nprocs=3,
-                   join=False)
+    ctx = spawn(coordinator_killed, (3, str(root), free_port(), str(out)), 3, join=False)
     deadline = time.monotonic() + 120
     for proc in ctx.processes:
         proc.join(max(1.0, deadline - time.monotonic()))
