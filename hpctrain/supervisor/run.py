@@ -32,7 +32,7 @@ from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import (Caught, Decision, decide, decide_before_start,
                                           health_check, missing_requeues, needs_sacct,
                                           previous_cause, respond_to_stop, start_verdict,
-                                          warning_due)
+                                          warning_at, warning_due)
 from hpctrain.supervisor.diagnosis import log_segment, log_size
 from hpctrain.supervisor.gather import POLL_S, Gather
 from hpctrain.supervisor.hang import Watch
@@ -50,6 +50,7 @@ from hpctrain.supervisor.watchdog import Hang
 
 
 FORGET_S = 30.0      # removing a run's peer copies from its nodes' memory, at its end
+WARN_RETRY_S = 10.0  # the warning due and the controller silent: ask again this much later
 
 
 class Supervisor:
@@ -283,6 +284,9 @@ class Supervisor:
         if self.seen.caught or self.seen.pending:     # a stop is in hand already
             return
         lead, view = self.cfg.signal_lead_s, self.seen.ask()
+        if view is None:      # the controller did not answer: ask again in a while
+            self._warn_at = self.slurm.time() + WARN_RETRY_S
+            return
         if not warning_due(view, lead, self.slurm.time()):
             self._warn_at = warning_at(view, lead)
             return
@@ -317,13 +321,6 @@ class Supervisor:
         self._forwarded = True
         say(f"caught SIG{caught.name} ({r.notice or 'no preemption or time limit'}); "
             f"asking the training step to stop: {how}")
-
-
-def warning_at(view: JobView | None, lead_s: int) -> float | None:
-    """When the time-limit warning is due by Slurm's end time; None without one."""
-    if view is None or view.end_time is None or lead_s <= 0:
-        return None
-    return view.end_time - lead_s
 
 
 def main(argv: list[str] | None = None) -> int:

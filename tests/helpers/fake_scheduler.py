@@ -334,6 +334,7 @@ class FakeSlurm:
     restart_count: int = 0
     outage: tuple[str, float] | None = None   # the first call of this kind starts an
     #                                           outage of the controller this long
+    time_limit_s: float = 3600.0              # the job's EndTime, after the start
     now: float = 0.0
     view: JobView = field(init=False)
     calls: list[tuple[str, ...]] = field(default_factory=list)
@@ -347,7 +348,7 @@ class FakeSlurm:
 
     def __post_init__(self) -> None:
         self.view = JobView("42", "RUNNING", "None", self.restart_count, None,
-                            T0 + 3600, True, std_err=str(self.log_path),
+                            T0 + self.time_limit_s, True, std_err=str(self.log_path),
                             node_list=",".join(self.nodes), partition="debug",
                             num_nodes=len(self.nodes))
         self.node_state = {**{n: "ALLOCATED" for n in self.nodes}, **self.node_state}

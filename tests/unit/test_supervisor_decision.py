@@ -261,6 +261,18 @@ def test_a_warning_missed_in_the_hand_over_is_seen_from_slurms_end_time() -> Non
     assert not warning_due(replace(view, end_time=None), 120, NOW)  # no time limit
 
 
+def test_the_warning_is_due_at_the_lead_by_slurms_end_time() -> None:
+    """When a running step that has had no warning takes it as received (Slurm's may have
+    come before the script listened)."""
+    from hpctrain.supervisor.decision import warning_at
+
+    view = replace(RUNNING, end_time=NOW + 100)
+    assert warning_at(view, 30) == NOW + 70
+    assert warning_at(view, 0) is None                 # no --signal: nothing to make up
+    assert warning_at(None, 30) is None
+    assert warning_at(replace(view, end_time=None), 30) is None   # no time limit
+
+
 def test_a_requeue_names_the_budget_and_a_stop_the_limit() -> None:
     d = decide(facts(view=PREEMPTING, status=143, requeues={"preemption": 1}, restart_count=3))
     assert d.detail == "restart 4 of max_requeues=10, preemption requeue 2 of max_preemptions=10"

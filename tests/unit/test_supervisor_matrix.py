@@ -56,6 +56,21 @@ def test_the_time_limit_warning_stops_the_step_and_requeues(tmp_path: Path, kind
 
 
 @pytest.mark.parametrize("kind", ALL)
+def test_a_warning_that_never_came_is_taken_as_received_at_the_lead(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slurm's warning was lost (sent before the script listened): at the lead by Slurm's
+    EndTime (60 s limit, 30 s lead) the step is stopped as if it had come."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, steps=({"steps": 100},),
+                                            time_limit_s=60.0)
+    assert (code, verdict["cause"], verdict["action"]) == (0, "time_limit", "requeue"), verdict
+    assert ledger == ["requeue cause=time_limit restart_count=1 by=supervisor"]
+    want = "TERM" if kind == "torchrun" else "USR2"
+    assert asked(fake, "signal_steps") == [("signal_steps", want)]
+    assert 30.0 <= fake.now < 40.0, fake.now
+    assert "Slurm's did not come: taking it as received" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ALL)
 def test_scancel_is_final(tmp_path: Path, kind: str) -> None:
     code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(4.0, "scancel")])
     assert (verdict["cause"], verdict["action"]) == ("cancelled", "finish"), verdict

@@ -26,7 +26,7 @@ from hpctrain.supervisor.decision.running import (StopResponse, exclusion, healt
                                                   why_bad)
 from hpctrain.supervisor.decision.start import (decide_before_start, missing_requeues,
                                                 needs_sacct, previous_cause, start_verdict,
-                                                warning_due)
+                                                warning_at, warning_due)
 from hpctrain.supervisor.decision.table import cause_of_run, death_at_exit, decide, requeued_cause
 
 __all__ = ["CAUSE_OF_RUN_STATE", "FREE_CAUSES", "LIMIT_NAMES", "REQUEUE_CAUSES", "Budget",
@@ -35,5 +35,6 @@ __all__ = ["CAUSE_OF_RUN_STATE", "FREE_CAUSES", "LIMIT_NAMES", "REQUEUE_CAUSES",
            "health_check",
            "limit_text", "missing_requeues", "needs_sacct", "notice_cause", "over_limit",
            "previous_cause", "requeued_cause", "respond_to_stop", "runtime_word",
-           "signal_name", "slurm_event", "start_verdict", "unhealthy", "warning_due",
+           "signal_name", "slurm_event", "start_verdict", "unhealthy", "warning_at",
+           "warning_due",
            "why_bad", "why_run_ended"]

@@ -76,3 +76,11 @@ def warning_due(view: JobView | None, lead_s: int, now: float) -> bool:
     (ignored there), and nothing else would tell."""
     return (view is not None and view.end_time is not None and lead_s > 0
             and now >= view.end_time - lead_s)
+
+
+def warning_at(view: JobView | None, lead_s: int) -> float | None:
+    """When the time-limit warning is due by Slurm's end time (epoch s); None without a
+    limit or a warning."""
+    if view is None or view.end_time is None or lead_s <= 0:
+        return None
+    return view.end_time - lead_s
