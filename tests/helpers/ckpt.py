@@ -169,3 +169,43 @@ def spawn(fn: Any, args: tuple, nprocs: int, join: bool = True) -> Any:
                                             "hpctrain.checkpoint"])
     return mp.start_processes(fn, args=args, nprocs=nprocs, join=join,
                               start_method="forkserver")
+
+
+class Forked:
+    """A process forked (as :func:`spawn`'s ranks are) to run ``fn(said, *args)``, where
+    ``said`` is the write end of a pipe: what it sends, :meth:`said` gives back in order.
+    For savers a test kills: killing one costs no torch import to start the next."""
+
+    def __init__(self, fn: Any, *args: Any) -> None:
+        import multiprocessing
+
+        multiprocessing.set_forkserver_preload(["torch", "torch.distributed",
+                                                "hpctrain.checkpoint"])
+        ctx = multiprocessing.get_context("forkserver")
+        self._in, out = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=fn, args=(out, *args))
+        self.proc.start()
+        out.close()
+
+    def next(self, timeout: float = 120) -> Any:
+        """The next thing the process said; EOFError once it is gone."""
+        if not self._in.poll(timeout):
+            raise TimeoutError(f"nothing said within {timeout} s")
+        return self._in.recv()
+
+    def said(self, timeout: float = 120) -> list[Any]:
+        """Everything it said until it ended (waits for its end)."""
+        got = []
+        try:
+            while True:
+                got.append(self.next(timeout))
+        except EOFError:
+            pass
+        self.proc.join(timeout)
+        return got
+
+    def kill(self) -> int | None:
+        """SIGKILL, and its exit code once it is gone (-9)."""
+        self.proc.kill()
+        self.proc.join(60)
+        return self.proc.exitcode

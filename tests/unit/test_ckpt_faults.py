@@ -1,7 +1,8 @@
 """kill -9 during save and during prune, at every commit point and at random times.
 
-Each case really kills a saving subprocess with SIGKILL; afterwards ``load_latest``
-must return a complete earlier (or the new, if committed) checkpoint, never a partial.
+Each case really kills a saving process (tests/programs/ckpt_saver.py, forked) with
+SIGKILL; afterwards ``load_latest`` must return a complete earlier (or the new, if
+committed) checkpoint, never a partial.
 """
 
 from __future__ import annotations
@@ -9,42 +10,21 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from helpers.ckpt import assert_state_is, child_env, make_state, run_cli
+from helpers.ckpt import Forked, assert_state_is, make_state, run_cli
+from programs.ckpt_saver import resave, save_steps
 
 pytestmark = pytest.mark.torch
-# tests/, on the savers' sys.path: they import helpers.ckpt
-TESTS = Path(__file__).resolve().parents[1]
-
-SAVER = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, {here!r})
-    from helpers.ckpt import make_state
-    from hpctrain.checkpoint import CheckpointManager
-    root, fault, rows, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    with CheckpointManager(root, keep_last=2, async_save=bool(int(sys.argv[5]))) as mgr:
-        first = (mgr.latest_step() or 0) + 1
-        for step in range(first, first + steps):
-            if step == 3 and fault:
-                os.environ["HPCTRAIN_CKPT_FAULT"] = fault  # arm only after two commits
-            mgr.save(step, make_state(step, rows))
-            print(step, flush=True)
-""").format(here=str(TESTS))
 
 
 def _saver(root: Path, fault: str = "", rows: int = 64, steps: int = 4,
-           async_save: bool = False) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SAVER, str(root), fault, str(rows),
-                             str(steps), str(int(async_save))], stdout=subprocess.PIPE,
-                            text=True, env=child_env())
+           async_save: bool = False) -> Forked:
+    return Forked(save_steps, str(root), fault, rows, steps, async_save)
 
 
 def _check_recovers(root: Path, rows: int) -> int:
@@ -71,28 +51,14 @@ POINTS = {  # fault point -> step load_latest must return after the kill
 @pytest.mark.parametrize("point", sorted(POINTS))
 def test_kill_at_each_commit_point(tmp_path: Path, point: str) -> None:
     proc = _saver(tmp_path, point)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, out  # it really died at the point
-    assert out.split() == ["1", "2"]
+    said = proc.said()
+    assert proc.proc.exitcode == -signal.SIGKILL, said  # it really died at the point
+    assert said == [1, 2]
     if point == "prune-after-trash":  # the victim left the namespace whole, as trash
         names = sorted(os.listdir(tmp_path))
         assert [n for n in names if n.startswith("step_")] == ["step_000000002", "step_000000003"]
         assert [n for n in names if n.startswith(".trash-step_000000001.")]
     assert _check_recovers(tmp_path, 64) == POINTS[point]
-
-
-RESAVER = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, {here!r})
-    from helpers.ckpt import make_state
-    from hpctrain.checkpoint import CheckpointManager
-    root, fault, async_save = sys.argv[1], sys.argv[2], bool(int(sys.argv[3]))
-    with CheckpointManager(root, keep_last=1, async_save=async_save) as mgr:
-        mgr.save(5, make_state(5))
-        mgr.wait()
-        os.environ["HPCTRAIN_CKPT_FAULT"] = fault
-        mgr.save(5, make_state(6))  # resumed from 5, saving 5 again: other values
-""").format(here=str(TESTS))
 
 
 # kill point in a re-save of step 5 -> whose content step 5 holds afterwards
@@ -107,9 +73,9 @@ def test_kill_while_resaving_a_step_leaves_it_loadable(tmp_path: Path, point: st
     afterwards, whole (the old one until the new one is committed, then the new one)."""
     from hpctrain.checkpoint import CheckpointManager
 
-    proc = subprocess.run([sys.executable, "-c", RESAVER, str(tmp_path), point,
-                           str(int(async_save))], env=child_env(), timeout=120)
-    assert proc.returncode == -signal.SIGKILL  # it really died at the point
+    proc = Forked(resave, str(tmp_path), point, async_save)
+    proc.said()
+    assert proc.proc.exitcode == -signal.SIGKILL  # it really died at the point
     if point == "resave-after-aside":  # the window: no step_5, only the old one set aside
         names = os.listdir(tmp_path)
         assert "step_000000005" not in names and [n for n in names if n.startswith(".old-")]
@@ -125,12 +91,9 @@ def _kill_run(root: Path, rows: int, async_save: bool, when: Callable[[], object
     """Start a long saving run, SIGKILL it once ``when()`` says so (after its first commit);
     return whether the kill landed inside a save (its temporary directory was left behind)."""
     proc = _saver(root, rows=rows, steps=1000, async_save=async_save)
-    assert proc.stdout is not None
-    proc.stdout.readline()  # at least one commit of this run
+    proc.next()  # at least one commit of this run
     when()
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.kill() == -signal.SIGKILL
     return any(n.startswith(".tmp-step") for n in os.listdir(root))
 
 
