@@ -102,7 +102,10 @@ def test_a_framework_with_hpctrains_callback_survives_a_hang_the_time_limit_and_
 def test_an_unmodified_lightning_script_resumes_from_its_own_save_after_a_preemption(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)
-    with send_user_signal(Path(cluster.client_env()["SLURM_CONF"])):
+    # Lightning's own save on the signal took longer than the devcluster's 10 s of
+    # GraceTime beside the suite's heaviest files once (1 full run of 9): a site that
+    # relies on it gives it time
+    with send_user_signal(Path(cluster.client_env()["SLURM_CONF"]), grace_s=45):
         job = submit(root, spec(root, "plain-pl", "lightning", "--mode", "plain", "--steps",
                                 "60", "--step-sleep", "0.2",
                                 requeue={"signal": "USR1", "signal_lead_s": 60}))

@@ -55,14 +55,17 @@ def preempt(job: str) -> None:
 
 
 @contextmanager
-def send_user_signal(conf: Path) -> Iterator[None]:
+def send_user_signal(conf: Path, grace_s: int | None = None) -> Iterator[None]:
     """The site setting ``SlurmctldParameters=preempt_send_user_signal`` while the block
     runs (Slurm 22.05 reads it there): on a preemption GraceTime starts with the job's
-    --signal to the batch step, and the steps get no SIGTERM of Slurm's."""
+    --signal to the batch step, and the steps get no SIGTERM of Slurm's. ``grace_s``: the
+    partitions' GraceTime meanwhile (a site that gives a framework's own save its time)."""
     original = conf.read_text()
+    text = original if grace_s is None else original.replace("GraceTime=10 ",
+                                                             f"GraceTime={grace_s} ")
     try:
         admin.run(["tee", str(conf)],
-                  input=original + "SlurmctldParameters=preempt_send_user_signal\n")
+                  input=text + "SlurmctldParameters=preempt_send_user_signal\n")
         admin.run(["scontrol", "reconfigure"])
         yield
     finally:
