@@ -160,15 +160,21 @@ def spawn(fn: Any, args: tuple, nprocs: int, join: bool = True) -> Any:
     processes), the processes forked from a server that imported torch once
     (multiprocessing's forkserver, torch preloaded): a rank starts in milliseconds instead
     of importing torch itself (~2 s of CPU each, the bulk of these tests' time)."""
-    import multiprocessing
-
     import torch.multiprocessing as mp
 
-    # no effect once this process's server runs: it has them already
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed",
-                                            "hpctrain.checkpoint"])
+    _forkserver()
     return mp.start_processes(fn, args=args, nprocs=nprocs, join=join,
                               start_method="forkserver")
+
+
+def _forkserver() -> Any:
+    """multiprocessing's forkserver context, its server preloading torch (the preload has
+    no effect once this process's server runs: it has them already)."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed",
+                                            "hpctrain.checkpoint"])
+    return multiprocessing.get_context("forkserver")
 
 
 class Forked:
@@ -177,11 +183,7 @@ class Forked:
     For savers a test kills: killing one costs no torch import to start the next."""
 
     def __init__(self, fn: Any, *args: Any) -> None:
-        import multiprocessing
-
-        multiprocessing.set_forkserver_preload(["torch", "torch.distributed",
-                                                "hpctrain.checkpoint"])
-        ctx = multiprocessing.get_context("forkserver")
+        ctx = _forkserver()
         self._in, out = ctx.Pipe(duplex=False)
         self.proc = ctx.Process(target=fn, args=(out, *args))
         self.proc.start()

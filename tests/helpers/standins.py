@@ -60,8 +60,9 @@ esac
 # STAND-IN for scontrol: `show hostnames` answers what the devcluster answered for
 # n[1-2]; `show job -o ID` answers the devcluster's one-line record of a running job (as
 # recorded there, with times of now: it started a minute ago and ends in
-# $STANDIN_END_IN_S seconds, 600 by default, or at $STANDIN_END_AT (epoch s); PreemptTime is a date once Slurm picked the
-# job for preemption: $STANDIN_PREEMPT_TIME, else None); every call is recorded.
+# $STANDIN_END_IN_S seconds, 600 by default, or at $STANDIN_END_AT (epoch s); PreemptTime
+# is a date once Slurm picked the job for preemption: $STANDIN_PREEMPT_TIME, else None);
+# every call is recorded.
 printf '%s\n' "$*" >> "$STANDIN_LOG/scontrol.calls"
 if [[ $1 == show && $2 == hostnames ]]; then printf 'n1\nn2\n'; fi
 if [[ $1 == show && $2 == job ]]; then

@@ -1,5 +1,5 @@
 """Savers for tests/unit/test_ckpt_faults.py, each killed with SIGKILL at a commit point or
-at a random time (forked by helpers.ckpt.forked: torch is imported already). A saver says
+at a random time (forked by helpers.ckpt.Forked: torch is imported already). A saver says
 each step it committed on ``said`` (a pipe to the test)."""
 
 from __future__ import annotations
