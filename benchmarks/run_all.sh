@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 for bench in benchmarks/cli_bench.py benchmarks/plan_bench.py benchmarks/requeue_bench.py \
              benchmarks/hang_bench.py benchmarks/inprocess_bench.py benchmarks/elastic_bench.py \
              benchmarks/remote_bench.py benchmarks/progress_bench.py benchmarks/index_bench.py \
-             benchmarks/status_lag_bench.py \
+             benchmarks/status_lag_bench.py benchmarks/peer_bench.py \
              benchmarks/ckpt_scale_sim.py benchmarks/sweep_bench.py benchmarks/rehearsal.py; do
     [ -f "$bench" ] || continue
     echo "== $bench"

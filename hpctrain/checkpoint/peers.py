@@ -26,13 +26,13 @@ copy is not sent: that step is durable moments later anyway.
 from __future__ import annotations
 
 import hmac
-import json
 import mmap
 import os
 import pickle
 import socket
 import sys
 import threading
+from contextlib import closing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from hpctrain.checkpoint import peerfile
+from hpctrain.checkpoint.peerwire import Slots, header, read_header
 from hpctrain.checkpoint.tree import Chunk
 from hpctrain.protocol import RESTART_COUNT, RUN_ID, channel, nodemem
 
@@ -48,7 +49,7 @@ CONNECT_S = 10.0                      # a partner that does not accept within th
 CLOSE_WAIT_S = 10.0                   # a closing manager waits this long for the last send
 CUT_WARN = 20                         # sends cut short in a row before the job log says so
 WHERE_MAX = 512                       # bytes of a rank's (node, port), pickled
-BLOCK = 4 << 20                       # bytes received per read
+NICE = 19                             # the sending and receiving threads' (see _background)
 
 
 # ---- who keeps whose copy, which step from where (pure) -------------------------------------
@@ -118,45 +119,14 @@ def sources_of(plan: tuple[int, dict[int, int]] | None,
                           (sources[r], sizes[sources[r]][r]))) for r in range(len(sizes))]
 
 
-# ---- the wire: a header line, then the copy's bytes -----------------------------------------
-def _header(conn: socket.socket) -> dict | None:
-    """The next copy's header line (JSON: token, rank, nbytes), or None."""
-    line = b""
-    while not line.endswith(b"\n") and len(line) < 4096:
-        got = conn.recv(1)
-        if not got:
-            return None
-        line += got
+def _background() -> None:
+    """This thread yields the CPU to the training's (its checksums and copies run in the
+    training's idle moments, as on a GPU node's idle cores): the most a thread can lower
+    its own priority without privileges)."""
     try:
-        head = json.loads(line)
-        head["rank"], head["nbytes"] = int(head["rank"]), int(head["nbytes"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return head if head["nbytes"] >= peerfile.TRAILER.size else None
-
-
-def _receive_into(conn: socket.socket, path: Path, size: int) -> bool:
-    """``size`` bytes from ``conn`` into the copy file ``path``, in place (spoiled first, so
-    that only a whole copy reads as one); False when the sender went away. A copy that
-    arrives whole is untorn: a sender cuts its send short before the staging memory it
-    reads is written again (:meth:`PeerCopies.before_stage`)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        peerfile.spoil(fd)
-        os.ftruncate(fd, size)
-        with mmap.mmap(fd, size) as pages:
-            view, got = memoryview(pages), 0
-            try:
-                while got < size:
-                    n = conn.recv_into(view[got:], min(BLOCK, size - got))
-                    if not n:
-                        return False
-                    got += n
-            finally:
-                view.release()
-    finally:
-        os.close(fd)
-    return True
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    except OSError:
+        pass
 
 
 # ---- one rank's copies ----------------------------------------------------------------------
@@ -254,6 +224,7 @@ class PeerCopies:
             self._cond.notify_all()
 
     def _send_loop(self) -> None:
+        _background()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
@@ -282,15 +253,13 @@ class PeerCopies:
             os.replace(tmp, self.meta)
         except OSError as exc:
             return self._fail(f"could not keep step {step} in node memory ({exc})")
-        header = json.dumps({"token": self.token, "rank": self.rank,
-                             "nbytes": size + len(end)}).encode() + b"\n"
         try:
             if self._sock is None:
                 self._sock = socket.create_connection(self.partner, timeout=CONNECT_S)
                 self._sock.settimeout(None)
             with self._cond:
                 self._sending = True
-            self._sock.sendall(header)
+            self._sock.sendall(header(self.token, self.rank, size + len(end)))
             self._sock.sendall(memoryview(self._pages)[:size])
             self._sock.sendall(end)
             self._cut = 0
@@ -318,16 +287,17 @@ class PeerCopies:
     def _receive(self, conn: socket.socket) -> None:
         """Copies from one ward, as they come, each into the older of the ward's two slots
         (the newer one stays whole while the next arrives), straight into its pages."""
-        with conn:
+        _background()
+        with conn, closing(Slots()) as slots:
             while True:
-                head = _header(conn)
+                head = read_header(conn)
                 if head is None or not hmac.compare_digest(
                         str(head.get("token", "")), self.token) or head["rank"] not in self.wards:
-                    return           # closed, or not a ward of this job's
-                slots = self._slots(head["rank"])
-                older = min(slots, key=lambda sm: sm[1]["step"] if sm[1] else -1)[0]
-                if not _receive_into(conn, older, head["nbytes"]):
-                    return
+                    break            # closed, or not a ward of this job's
+                older = min(self._slots(head["rank"]),
+                            key=lambda sm: sm[1]["step"] if sm[1] else -1)[0]
+                if not slots.receive(conn, older, head["nbytes"]):
+                    break
 
     def _slots(self, ward: int) -> list[tuple[Path, dict | None]]:
         return [(s, peerfile.read_meta(s)) for s in (self.dir / f"{ward}.{n}.copy"
@@ -400,12 +370,18 @@ class PeerCopies:
             if meta is None or meta["step"] != step:
                 path.unlink(missing_ok=True)
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait (up to ``timeout`` seconds) until the last snapshot put has been sent or
+        given up; whether it has."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._busy,
+                                       timeout=timeout)
+
     def close(self) -> None:
         """Stop sending (the last copy sent first, for up to CLOSE_WAIT_S) and receiving;
         the copies stay in node memory for a restart."""
+        self.flush(CLOSE_WAIT_S)
         with self._cond:
-            self._cond.wait_for(lambda: self._pending is None and not self._busy,
-                                timeout=CLOSE_WAIT_S)
             self._closed = True
             self._cond.notify_all()
         self.server.close()

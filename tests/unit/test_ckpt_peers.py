@@ -120,6 +120,48 @@ def test_a_copy_round_trips_and_a_damaged_or_foreign_one_is_refused(tmp_path: Pa
     assert peerfile.read_meta(tmp_path / "cut.copy") is None
 
 
+# ---- the wire ----------------------------------------------------------------------------------
+def test_a_slot_is_received_in_place_its_mapping_kept_until_the_file_or_size_changes(
+        tmp_path: Path) -> None:
+    """Copy after copy into one slot: each whole on arrival (the last one's trailer spoiled
+    first), the mapping kept; a slot file removed meanwhile (a load's forget_others) or a
+    copy of another size is mapped afresh, never written into a file nobody can see."""
+    import socket
+    import threading
+
+    from hpctrain.checkpoint import peerfile
+    from hpctrain.checkpoint.peerwire import Slots, header, read_header
+
+    slot, slots = tmp_path / "3.a.copy", Slots()
+    copies = [bytes([n]) * 4096 + peerfile.TRAILER.pack(0, peerfile.MAGIC) for n in (1, 2)]
+    copies += [b"\x03" * 8192 + peerfile.TRAILER.pack(0, peerfile.MAGIC)]
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        for n, copy in enumerate(copies):
+            if n == 2:
+                slot.unlink()
+            sender = threading.Thread(target=theirs.sendall,
+                                      args=(header("tok", 3, len(copy)) + copy,))
+            sender.start()
+            head = read_header(ours)
+            assert head == {"token": "tok", "rank": 3, "nbytes": len(copy)}
+            kept = dict(slots._maps)
+            assert slots.receive(ours, slot, head["nbytes"])
+            sender.join()
+            assert slot.read_bytes() == copy
+            if n == 1:      # the same file, the same size: the same pages
+                assert slots._maps[slot] is kept[slot]
+        # the file removed: a new one, mapped afresh
+        assert slots._maps[slot][0] == slot.stat().st_ino
+        theirs.sendall(header("tok", 3, 100) + b"x" * 10)
+        theirs.shutdown(socket.SHUT_WR)
+        head = read_header(ours)
+        assert head is not None and not slots.receive(ours, slot, head["nbytes"])
+        assert peerfile.read_meta(slot) is None      # cut short: spoiled, no copy
+        assert read_header(ours) is None
+    slots.close()
+
+
 # ---- four ranks on two nodes, for real ---------------------------------------------------------
 def run_ranks(tmp: Path, phase: str, nodes: list[str], extra: dict | None = None) -> list[dict]:
     """PROGRAM on 4 ranks (their own processes, as srun starts them), rank r on nodes[r]."""
