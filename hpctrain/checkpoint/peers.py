@@ -18,8 +18,10 @@ over the checkpoint's gloo group, every copy is verified against its checksums b
 and any missing or damaged copy sends every rank to the durable checkpoint instead.
 
 Cost: two more copies of a rank's snapshot in host memory (its ward's, in two slots), per
-snapshot its checksums and a send to the partner on a background thread; a snapshot waits
-for the last one's send to finish (its memory is what is sent). An async save's staged
+snapshot its checksums and a send to the partner on a background thread, and the ward's
+copy received on another (both at nice 19: they take the CPU the training leaves idle); a
+snapshot cuts the last one's send short if it is still on its way (its memory is what is
+sent). An async save's staged
 copy is not sent: that step is durable moments later anyway.
 """
 
@@ -32,8 +34,8 @@ import pickle
 import socket
 import sys
 import threading
-from contextlib import closing
 from collections.abc import Mapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +124,7 @@ def sources_of(plan: tuple[int, dict[int, int]] | None,
 def _background() -> None:
     """This thread yields the CPU to the training's (its checksums and copies run in the
     training's idle moments, as on a GPU node's idle cores): the most a thread can lower
-    its own priority without privileges)."""
+    its own priority without privileges."""
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
     except OSError:
