@@ -66,9 +66,10 @@ def worker(args: argparse.Namespace) -> None:
     assert copies is not None, "peer copies did not start"
     step = 0
 
-    def steps(mode: str, n: int) -> list[float]:
+    def steps(mode: str, n: int) -> float:
+        """``n`` steps in ``mode``: their mean time (after the last copy's send)."""
         nonlocal step
-        times, mgr = [], managers.get(mode)
+        mgr = managers.get(mode)
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(n):
             x = torch.randn(args.batch, width,
@@ -87,9 +88,8 @@ def worker(args: argparse.Namespace) -> None:
         if mode == "peers":
             copies.flush()
         dist.barrier()
-        times.append((time.perf_counter() - t0) / n)
         cpu[mode].append((time.process_time() - c0) / n)
-        return times
+        return (time.perf_counter() - t0) / n
 
     stalls: dict[str, list[float]] = {m: [] for m in MODES}
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
@@ -100,7 +100,7 @@ def worker(args: argparse.Namespace) -> None:
     blocks: dict[str, list[float]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode in MODES[r % 3:] + MODES[:r % 3]:
-            blocks[mode] += steps(mode, args.block)
+            blocks[mode].append(steps(mode, args.block))
     sent = [copies.sent - sent0, copies.puts - puts0]
     for mgr in managers.values():
         mgr.close()
@@ -174,15 +174,16 @@ def main() -> None:
               f"{result['stalls'][m] * 1000:6.1f} ms")
     print(f"peers / snapshot = {ratio['snapshot']:.3f}x (median of the rounds' ratios; "
           f"target <= 1.05); peers / none = {ratio['none']:.3f}x")
-    # four ranks keep both cores busy: CPU the copies take is a step's, unless it fits in
-    # the training's idle moments
+    # where four ranks keep the cores busy, the CPU the copies take is a step's, unless
+    # it fits in the training's idle moments
     more = result["cpu"]["peers"] - result["cpu"]["snapshot"]
     cores = os.cpu_count() or 1
     print(f"CPU a step, rank 0's process (every thread): {result['cpu']['snapshot'] * 1000:.1f}"
           f" ms with the snapshot alone, {result['cpu']['peers'] * 1000:.1f} ms with peer "
           f"copies (+{more * 1000:.1f} ms: its checksums, send and its ward's receive); "
-          f"4 ranks on {cores} cores that the training already fills: at most "
-          f"{1 + 4 * more / cores / med['snapshot']:.3f}x if none of it fit in idle moments")
+          f"4 ranks' training fills {4 * result['cpu']['snapshot'] / cores / med['snapshot']:.0%}"
+          f" of {cores} cores: {1 + 4 * more / cores / med['snapshot']:.3f}x if none of that "
+          "fit in idle moments")
     sent, puts = result["sent"]
     print(f"rank 0's snapshots that reached its partner whole: {sent} of {puts} (a send "
           "still on its way when the next snapshot comes is cut short: the training never "
