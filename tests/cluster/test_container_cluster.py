@@ -29,7 +29,8 @@ from hpctrain.spec.site import devcluster_templates_dir
 from helpers.examples import example_spec, submit_example
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, sbatch, squeue_state, wait_done, wait_until
-from helpers.torchrun import EXAMPLES, bitwise_equal, env_for, events, final_state, run, steps
+from helpers import warm
+from helpers.torchrun import EXAMPLES, bitwise_equal, env_for, events, final_state, steps
 from helpers.specs import spec_toml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.slow]
@@ -104,8 +105,8 @@ def test_a_2x2_job_in_a_container_is_preempted_and_resumes_bitwise(
     assert sorted(set(steps(log))) == list(range(TOTAL))
     ref = tmp_path / "ref"
     ref.mkdir()
-    assert run(EXAMPLES / "train_gpt.py", 4,
-        ["--steps", str(TOTAL), "--save-every", str(EVERY), "--seed", "11",
-         "--ckpt-dir", str(ref / "ckpt"), "--log-file", str(ref / "loss.jsonl"),
-         "--final-state", str(ref / "final")], env_for(tp=2), tmp_path / "ref.out") == 0
+    args = ["--steps", str(TOTAL), "--save-every", str(EVERY), "--seed", "11",
+            "--ckpt-dir", str(ref / "ckpt"), "--log-file", str(ref / "loss.jsonl"),
+            "--final-state", str(ref / "final")]
+    assert warm.run(EXAMPLES / "train_gpt.py", 4, args, env_for(tp=2), tmp_path / "ref.out") == 0
     assert bitwise_equal(final_state(root / "final", 4), final_state(ref / "final", 4))

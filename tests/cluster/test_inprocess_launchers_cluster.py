@@ -35,7 +35,8 @@ from helpers.examples import submit_example
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, wait_done
 from helpers.specs import spec_toml
-from helpers.torchrun import env_for, events, start
+from helpers.torchrun import env_for, events
+from helpers.warm import WarmRun
 
 from hpctrain import protocol
 
@@ -65,10 +66,10 @@ def final(directory: Path) -> list[dict[str, torch.Tensor]]:
 
 @pytest.fixture(scope="module")
 def undisturbed(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
-    """The same script without faults, under a local torchrun: the parameters to match."""
+    """The same script without faults, on 4 local ranks: the parameters to match."""
     tmp = tmp_path_factory.mktemp("undisturbed")
     (tmp / "ckpt").mkdir()
-    proc = start(PROGRAM, 4, ["--steps", str(TOTAL), "--save-every", str(EVERY),
+    proc = WarmRun(PROGRAM, 4, ["--steps", str(TOTAL), "--save-every", str(EVERY),
                               "--step-sleep", "0", "--ckpt-dir", str(tmp / "ckpt"),
                               "--events", str(tmp / "events.jsonl"), "--final",
                               str(tmp / "final")], env_for(), tmp / "out.txt")

@@ -39,7 +39,8 @@ from helpers.jobs import isolate
 from helpers.nodes import LOST_NODE, bring_back, lose_node, node_state, report_down
 from helpers.slurm import sacct_states, sbatch, squeue_state, wait_done, wait_until
 from helpers.torchrun import EXAMPLES, bitwise_equal, env_for, events, final_state, records, \
-    start, steps
+    steps
+from helpers.warm import WarmRun
 
 TOTAL, EVERY = 40, 10
 
@@ -101,12 +102,12 @@ def steps_lost(log_records: list[dict], stop: dict) -> int:
     return max(r["step"] for r in before if "loss" in r) + 1 - stop["step"]
 
 
-def reference_run(case: Case, tmp: Path) -> subprocess.Popen:
-    """The same training, uninterrupted, under a local torchrun (4 ranks, same layout)."""
+def reference_run(case: Case, tmp: Path) -> WarmRun:
+    """The same training, uninterrupted, on 4 local ranks (same layout)."""
     args = ["--steps", str(TOTAL), "--save-every", str(EVERY), "--seed", "11",
             "--ckpt-dir", str(tmp / "ref-ckpt"), "--log-file", str(tmp / "ref.jsonl"),
             "--final-state", str(tmp / "ref")]
-    return start(EXAMPLES / case.script, 4, args, case.local_env(), tmp / "ref.out")
+    return WarmRun(EXAMPLES / case.script, 4, args, case.local_env(), tmp / "ref.out")
 
 
 def wait_quiet_cluster() -> None:
@@ -147,7 +148,7 @@ def test_preemption_time_limit_and_node_loss_resume_bitwise(
     wait_quiet_cluster()
     job = submit_case(root, case, name=f"rt-{name}", total=TOTAL, save_every=EVERY,
                       step_sleep=0.25, extra=("--final-state", str(root / "final")))
-    refs: list[subprocess.Popen] = []   # the uninterrupted reference run
+    refs: list[WarmRun] = []   # the uninterrupted reference run
     try:
         # 1. preemption
         wait_until(lambda: len(steps(log)) >= 5, 240, "5 training steps on the cluster")

@@ -169,10 +169,11 @@ def spawn(fn: Any, args: tuple, nprocs: int, join: bool = True) -> Any:
 
 def _forkserver() -> Any:
     """multiprocessing's forkserver context, its server preloading torch (the preload has
-    no effect once this process's server runs: it has them already)."""
+    no effect once this process's server runs: it has them already). ``torch._dynamo``
+    too: ``torch.optim``'s first constructor imports it (helpers.warm's training runs)."""
     import multiprocessing
 
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed",
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo",
                                             "hpctrain.checkpoint"])
     return multiprocessing.get_context("forkserver")
 

@@ -63,6 +63,9 @@ def send_user_signal(conf: Path, grace_s: int | None = None) -> Iterator[None]:
     original = conf.read_text()
     text = original if grace_s is None else original.replace("GraceTime=10 ",
                                                              f"GraceTime={grace_s} ")
+    # (the devcluster's slurm.conf says GraceTime=10 on every preemptible partition: if it
+    # ever says it otherwise, fail here rather than run the test on the old grace time)
+    assert grace_s is None or text != original, f"no 'GraceTime=10 ' in {conf}"
     try:
         admin.run(["tee", str(conf)],
                   input=text + "SlurmctldParameters=preempt_send_user_signal\n")

@@ -1,8 +1,9 @@
 """Undisturbed reference runs, run once per suite run for every test that needs the same.
 
 Many cluster tests compare a disturbed job's final parameters, bit for bit, with the same
-training undisturbed under a local torchrun (4 ranks and an agent: ~15 s of CPU on this
-machine, most of it importing torch). Tests whose reference is the same script, ranks,
+training undisturbed on local ranks (helpers.warm: forked from a server that imported
+torch; under torchrun, 4 ranks and an agent took ~15 s of CPU on this machine, most of it
+importing torch). Tests whose reference is the same script, ranks,
 arguments and layout share one run: the first to ask starts it, the others wait for its
 result, on any xdist worker (a lock file in a directory of this suite run).
 
@@ -22,7 +23,8 @@ import threading
 import time
 from pathlib import Path
 
-from helpers.torchrun import env_for, start
+from helpers.torchrun import env_for
+from helpers.warm import WarmRun
 
 POLL_S = 0.2
 
@@ -39,12 +41,12 @@ class Reference:
     """One reference run: its directory (``path``), its output (``out``) and its exit
     code (:meth:`wait`)."""
 
-    def __init__(self, path: Path, lock: int | None, proc: subprocess.Popen | None) -> None:
+    def __init__(self, path: Path, lock: int | None, proc: WarmRun | None) -> None:
         self.path, self.out, self._rc = path, path / "out.txt", path / "rc"
         if proc is not None:       # ours: the exit code is written whenever it ends
             threading.Thread(target=self._finish, args=(proc, lock), daemon=True).start()
 
-    def _finish(self, proc: subprocess.Popen, lock: int | None) -> None:
+    def _finish(self, proc: WarmRun, lock: int | None) -> None:
         rc = proc.wait()
         tmp = self._rc.with_suffix(".tmp")
         tmp.write_text(str(rc))
@@ -81,8 +83,8 @@ def reference(script: Path, nproc: int, args: list[str], tp: int = 1, pp: int = 
         os.close(lock)
         return Reference(path, None, None)
     argv = [a.replace("{out}", str(path)) for a in args]
-    return Reference(path, lock, start(script, nproc, argv, env_for(tp, pp, **env),
-                                       path / "out.txt"))
+    return Reference(path, lock, WarmRun(script, nproc, argv, env_for(tp, pp, **env),
+                                         path / "out.txt"))
 
 
 def gpt_reference_args(total: int) -> list[str]:

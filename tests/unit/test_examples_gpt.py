@@ -18,6 +18,7 @@ import pytest
 
 from hpctrain.runtime import EXIT_REQUEUE_TIME_LIMIT
 from hpctrain.runtime.exitrecord import read_record
+from helpers import warm
 from helpers.torchrun import (
     EXAMPLES,
     bitwise_equal,
@@ -44,10 +45,11 @@ def train_args(d: Path, name: str, steps_: int, save_every: int) -> list[str]:
 
 def interrupted_then_resumed(tmp_path: Path, tp: int, pp: int, nproc: int, total: int,
                              signal_at: int, sig: int, rank: int) -> dict:
-    """Reference run, a run stopped by ``sig`` to ``rank`` after step ``signal_at``, then
-    the requeued run (SLURM_RESTART_COUNT=1); returns what the tests check."""
-    ref_rc = run(SCRIPT, nproc, train_args(tmp_path, "ref", total, 10),
-                 env_for(tp, pp), tmp_path / "ref.out")
+    """Reference run (forked ranks: helpers.warm), a run stopped by ``sig`` to ``rank``
+    after step ``signal_at``, then the requeued run (SLURM_RESTART_COUNT=1), both under
+    torchrun; returns what the tests check."""
+    ref_rc = warm.run(SCRIPT, nproc, train_args(tmp_path, "ref", total, 10),
+                      env_for(tp, pp), tmp_path / "ref.out")
     assert ref_rc == 0, (tmp_path / "ref.out").read_text()[-3000:]
 
     exit_file = tmp_path / "exit-record"
