@@ -18,6 +18,9 @@ tail -n 3 "$run/steps.jsonl"
 hpctrain ckpt list "$run/ckpt"
 hpctrain status
 # where its GPU-time went, and its throughput and MFU (CPU figures here: the GPUs are emulated)
-job=$(hpctrain status --limit 1 --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["jobs"][0]["job_id"])')
+# (the newest job named gpt-demo, not the newest job: another submission, a notebook's,
+# may have come since)
+job=$(hpctrain status --limit 200 --json | python3 -c \
+    'import json, sys; print(next(j["job_id"] for j in json.load(sys.stdin)["jobs"] if j["name"] == "gpt-demo"))')
 hpctrain report "$job" --html "$run/report.html"
 hpctrain devcluster status
