@@ -97,8 +97,8 @@ run_tests() {
 # start, requeue holds, grace times), so their waits overlap. Whole files go to one worker
 # (--dist loadfile: a file's jobs shared between its cases stay together). Then the few
 # tests marked `alone` (they change what all instances share), one at a time.
-# 4, not 3, on 2 cores: with 3 the CPU was idle 9-12% of a run (every worker waiting at
-# once); with 4, 4% (2026-11-28: 31:45 -> 28:55 for the same tests).
+# 4, not 3, on 2 cores: with 3 the CPU was idle 9-12% of a full run (every worker
+# waiting at once), with 4 about 4% (2026-11-28).
 WORKERS=${HPCTRAIN_TEST_WORKERS:-4}
 
 run_suite() {
