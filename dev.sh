@@ -92,14 +92,15 @@ run_tests() {
         python -m pytest -p no:cacheprovider "$@"
 }
 
-# The whole suite on $HPCTRAIN_TEST_WORKERS parallel workers (default 4), worker gwN on
+# The whole suite on $HPCTRAIN_TEST_WORKERS parallel workers (default 3), worker gwN on
 # devcluster instance N (tests/cluster/conftest.py): the cluster tests mostly wait (job
 # start, requeue holds, grace times), so their waits overlap. Whole files go to one worker
 # (--dist loadfile: a file's jobs shared between its cases stay together). Then the few
 # tests marked `alone` (they change what all instances share), one at a time.
-# 4, not 3, on 2 cores: with 3 the CPU was idle 9-12% of a full run (every worker
-# waiting at once), with 4 about 4% (2026-11-28).
-WORKERS=${HPCTRAIN_TEST_WORKERS:-4}
+# 3 on 2 cores: with 4 the CPU was idle 4% of a full run instead of 9-12% and the suite
+# took 9% less time, but the heavier load showed a spare's recovery failing once (the
+# lost node not found before Slurm's NODE_FAIL; 2026-11-28): not until that is understood.
+WORKERS=${HPCTRAIN_TEST_WORKERS:-3}
 
 run_suite() {
     local arg

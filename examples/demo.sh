@@ -4,11 +4,15 @@
 # the shared storage. Expects `hpctrain` on PATH and the devcluster up (./dev.sh demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-run=/var/lib/hpctrain/devcluster/shared/demo-$(id -un)/run-$(date +%Y%m%d-%H%M%S)
+stamp=$(date +%Y%m%d-%H%M%S)
+run=/var/lib/hpctrain/devcluster/shared/demo-$(id -un)/run-$stamp
 mkdir -p "$run"
 script=$PWD/examples/train_gpt.py
-hpctrain submit examples/gpt.toml --dry-run --set workdir="$run" | head -n 12
+# the job named after its run, so that the report below finds this job and no other
+name=gpt-demo-$stamp
+hpctrain submit examples/gpt.toml --dry-run --set name="$name" --set workdir="$run" | head -n 12
 hpctrain submit examples/gpt.toml --wait \
+    --set name="$name" \
     --set workdir="$run" \
     --set checkpoint.dir="$run/ckpt" \
     --set "run.command=[\"python\", \"$script\", \"--steps\", \"200\", \"--log-file\", \"$run/steps.jsonl\"]"
@@ -18,9 +22,9 @@ tail -n 3 "$run/steps.jsonl"
 hpctrain ckpt list "$run/ckpt"
 hpctrain status
 # where its GPU-time went, and its throughput and MFU (CPU figures here: the GPUs are emulated)
-# (the newest job named gpt-demo, not the newest job: another submission, a notebook's,
-# may have come since)
-job=$(hpctrain status --limit 200 --json | python3 -c \
-    'import json, sys; print(next(j["job_id"] for j in json.load(sys.stdin)["jobs"] if j["name"] == "gpt-demo"))')
+# (this job by its name, not the newest job: another submission, a notebook's, may have
+# come since)
+job=$(hpctrain status --limit 200 --json | NAME=$name python3 -c \
+    'import json, os, sys; print(next(j["job_id"] for j in json.load(sys.stdin)["jobs"] if j["name"] == os.environ["NAME"]))')
 hpctrain report "$job" --html "$run/report.html"
 hpctrain devcluster status

@@ -89,8 +89,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
         root, name=f"elastic-{kind}", total=TOTAL, save_every=EVERY, step_sleep=0.25,
         layout={"dp": 4}, launcher="srun", partition="wide", elastic={"spare_nodes": 1},
         extra=("--final-state", str(root / "final"), *KINDS[kind])))
-    # done before the loss: its ranks would take the CPU the timed recovery needs
-    ref = reference_run()
+    ref = None
     try:
         wait_until(lambda: (last_checkpoint_step(str(ckpt)) or 0) >= EVERY
                    and max(steps(log), default=0) >= EVERY + 1, 240,
@@ -98,9 +97,9 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
         nodes = client.run(["squeue", "-h", "-j", job, "-o", "%N"]).stdout.strip()
         assert nodes == "n[1-3]", nodes
         saved = last_checkpoint_step(str(ckpt))
-        ref.wait(240)
         lose_node(dev, LOST, job)
         t_lost = time.time()
+        ref = reference_run()   # the CPU is idle while the job finds the loss
         if second:
             # resumed on n1 and the spare n3; past the next periodic checkpoint, n3 is lost
             wait_until(lambda: (last_checkpoint_step(str(ckpt)) or 0) >= 2 * EVERY
@@ -160,7 +159,7 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
         if "loss" in r:
             losses.setdefault(r["step"], set()).add(r["loss"])
     assert all(len(v) == 1 for v in losses.values()), "a re-run step got another loss"
-    assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
+    assert ref is not None and ref.wait(300) == 0, ref.out.read_text()[-3000:]
     assert bitwise_equal(final_state(ref.path / "ref", 4), final_state(root / "final", 4))
 
     first = next(r["time"] for r in records(log) if "loss" in r and r["time"] > t_lost)
