@@ -126,9 +126,7 @@ class Reporter:
         rank's last word) and the history is appended."""
         self.flushed = flushed
         self.set_phase("exited")
-        self._stop.set()
-        if self._thread.is_alive():   # its last beat must not land after this record
-            self._thread.join(timeout=2.0)
+        self._stop_beats()            # its last beat must not land after this record
         self.write(urgent=True)
         if self.relay is not None:
             self.relay.flush()        # the node's records out; another rank relays the rest
@@ -176,21 +174,33 @@ class Reporter:
         self.drain()
 
     def leave_node(self) -> None:
-        """At the process's exit: once its last word is sent (by itself as the node's relay:
-        it waits up to LEAVE_WAIT_S for the role), its record leaves the node directory with
-        those of ranks whose processes are gone, and the last rank to leave takes the
-        directory along. A record a working relay has yet to send stays (it sends it
-        within ANSWER_POLL_S); a node whose ranks were all killed keeps its directory, in
-        node memory that a reboot (or Slurm's per-job /dev/shm) clears."""
+        """At the process's exit: the heartbeat stops (a beat after this would write the
+        record back, a tick take the relay role back), the rank's last word goes out (the
+        node's records with it when it can be the relay: it waits up to LEAVE_WAIT_S for the
+        role; else its own record, once, unless :meth:`exited` sent it), and its record
+        leaves the node directory with those of ranks whose processes are gone; the last
+        rank to leave takes the directory along. Each rank removes its own record before it
+        looks at the others', so of two ranks leaving at once one sees the other gone,
+        however long the relay holds the role. A node whose ranks were all killed keeps its
+        directory, in node memory that a reboot (or Slurm's per-job /dev/shm) clears."""
         assert self.relay is not None
         if os.getpid() != self.relay.pid:
             return      # a forked child exiting: the rank's record is not its own
+        self._stop_beats()
+        if self.phase != "exited":
+            self.write()          # the step and phase as they are now, not a beat ago
         end = time.monotonic() + LEAVE_WAIT_S
         while not (sent := self.relay.flush()) and time.monotonic() < end:
             time.sleep(0.05)    # another rank flushes as it leaves: the role is free soon
+        if not sent and self.phase != "exited":
+            self.relay.send_own(self.record())    # a working relay may not send it in time
         self.relay.close()
-        if sent:
-            remove_node_dir(self.local, self.path)
+        remove_node_dir(self.local, self.path)
+
+    def _stop_beats(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
 
     def request_path(self, name: str) -> Path:
         """Where the supervisor's request ``name`` (``resume``) reaches this rank."""
@@ -310,13 +320,19 @@ def remove_node_dir(local: Path, own: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` can still write its record: a zombie (killed, its parent
+    yet to reap it, as a loaded slurmstepd may be) cannot."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True     # no /proc: alive as far as anyone can tell
+    return stat[stat.rfind(")") + 2:][:1] not in ("Z", "X")
 
 
 def start_from_env(env: Mapping[str, str], rank: int, node: str | None) -> Reporter | None:

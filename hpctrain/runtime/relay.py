@@ -7,7 +7,8 @@ whose work is over sends the node's records one last time if nobody else can
 
 News a rank must not leave to another process (its attempt failed, its work ended) it
 also sends itself, one datagram (:meth:`Relay.send_own`): srun ends a step's other tasks
-the moment one fails, and the node's relay may be among them. That is one datagram per
+the moment one fails, and the node's relay may be among them (so does a plain script's
+rank as it leaves, when another rank holds the role: it cannot wait for it). One datagram per
 rank when every rank ends at once (8,192 x ~300 B at the end of an 8,192-rank job: the
 supervisor's receive buffer must hold the burst, docs/scale.md).
 

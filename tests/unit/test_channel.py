@@ -156,6 +156,74 @@ def test_a_ranks_reporter_sends_through_the_channel_and_leaves_shared_storage_al
     assert not reporter.local.exists()        # the last rank took the node directory along
 
 
+# A rank of a plain script (no runtime.run, so no exited()): its process leaves by atexit.
+# The relay rank's flush is made slow (the role held for 0.6 s, as when a loaded machine
+# stops that process mid-flush), and the other rank's process outlives its leave by 1 s
+# (another atexit handler), so that the relay looks at the other's record while it lives.
+LEAVER = """
+import atexit, os, sys, time
+from pathlib import Path
+from hpctrain.runtime import progress
+rank, go = int(sys.argv[1]), Path(sys.argv[2])
+if rank == 1:
+    atexit.register(time.sleep, 1.0)         # runs after the reporter's leave (LIFO)
+reporter = progress.start_from_env(os.environ, rank, "n1")
+reporter.set_step(5)
+reporter.boundary()
+if rank == 0:
+    while not reporter.relay.held:
+        reporter.relay.tick()
+        time.sleep(0.01)
+    send = reporter.relay._send_records
+    reporter.relay._send_records = lambda records: (time.sleep(0.6), send(records))
+(go.parent / f"ready-{rank}").touch()
+while not go.exists():
+    time.sleep(0.01)
+"""
+
+
+def test_two_ranks_leaving_at_once_take_the_node_directory_along(tmp_path: Path) -> None:
+    """Seen once in 11 full runs (the scale test): the relay rank, slow to give the role up,
+    found the other rank still alive; that rank had given up waiting for the role, so
+    neither removed the node directory. Each rank's last word still reaches the board."""
+    import subprocess
+    import sys
+    board = Board()
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {**os.environ, p.STATE_DIR: str(state), p.RUN_ID: "r1", p.HEARTBEAT_S: "0.3",
+           channel.LOCAL_DIR: str(tmp_path / "shm"), **board.env()}
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", LEAVER, str(rank), str(go)], env=env)
+             for rank in (0, 1)]
+    wait_for(lambda: all((tmp_path / f"ready-{r}").exists() for r in (0, 1)), 20.0)
+    go.touch()
+    assert [proc.wait(timeout=20) for proc in procs] == [0, 0]
+    local = channel.node_dir(env, "r1", 0, "n1")
+    assert not local.exists(), sorted(x.name for x in local.rglob("*"))
+    wait_for(lambda: {0, 1} <= set(board.records()))
+    assert {r: board.records()[r].step for r in (0, 1)} == {0: "5", 1: "5"}
+
+
+def test_a_leaving_ranks_heartbeat_does_not_bring_its_node_directory_back(
+        tmp_path: Path) -> None:
+    """A plain script's rank leaves while its progress thread beats: the thread stops
+    first, or a beat writes the record back, or a tick takes the relay role (and the
+    directory) back, after the rank removed them."""
+    board = Board()
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {p.STATE_DIR: str(state), p.RUN_ID: "r1", p.HEARTBEAT_S: "0.01",
+           channel.LOCAL_DIR: str(tmp_path / "shm"), **board.env()}
+    reporter = progress.start_from_env(env, 0, "n1")
+    assert reporter is not None
+    wait_for(lambda: 0 in board.records())
+    reporter.leave_node()
+    assert not reporter._thread.is_alive()
+    time.sleep(0.2)                               # twenty beats' time
+    assert not reporter.local.exists()
+
+
 def test_a_node_directory_others_may_write_in_is_not_used(
         tmp_path: Path, capsys) -> None:
     """/dev/shm is everyone's: a folder under this user's name that others may write in
