@@ -69,3 +69,29 @@ def silent_nodes(records: Mapping[int, Progress], nodes: Sequence[str], now: flo
     lost = tuple(n for n, recs in by_node.items() if all(map(silent, recs)))
     heard = any(not silent(r) for n, recs in by_node.items() if n not in lost for r in recs)
     return lost if heard else ()
+
+
+SHOWN_NODES = 6   # nodes named one by one in :func:`last_heard`; the rest counted
+
+
+def last_heard(records: Mapping[int, Progress], nodes: Sequence[str], now: float) -> str:
+    """What the step's ranks last said, by node, the quietest first (at most SHOWN_NODES
+    named): for a failed step that no lost node explains, what the supervisor knew when
+    it ended, such as a node's ranks heard too recently to be taken for lost. E.g.
+    ``n3: 2 rank(s) training, the newest beat 13.2 s ago; n1: 2 rank(s) exiting, 0.4 s``."""
+    by_node: dict[str, list[Progress]] = {}
+    for rec in records.values():
+        if rec.node in nodes:
+            by_node.setdefault(rec.node, []).append(rec)
+
+    def age(recs: list[Progress]) -> float:
+        return now - max(r.beat_at for r in recs)
+
+    quietest = sorted(by_node.items(), key=lambda kv: -age(kv[1]))
+    parts = [f"{node}: {len(recs)} rank(s) {'/'.join(sorted({r.phase for r in recs}))}, "
+             f"the newest beat {age(recs):.1f} s ago" for node, recs in quietest]
+    if unheard := [n for n in nodes if n not in by_node]:
+        parts.insert(0, f"{','.join(unheard)}: never heard")
+    if len(parts) > SHOWN_NODES:
+        parts = parts[:SHOWN_NODES] + [f"{len(parts) - SHOWN_NODES} more node(s)"]
+    return "; ".join(parts) or "no rank heard"

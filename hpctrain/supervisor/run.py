@@ -34,6 +34,7 @@ from hpctrain.supervisor.decision import (Caught, Decision, decide, decide_befor
                                           previous_cause, respond_to_stop, start_verdict,
                                           warning_at, warning_due)
 from hpctrain.supervisor.diagnosis import log_segment, log_size
+from hpctrain.supervisor.elastic import last_heard
 from hpctrain.supervisor.gather import POLL_S, Gather
 from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.inprocess import InProcess
@@ -166,6 +167,10 @@ class Supervisor:
             status, seen.hang, attempt = self.supervise(step, watch)
             say(f"training step exited with status {status}" if not seen.lost else
                 f"training step ended: node(s) {','.join(seen.lost)} lost")
+            if status and cfg.spare_nodes and not seen.lost:
+                # no node was found lost: what the watch knew (a lost node heard too lately)
+                say("the ranks were last heard: "
+                    f"{last_heard(watch.records(), seen.on, self.slurm.time())}")
             facts = seen.at_end(status, watch, log_segment(logfile, offset)
                                 if status and logfile else "")
             if seen.unanswered and cfg.spare_nodes:

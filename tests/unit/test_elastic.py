@@ -16,7 +16,7 @@ from hpctrain.spec.model import JobSpec
 from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
 from hpctrain.protocol.dialog import Attempt
 from hpctrain.protocol.progress import Progress
-from hpctrain.supervisor.elastic import silent_nodes, step_nodes, with_nodes
+from hpctrain.supervisor.elastic import last_heard, silent_nodes, step_nodes, with_nodes
 from hpctrain.slurm.view import JobView
 
 NOW = 1_800_000_000.0
@@ -123,6 +123,24 @@ def test_a_peer_lost_elsewhere_shortens_the_silence_a_lost_node_needs() -> None:
     lost = {**quiet5, 0: replace(rec(0, "n1", 1, "restarting"), failed="peer")}
     assert silent_nodes(lost, nodes, NOW, 2.0) == ("n2",)
     assert silent_nodes({**lost, 2: rec(2, "n2", 3.5)}, nodes, NOW, 2.0) == ()
+
+
+def test_a_failed_step_no_lost_node_explains_says_what_was_last_heard_by_node() -> None:
+    """Said in the job log when a step with spares fails and no node was found lost (seen
+    once: Slurm ended the run NODE_FAIL first): the quietest node first, the unheard ones
+    before all, at most SHOWN_NODES named."""
+    got = {0: rec(0, "n1", 0.4, "exiting"), 1: rec(1, "n1", 0.6, "exited"),
+           2: rec(2, "n3", 13.2), 3: rec(3, "n3", 13.9), 9: rec(9, "elsewhere", 1)}
+    assert last_heard(got, ["n1", "n3"], NOW) == (
+        "n3: 2 rank(s) step, the newest beat 13.2 s ago; "
+        "n1: 2 rank(s) exited/exiting, the newest beat 0.4 s ago")
+    assert last_heard(got, ["n1", "n4"], NOW).startswith("n4: never heard; n1: ")
+    many = {r: rec(r, f"n{r}", r) for r in range(10)}
+    said = last_heard(many, [f"n{r}" for r in range(10)], NOW)
+    assert said.startswith("n9: 1 rank(s) step, the newest beat 9.0 s ago; n8")
+    assert said.endswith("; 4 more node(s)") and said.count("rank(s)") == 6
+    assert last_heard({}, ["n1"], NOW) == "n1: never heard"
+    assert last_heard({}, [], NOW) == "no rank heard"
 
 
 def test_silence_everywhere_is_not_a_lost_node() -> None:
