@@ -78,7 +78,8 @@ def last_heard(records: Mapping[int, Progress], nodes: Sequence[str], now: float
     """What the step's ranks last said, by node, the quietest first (at most SHOWN_NODES
     named): for a failed step that no lost node explains, what the supervisor knew when
     it ended, such as a node's ranks heard too recently to be taken for lost. E.g.
-    ``n3: 2 rank(s) training, the newest beat 13.2 s ago; n1: 2 rank(s) exiting, 0.4 s``."""
+    ``n3: 2 rank(s) training, the newest beat 13.2 s ago; n1: 2 rank(s) exited/exiting,
+    the newest beat 0.4 s ago``."""
     by_node: dict[str, list[Progress]] = {}
     for rec in records.values():
         if rec.node in nodes:
