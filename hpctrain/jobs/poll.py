@@ -80,7 +80,8 @@ def infos_from_sacct(rows: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
 
     Every run but the last ended in a state whose cause counts as one requeue. A resize
     is not a run (:func:`hpctrain.slurm.parse.resized`): a lost node was taken from the
-    running job ([elastic] spare nodes) and the run went on.
+    running job ([elastic] spare nodes) and the run went on. The name is the newest that
+    is not Slurm's placeholder (:data:`UNNAMED`).
     """
     runs: dict[str, list[dict[str, str]]] = {}
     for rec in rows:
@@ -102,7 +103,7 @@ def infos_from_sacct(rows: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
             state = from_slurm("REQUEUED")
         infos[jid] = JobInfo(
             job_id=jid, state=state, slurm_state=last.get("State", ""),
-            name=last.get("JobName", ""), elapsed_s=parse_elapsed(last.get("Elapsed", "")),
+            name=_job_name(recs), elapsed_s=parse_elapsed(last.get("Elapsed", "")),
             nodes=_none_to_empty(last.get("NodeList", "")),
             num_nodes=int(last.get("AllocNodes") or 0), exit_code=last.get("ExitCode", ""),
             reason=_none_to_empty(last.get("Reason", "")), start=last.get("Start", ""),
@@ -123,6 +124,18 @@ def infos_from_squeue(rows: Iterable[dict[str, str]]) -> dict[str, JobInfo]:
             num_nodes=int(rec["AllocNodes"]) if rec["AllocNodes"].isdigit() else 0,
             reason=_none_to_empty(rec["Reason"]), raw_id=rec["JobIDRaw"])
     return infos
+
+
+# What slurmdbd records as the name of a run whose job came to it without one. A requeued
+# run's row can carry it although the job kept its name: seen once on the devcluster, a
+# job submitted as "victim", preempted and requeued, then shown as "allocation".
+UNNAMED = "allocation"
+
+
+def _job_name(recs: Sequence[dict[str, str]]) -> str:
+    """The newest run's name, or an earlier run's where slurmdbd wrote its placeholder."""
+    names = [rec.get("JobName", "") for rec in recs]
+    return next((n for n in reversed(names) if n and n != UNNAMED), names[-1])
 
 
 def _none_to_empty(value: str) -> str:

@@ -132,11 +132,14 @@ def test_a_lost_node_is_replaced_by_the_spare_in_the_same_allocation(
     # run goes on); how many it has closed, and when, is Slurm's bookkeeping (a newcomer's
     # run once saw one row fewer than here): the outcome is asserted, not the rows
     states = sacct_states(job)
-    assert states[-1] == "COMPLETED" and set(states[:-1]) <= {"RESIZING", "REQUEUED"}, \
-        (states, out)
+    # the second loss (no spare left) ends the run for a requeue: the supervisor finds n3
+    # silent and asks for it (a REQUEUED row), or Slurm finds n3 down first and ends the run
+    # NODE_FAIL itself (seen once on a loaded machine, 14 s after the loss; the
+    # devcluster's SlurmdTimeout is 10 s): the scheduler's word, and the same requeue
+    ended = {"RESIZING", "REQUEUED", "NODE_FAIL"} if second else {"RESIZING", "REQUEUED"}
+    assert states[-1] == "COMPLETED" and set(states[:-1]) <= ended, (states, out)
     if second:
-        # the second loss (no spare left) by a requeue
-        assert "took n3 from the job: it keeps n1" in out, out
+        assert "NODE_FAIL" in states or "took n3 from the job: it keeps n1" in out, out
         assert [s["step"] for s in starts] == [0, saved, 2 * EVERY], out
         assert [s["last_exit_cause"] for s in starts[1:]] == ["node_fail", "node_fail"], out
         rerun += range(2 * EVERY, before(log, starts[2]["time"]) + 1)

@@ -14,7 +14,6 @@ the all-reduce, the others wait in it:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -27,6 +26,7 @@ from hpctrain import protocol
 from helpers.cluster import job_log, submit
 from helpers.inotify import Inotify
 from helpers.jobs import isolate
+from helpers.jsonl import read_jsonl
 from helpers.slurm import sacct_states, squeue_state
 from helpers.specs import spec_toml
 
@@ -36,8 +36,7 @@ HANG_TIMEOUT_S = 10
 
 
 def events(root: Path) -> list[dict]:
-    path = root / "events.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return read_jsonl(root / "events.jsonl")
 
 
 def test_a_hang_among_stand_in_ranks_is_found_and_shared_storage_stays_quiet(

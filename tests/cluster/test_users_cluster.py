@@ -22,6 +22,7 @@ import pytest
 
 from helpers import admin, users
 from helpers.jobs import SHARED
+from helpers.jsonl import read_jsonl
 from helpers.slurm import sacct_states, wait_done, wait_until
 from helpers.specs import write_spec
 
@@ -47,9 +48,7 @@ def _as_owner(user: users.User, path: Path) -> Path:
 
 
 def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_jsonl(path)
 
 
 def _mode(path: Path) -> int:

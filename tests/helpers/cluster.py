@@ -14,6 +14,7 @@ from typing import Any
 
 from hpctrain.slurm import client
 from helpers import admin
+from helpers.jsonl import read_jsonl
 from helpers.slurm import sbatch, wait_done
 
 
@@ -26,10 +27,7 @@ def submit(root: Path, text: str, *args: str) -> str:
 
 
 def events(root: Path, name: str | None = None) -> list[dict[str, Any]]:
-    path = root / "events.jsonl"
-    if not path.exists():
-        return []
-    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = read_jsonl(root / "events.jsonl")
     return [e for e in found if name is None or e["event"] == name]
 
 

@@ -3,7 +3,6 @@ interrupt them the way Slurm does: a signal to one worker process."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -12,6 +11,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from helpers.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -78,9 +79,7 @@ def signal_rank_at(proc: subprocess.Popen, log: Path, step: int, rank: int, sig:
 
 
 def records(log: Path) -> list[dict]:
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return read_jsonl(log)
 
 
 def steps(log: Path) -> list[int]:

@@ -58,7 +58,7 @@ SACCT = """JobID|JobIDRaw|State|Elapsed|Start|End|NodeList|AllocNodes|ExitCode|R
 6|6|REQUEUED|00:00:03|2026-11-21T04:50:20|2026-11-21T04:50:23|n1|1|0:0|None|p|x
 6|6|RUNNING|00:01:02|2026-11-21T04:50:40|Unknown|n[1-2]|2|0:0|None|p|x
 7|7|PREEMPTED|00:00:07|2026-11-21T04:50:00|2026-11-21T04:50:07|n1|1|0:0|None|q
-7|7|PENDING|00:00:00|Unknown|Unknown|None assigned|0|0:0|BeginTime|q
+7|7|PENDING|00:00:00|Unknown|Unknown|None assigned|0|0:0|BeginTime|allocation
 9|9|FAILED|00:00:01|2026-11-21T04:51:00|2026-11-21T04:51:01|n1|1|1:0|None|boom
 20_[3-5%2]|20|PENDING|00:00:00|Unknown|Unknown|None assigned|0|0:0|JobArrayTaskLimit|sw
 20_0|21|COMPLETED|00:00:01|2026-11-21T04:52:00|2026-11-21T04:52:01|n1|1|0:0|None|sw
@@ -79,6 +79,8 @@ def test_sacct_records_fold_into_one_info_per_job_with_requeues_by_cause() -> No
     # pending again after a preemption: shown as REQUEUED (Slurm says PENDING)
     assert infos["7"].state.name == "REQUEUED" and infos["7"].slurm_state == "PENDING"
     assert infos["7"].requeues == {"preemption": 1}
+    # slurmdbd's placeholder on the requeued run's row: the job is still "q"
+    assert infos["7"].name == "q"
     # a pending array's range line becomes one PENDING info per task
     assert [infos[f"20_{i}"].state.name for i in (3, 4, 5)] == ["PENDING"] * 3
     assert infos["20_0"].raw_id == "21" and infos["20_0"].state.name == "COMPLETED"
