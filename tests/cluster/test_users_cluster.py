@@ -47,10 +47,6 @@ def _as_owner(user: users.User, path: Path) -> Path:
     return path
 
 
-def _events(path: Path) -> list[dict]:
-    return read_jsonl(path)
-
-
 def _mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
@@ -80,7 +76,7 @@ def test_a_job_of_alice_survives_bobs_preemption_and_bob_sees_nothing_of_it(
     submitted = json.loads(sub.stdout)
     job = submitted["job_id"]
 
-    wait_until(lambda: any(e["event"] == "step" and e["step"] >= 2 for e in _events(events)),
+    wait_until(lambda: any(e["event"] == "step" and e["step"] >= 2 for e in read_jsonl(events)),
                90, "alice's job to pass step 2")
     # bob's urgent job takes alice's node: Slurm preempts her job, which is requeued
     node = alice.run(["squeue", "-h", "-j", job, "-o", "%N"], check=True).stdout.strip()
@@ -104,7 +100,7 @@ def test_a_job_of_alice_survives_bobs_preemption_and_bob_sees_nothing_of_it(
         "denied (only the job's owner" in cancel.stderr, cancel.stderr
     assert wait_done(job, 180) == "COMPLETED", alice.hpctrain("logs", job).stdout[-3000:]
 
-    found = _events(events)
+    found = read_jsonl(events)
     starts = [e for e in found if e["event"] == "start"]
     assert [s["step"] for s in starts][0] == 0 and len(starts) == 2 and starts[1]["step"] > 0
     assert starts[1]["last"] == "preemption" and found[-1] == {**found[-1], "event": "done"}
