@@ -22,7 +22,7 @@ from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.lost import suspects
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.rendezvous import Rendezvous
-from hpctrain.supervisor.scheduler import Scheduler, answered
+from hpctrain.supervisor.scheduler import NodeAnswers, Scheduler, answered
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.waits import Waiter
 from hpctrain.supervisor.watchdog import Hang
@@ -80,13 +80,16 @@ class Gather:
     def at_end(self, status: int, watch: Watch, log: str) -> Facts:
         """The facts once the step has ended (``log``: this run's part of the job log, for
         the first failure). A failure Slurm has no word on yet (say, a node it has not
-        noticed losing) gets SETTLE_S for Slurm to speak."""
+        noticed losing) gets SETTLE_S for Slurm to speak, while the nodes where ranks died
+        without a word are asked for a step (:meth:`ask_early`)."""
         cfg, state = self.cfg, self.state
         view = self.ask(ASK_DEADLINE_S)
+        early = None
         # (a hang's step was killed by the supervisor itself: nothing for Slurm to add)
         if status != 0 and not self.caught and self.hang is None and not self.lost and \
                 slurm_event(view, cfg.restart_count) == "running":
             end = self.slurm.monotonic() + SETTLE_S
+            early = self.ask_early(watch, log)
             while self.slurm.monotonic() < end and not self.take_signals():
                 self.slurm.sleep(POLL_S)
             view = self.ask(ASK_DEADLINE_S)
@@ -102,7 +105,7 @@ class Gather:
         failure = diagnose(log, cfg.launcher, record) if status else None
         memory = memory_kill(log) if status else None
         self.unanswered = () if not status or memory or self.caught or self.hang or \
-            self.lost else self.ask_nodes(failure, watch, log)
+            self.lost else self.ask_nodes(failure, watch, log, early)
         inplace = self.allocation(view, ledger.step_restarts) if status else InPlace()
         return self.facts(view, status, record=record, run_state=run_state, notice=notice,
                           restarts=ledger.restarts, inplace=inplace,
@@ -110,19 +113,35 @@ class Gather:
                           finish=watch.finish(), failure=failure, memory=memory,
                           port=self.rendezvous.moved(log) if status else None)
 
-    def ask_nodes(self, failure: Diagnosis | None, watch: Watch, log: str) -> tuple[str, ...]:
+    def ask_early(self, watch: Watch, log: str) -> NodeAnswers | None:
+        """The nodes :meth:`ask_nodes` will ask, asked already while Slurm is given its
+        SETTLE_S to speak (a lost node's answer takes a MessageTimeout: the two waits
+        overlap). Judged on the facts so far; :meth:`ask_nodes` judges again on those
+        after the wait and uses these answers only when it asks the same nodes."""
+        Waiter(self.slurm).until(lambda: not watch.exiting(), FINISH_WAIT_S, 0.05)
+        if memory_kill(log):
+            return None
+        record = self.state.read(p.EXIT, self.cfg.restart_count)
+        asked = suspects(diagnose(log, self.cfg.launcher, record), watch.records(), log,
+                         self.on or hostlist.expand(self.cfg.nodelist))
+        return self.slurm.probe_nodes(list(asked), PROBE_S) if asked else None
+
+    def ask_nodes(self, failure: Diagnosis | None, watch: Watch, log: str,
+                  early: NodeAnswers | None = None) -> tuple[str, ...]:
         """A failed step whose ranks died without a word while the others only lost their
         peers (:func:`hpctrain.supervisor.lost.suspects`): ask each node where they died
-        for a step before calling it a crash. The nodes that did not answer (lost, noted
-        bad)."""
+        for a step before calling it a crash (``early``: the same nodes asked already).
+        The nodes that did not answer (lost, noted bad)."""
         nodes = self.on or hostlist.expand(self.cfg.nodelist)
         asked = suspects(failure, watch.records(), log, nodes)
         if not asked:
             return ()
         say(f"rank(s) on {','.join(asked)} died without a word and no rank failed of its "
             "own: asking the node(s) for a step before calling it a crash")
+        probe = early if early is not None and early.nodes == asked else \
+            self.slurm.probe_nodes(list(asked), PROBE_S)
         lost = {}
-        for node, why in self.slurm.probe_nodes(list(asked), PROBE_S).items():
+        for node, why in probe.answers().items():
             if why is None:
                 say(f"node {node} answered: the step failed on its own")
             else:

@@ -11,9 +11,9 @@ of its own; the devcluster tests prove the stand-in tells the truth.
 
 from __future__ import annotations
 
+import threading
 import time as clock
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeVar
 
 from hpctrain.errors import SlurmError
@@ -23,6 +23,7 @@ from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.step import Step
 
 RETRY_S = 2.0        # how often an unreachable controller is asked again
+PROBES_AT_ONCE = 16  # nodes asked for a step at the same time (each its own srun)
 T = TypeVar("T")
 
 
@@ -34,6 +35,16 @@ class StepProcess(Protocol):
 
     def kill_local(self, signal_name: str) -> None:
         """Signal the local launcher process directly."""
+
+
+class NodeAnswers(Protocol):
+    """Nodes being asked for a step (:meth:`Scheduler.probe_nodes`)."""
+
+    nodes: tuple[str, ...]
+
+    def answers(self) -> dict[str, str | None]:
+        """Wait for every node's answer: {node: None if it answered, else what srun
+        said}."""
 
 
 class Scheduler(Protocol):
@@ -57,7 +68,7 @@ class Scheduler(Protocol):
     def partition_nodes(self, partition: str) -> list[str]: ...
     def run_on_nodes(self, argv: list[str], nodes: int, timeout: float) -> str: ...
     def run_on(self, argv: list[str], nodes: list[str], timeout: float) -> str: ...
-    def probe_nodes(self, nodes: list[str], timeout: float) -> dict[str, str | None]: ...
+    def probe_nodes(self, nodes: list[str], timeout: float) -> NodeAnswers: ...
 
     # ---- the step and the clock ------------------------------------------------------------
     def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> StepProcess: ...
@@ -93,16 +104,44 @@ class Slurm:
         return control.run_on_nodes(argv, len(nodes), timeout=timeout, nodelist=nodes)
 
     @staticmethod
-    def probe_nodes(nodes: list[str], timeout: float) -> dict[str, str | None]:
-        """Each node asked for a step at once (a rack's loss is many nodes, each a
-        MessageTimeout to fail): {node: None if it answered, else what srun said}."""
-        with ThreadPoolExecutor(max_workers=min(len(nodes), 16) or 1) as pool:
-            said = pool.map(lambda n: control.probe_node(n, timeout=timeout), nodes)
-            return dict(zip(nodes, said))
+    def probe_nodes(nodes: list[str], timeout: float) -> Probe:
+        return Probe(nodes, timeout)
 
     @staticmethod
     def start_step(argv: Sequence[str], env: Mapping[str, str]) -> Step:
         return Step(argv, env)
+
+
+class Probe:
+    """Nodes asked for a step in the background (``control.probe_node``), each at once (a
+    rack's loss is many nodes, each a MessageTimeout to fail), so that the supervisor waits
+    for Slurm's word on the failed step meanwhile. Daemon threads: a supervisor that no
+    longer needs the answers (a stop signal came first) exits without waiting for them."""
+
+    def __init__(self, nodes: Sequence[str], timeout: float) -> None:
+        self.nodes = tuple(nodes)
+        self._said: dict[str, str | None] = {}
+        self._error: SlurmError | None = None
+        self._threads = [threading.Thread(target=self._ask, args=(self.nodes[i::PROBES_AT_ONCE],
+                                                                  timeout),
+                                          name="hpctrain-probe", daemon=True)
+                         for i in range(min(len(self.nodes), PROBES_AT_ONCE))]
+        for thread in self._threads:
+            thread.start()
+
+    def _ask(self, nodes: Sequence[str], timeout: float) -> None:
+        for node in nodes:
+            try:
+                self._said[node] = control.probe_node(node, timeout=timeout)
+            except SlurmError as exc:      # (srun could not be run at all)
+                self._error = exc
+
+    def answers(self) -> dict[str, str | None]:
+        for thread in self._threads:
+            thread.join()
+        if self._error is not None:
+            raise self._error
+        return {node: self._said[node] for node in self.nodes}
 
 
 def answered(slurm: Scheduler, call: Callable[[], T], what: str,

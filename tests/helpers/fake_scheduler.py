@@ -318,6 +318,22 @@ class FakeStep:
 
 
 @dataclass
+class FakeProbe:
+    """Nodes being asked for a step, on the stand-in's clock: the answers are in at
+    ``done``, and waiting for them sleeps until then."""
+
+    slurm: FakeSlurm
+    nodes: tuple[str, ...]
+    said: dict[str, str | None]
+    done: float
+
+    def answers(self) -> dict[str, str | None]:
+        if self.slurm.now < self.done:
+            self.slurm.sleep(self.done - self.slurm.now)
+        return self.said
+
+
+@dataclass
 class FakeSlurm:
     """Slurm, the step and the clock, as one :class:`hpctrain.supervisor.scheduler.Scheduler`.
 
@@ -505,13 +521,14 @@ class FakeSlurm:
         self.calls.append(("run_on", " ".join(argv[1:3]), ",".join(nodes)))
         return ""
 
-    def probe_nodes(self, nodes: list[str], timeout: float) -> dict[str, str | None]:
+    def probe_nodes(self, nodes: list[str], timeout: float) -> FakeProbe:
         self.calls.append(("probe_nodes", ",".join(nodes)))
-        if any(n in self.dead for n in nodes):
-            self.sleep(min(MESSAGE_S, timeout))    # the launch fails after MessageTimeout
-        return {n: "srun: error: Task launch for StepId=42.1 failed on node "
+        # a launch on a dead slurmd fails after MessageTimeout; a live node answers at once
+        said = {n: "srun: error: Task launch for StepId=42.1 failed on node "
                    f"{n}: Communication connection failure" if n in self.dead else None
                 for n in nodes}
+        done = self.now + (min(MESSAGE_S, timeout) if any(said.values()) else 0.0)
+        return FakeProbe(self, tuple(nodes), said, done)
 
     def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> FakeStep:
         plan = self.steps[min(len(self.started), len(self.steps) - 1)]
