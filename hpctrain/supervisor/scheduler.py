@@ -68,7 +68,8 @@ class Scheduler(Protocol):
     def partition_nodes(self, partition: str) -> list[str]: ...
     def run_on_nodes(self, argv: list[str], nodes: int, timeout: float) -> str: ...
     def run_on(self, argv: list[str], nodes: list[str], timeout: float) -> str: ...
-    def probe_nodes(self, nodes: list[str], timeout: float) -> NodeAnswers: ...
+    def probe_nodes(self, nodes: list[str], timeout: float) -> NodeAnswers:
+        """Start asking each of ``nodes`` for a step (through its slurmd)."""
 
     # ---- the step and the clock ------------------------------------------------------------
     def start_step(self, argv: Sequence[str], env: Mapping[str, str]) -> StepProcess: ...
@@ -122,10 +123,11 @@ class Probe:
         self.nodes = tuple(nodes)
         self._said: dict[str, str | None] = {}
         self._error: SlurmError | None = None
-        self._threads = [threading.Thread(target=self._ask, args=(self.nodes[i::PROBES_AT_ONCE],
-                                                                  timeout),
+        groups = [self.nodes[i::PROBES_AT_ONCE]
+                  for i in range(min(len(self.nodes), PROBES_AT_ONCE))]
+        self._threads = [threading.Thread(target=self._ask, args=(group, timeout),
                                           name="hpctrain-probe", daemon=True)
-                         for i in range(min(len(self.nodes), PROBES_AT_ONCE))]
+                         for group in groups]
         for thread in self._threads:
             thread.start()
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.errors import SlurmError
+from hpctrain.supervisor.scheduler import Slurm
 from helpers.fake_scheduler import MESSAGE_S
 from helpers.supervise import SPARES, asked, supervise
 
@@ -100,3 +102,14 @@ def test_a_stop_signal_while_the_node_is_asked_is_not_kept_waiting(tmp_path: Pat
     assert asked(fake, "probe_nodes") == [("probe_nodes", "n2")], fake.calls
     assert not asked(fake, "shrink_job") and code == 0
     assert fake.now < 5.0 + MESSAGE_S, fake.now
+
+
+def test_asking_nodes_where_srun_cannot_run_says_so(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real asking (threads, one srun per node): a failure to run srun at all reaches
+    the supervisor as Slurm's typed error when it waits for the answers."""
+    monkeypatch.setenv("PATH", str(tmp_path))      # no srun here
+    probe = Slurm.probe_nodes(["n2", "n3"], 5.0)
+    assert probe.nodes == ("n2", "n3")
+    with pytest.raises(SlurmError, match="'srun' is not on PATH"):
+        probe.answers()
