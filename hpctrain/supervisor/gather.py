@@ -124,7 +124,7 @@ class Gather:
         record = self.state.read(p.EXIT, self.cfg.restart_count)
         asked = suspects(diagnose(log, self.cfg.launcher, record), watch.records(), log,
                          self.on or hostlist.expand(self.cfg.nodelist))
-        return self.slurm.probe_nodes(list(asked), PROBE_S) if asked else None
+        return self.start_asking(asked) if asked else None
 
     def ask_nodes(self, failure: Diagnosis | None, watch: Watch, log: str,
                   early: NodeAnswers | None = None) -> tuple[str, ...]:
@@ -136,10 +136,8 @@ class Gather:
         asked = suspects(failure, watch.records(), log, nodes)
         if not asked:
             return ()
-        say(f"rank(s) on {','.join(asked)} died without a word and no rank failed of its "
-            "own: asking the node(s) for a step before calling it a crash")
         probe = early if early is not None and early.nodes == asked else \
-            self.slurm.probe_nodes(list(asked), PROBE_S)
+            self.start_asking(asked)
         lost = {}
         for node, why in probe.answers().items():
             if why is None:
@@ -150,6 +148,12 @@ class Gather:
                 lost[node] = "node_fail"
         self.bad.note(lost)
         return tuple(lost)
+
+    def start_asking(self, nodes: tuple[str, ...]) -> NodeAnswers:
+        """Start asking ``nodes`` for a step, and say so in the job log when it starts."""
+        say(f"rank(s) on {','.join(nodes)} died without a word and no rank failed of its "
+            "own: asking the node(s) for a step before calling it a crash")
+        return self.slurm.probe_nodes(list(nodes), PROBE_S)
 
     def failed_attempt(self) -> Facts:
         """The facts of an attempt that failed while its processes live on (they wait for
