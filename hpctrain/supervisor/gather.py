@@ -122,8 +122,7 @@ class Gather:
         if memory_kill(log):
             return None
         record = self.state.read(p.EXIT, self.cfg.restart_count)
-        asked = suspects(diagnose(log, self.cfg.launcher, record), watch.records(), log,
-                         self.on or hostlist.expand(self.cfg.nodelist))
+        asked = self.suspected_nodes(diagnose(log, self.cfg.launcher, record), watch, log)
         return self.start_asking(asked) if asked else None
 
     def ask_nodes(self, failure: Diagnosis | None, watch: Watch, log: str,
@@ -132,8 +131,7 @@ class Gather:
         peers (:func:`hpctrain.supervisor.lost.suspects`): ask each node where they died
         for a step before calling it a crash (``early``: the same nodes asked already).
         The nodes that did not answer (lost, noted bad)."""
-        nodes = self.on or hostlist.expand(self.cfg.nodelist)
-        asked = suspects(failure, watch.records(), log, nodes)
+        asked = self.suspected_nodes(failure, watch, log)
         if not asked:
             return ()
         probe = early if early is not None and early.nodes == asked else \
@@ -148,6 +146,11 @@ class Gather:
                 lost[node] = "node_fail"
         self.bad.note(lost)
         return tuple(lost)
+
+    def suspected_nodes(self, failure: Diagnosis | None, watch: Watch, log: str) -> tuple[str, ...]:
+        """The step's nodes to ask before ``failure`` is called a crash (:func:`suspects`)."""
+        return suspects(failure, watch.records(), log,
+                        self.on or hostlist.expand(self.cfg.nodelist))
 
     def start_asking(self, nodes: tuple[str, ...]) -> NodeAnswers:
         """Start asking ``nodes`` for a step, and say so in the job log when it starts."""
