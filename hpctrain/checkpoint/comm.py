@@ -126,6 +126,24 @@ class Comm:
         self._dist.scatter(box, scatter_list=boxes, src=self._global(0), group=self.group)
         return _unframed(box)
 
+    def exchange(self, sends: list[tuple[int, Any]], receive: tuple[int, int] | None) -> Any:
+        """Point to point, every rank at once: each (rank, uint8 tensor) of ``sends`` sent
+        to that rank, and from ``receive``'s (rank, nbytes) a tensor of nbytes received
+        and returned (else None). The ranks' sends and receives must match."""
+        got = None
+        if not self.active:
+            return got
+        import torch
+
+        d = self._dist
+        ops = [d.P2POp(d.isend, t, self._global(to), group=self.group) for to, t in sends]
+        if receive is not None:
+            got = torch.empty(receive[1], dtype=torch.uint8)
+            ops.append(d.P2POp(d.irecv, got, self._global(receive[0]), group=self.group))
+        for request in d.batch_isend_irecv(ops) if ops else ():
+            request.wait()
+        return got
+
     def broadcast_int(self, value: int) -> int:
         """Rank 0's ``value`` on every rank (one int64, not a pickle)."""
         if not self.active:

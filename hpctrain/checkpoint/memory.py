@@ -10,6 +10,7 @@ processes, on a spare node too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,35 +24,48 @@ class InMemory:
     rank 0 pairs the ranks)."""
 
     def __init__(self, root: Path, comm: Any) -> None:
-        from hpctrain.checkpoint.peers import PeerCopies
+        from hpctrain.checkpoint.peers import BUFFERS, PeerCopies
         from hpctrain.checkpoint.writer import Staging
 
         self.root, self.comm = root, comm
         self.peers = PeerCopies.start(comm)
         # a second set of buffers beside an async save's (a save in flight reads those);
-        # with peer copies, mapped from node memory: the rank's own copy costs nothing more
-        self._staging = Staging(self.peers.allocate if self.peers else None)
+        # with peer copies, two, mapped from node memory: the rank's own copies (the newest,
+        # and the newest its partner holds) cost nothing more
+        self._plain = Staging()
+        peers = self.peers
+        self._stagings = [Staging(functools.partial(peers.allocate, i))
+                          for i in range(BUFFERS)] if peers is not None else []
 
     def take(self, step: int, state: dict) -> None:
         """Copy ``state`` into the staging buffers as the newest snapshot, ``step``."""
+        from hpctrain.checkpoint.peerwire import NoRoom
         from hpctrain.checkpoint.tree import flatten
 
         step_dirname(step)
         chunks, extras = flatten(state)
         snapshot.forget(self.root)   # a copy cut short (an exception) must not be restored
-        if self.peers is not None:
-            self.peers.before_stage()    # the last copy's send reads the staging memory
-        staged = self._staging.stage(chunks, extras)
+        index = None
+        if self.peers is not None and not self.peers.off:
+            index = self.peers.before_stage()    # a send of that buffer is cut short
+            try:
+                staged = self._stagings[index].stage(chunks, extras)
+            except NoRoom as exc:
+                self.peers.turn_off(str(exc))
+                index = None
+        if index is None:
+            staged = self._plain.stage(chunks, extras)
         snapshot.keep(self.root, step, staged)
-        if self.peers is not None:       # its checksums and its send: in the background
-            self.peers.put(step, staged.chunks, staged.extras)
+        if index is not None:            # its checksums and its send: in the background
+            self.peers.put(index, step, staged.chunks, staged.extras)  # type: ignore[union-attr]
 
     def restore(self, state: dict, latest_step: Callable[[], int | None],
                 unpickle: str) -> int | None:
         """The step restored from memory on every rank (this process's snapshot, else a peer
-        copy), or None (nothing restored that the caller keeps: storage is read). Rank 0
-        alone finds the newest durable step (it stats every rank's files); the rest of the
-        agreement is all-reduced: O(1) bytes a rank."""
+        copy), or None (``state`` untouched: storage is read). Rank 0 alone finds the newest
+        durable step (it stats every rank's files); the rest of the agreement is
+        all-reduced: O(1) bytes a rank. All or nothing: every rank checks and decodes
+        its snapshot before any writes into its state."""
         kept = snapshot.newest(self.root)
         mine = kept.step if kept is not None else -1
         high, low = self.comm.all_reduce_max([mine, -mine])   # one step on every rank?
@@ -59,17 +73,19 @@ class InMemory:
             if high >= 0 or self.peers is not None else None
         step = None
         if kept is not None and high == -low and (durable is None or high >= durable):
-            laid_out_otherwise = self.comm.all_reduce_max([0 if kept.restore(state) else 1])
-            step = None if laid_out_otherwise[0] else high   # (on any rank: none restores)
+            ready = kept.decode(state)
+            if not self.comm.all_reduce_max([0 if ready is not None else 1])[0]:
+                kept.apply(ready, state)    # type: ignore[arg-type]
+                step = high
         if step is None and self.peers is not None:
             step = self.peers.restore(state, durable, unpickle)
         return step
 
     def loaded(self, step: int | None) -> None:
         """``step`` was loaded (or none): the peer copies of any other step go (another
-        past; the training goes on from ``step``)."""
+        past; the training goes on from ``step``). Collective."""
         if self.peers is not None:
-            self.peers.forget_others(step)
+            self.peers.loaded(step)
 
     def close(self) -> None:
         if self.peers is not None:

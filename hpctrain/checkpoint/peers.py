@@ -1,4 +1,4 @@
-"""Peer copies of snapshots in host memory: a lost node costs at most the snapshot interval.
+"""Peer copies of snapshots in host memory: a lost node costs at most two snapshot intervals.
 
 A snapshot (:meth:`CheckpointManager.snapshot`) lives in its rank's process: a restart in
 the same process restores it, but a lost node's step restarts in new processes everywhere
@@ -7,22 +7,35 @@ the same process restores it, but a lost node's step restarts in new processes e
 the snapshot's staging memory is itself mapped from the node's memory
 (:mod:`hpctrain.protocol.nodemem`: a job-private directory of ``/dev/shm``, which outlives
 the processes), so the rank's own copy costs nothing more; and each snapshot is sent over
-the network to the rank's *partner*, a rank on another node (:func:`partners`: one node's
-loss never takes both copies), which keeps it in its own node's memory. Each copy carries
-the checksums the durable format uses (:mod:`hpctrain.checkpoint.peerfile`).
+the network to the rank's *partner*, a rank on another node (:func:`~hpctrain.checkpoint.
+peerplan.partners`: one node's loss never takes both copies), which keeps it in its own
+node's memory and acknowledges it once it is whole there.
 
-On a load (:meth:`PeerCopies.restore`, collective) the ranks say which copies their nodes
-hold; the newest step for which every rank has one (its own, or its partner's), no older
-than the newest durable checkpoint, is restored: a copy held elsewhere travels to its rank
-over the checkpoint's gloo group, every copy is verified against its checksums before use,
-and any missing or damaged copy sends every rank to the durable checkpoint instead.
+What a load can count on: a rank keeps two own copies, its newest snapshot and the newest
+one its partner acknowledged (the next snapshot overwrites the other buffer, never that
+one), and the partner keeps the two newest it received whole. So when every send finishes
+within a snapshot interval, the step before the newest is whole on both sides for every
+rank, and a node lost even mid-send costs at most two intervals. A send still on its way
+when the next snapshot comes is cut short (the training never waits for the network) and
+the job log says so when that keeps happening: copies that fall behind may leave no step
+common to every rank.
 
-Cost: two more copies of a rank's snapshot in host memory (its ward's, in two slots), per
-snapshot its checksums and a send to the partner on a background thread, and the ward's
-copy received on another (both at nice 19: they take the CPU the training leaves idle); a
-snapshot cuts the last one's send short if it is still on its way (its memory is what is
-sent). An async save's staged
-copy is not sent: that step is durable moments later anyway.
+On a load (:meth:`PeerCopies.restore`, collective) one rank of each node lists the whole
+copies in its node's memory, whoever's they are (torchrun may seat other ranks on a
+restarted node); rank 0 picks the newest step, no older than the newest durable
+checkpoint, of which every rank has one (:func:`~hpctrain.checkpoint.peerplan.
+restore_plan`), and the job log gets one line: the step and where each node's ranks take
+their state from, or why none is restored. A copy held elsewhere travels over the
+checkpoint's gloo group; every rank verifies and decodes its copy whole (checksums, layout,
+extras) before one collective agrees, and only then does any rank write into its state:
+all or nothing, every refusal named.
+
+Node memory: the copies' pages are reserved when mapped (``posix_fallocate``): a
+``/dev/shm`` too small for them turns this rank's copies off with one line saying what was
+needed and what was free, never a SIGBUS. Per rank about four times its snapshot (two own
+buffers, two slots of its ward's). The directory is refused, and the copies turned off,
+unless it is provably the user's own (as the progress relay's). An async save's staged
+copy is not sent: it is not in node memory, and its step is durable moments later.
 """
 
 from __future__ import annotations
@@ -31,7 +44,9 @@ import hmac
 import mmap
 import os
 import pickle
+import secrets
 import socket
+import stat
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -42,83 +57,22 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpctrain import access
 from hpctrain.checkpoint import peerfile
-from hpctrain.checkpoint.peerwire import Slots, header, read_header
+from hpctrain.checkpoint.peerplan import Held, Pairing, Route, assign, restore_plan
+from hpctrain.checkpoint.peerwire import (ACK, NO_ROOM, READY, NoRoom, Slots, header,
+                                          open_own, read_header, reserve)
 from hpctrain.checkpoint.tree import Chunk
 from hpctrain.protocol import RESTART_COUNT, RUN_ID, channel, nodemem
 
 CONNECT_S = 10.0                      # a partner that does not accept within this: no copy
 CLOSE_WAIT_S = 10.0                   # a closing manager waits this long for the last send
 CUT_WARN = 20                         # sends cut short in a row before the job log says so
-WHERE_MAX = 512                       # bytes of a rank's (node, port), pickled
+WHERE_MAX = 1024                      # bytes of a rank's (node, port, why not), pickled
 NICE = 19                             # the sending and receiving threads' (see _background)
-
-
-# ---- who keeps whose copy, which step from where (pure) -------------------------------------
-def partners(hosts: Sequence[str]) -> list[int | None]:
-    """Rank -> the rank that keeps its copy (``hosts[r]`` is rank r's node): the rank with
-    the same local index on the next node, round the nodes; never one on its own node.
-    None for every rank when the job runs on one node."""
-    order = list(dict.fromkeys(hosts))
-    if len(order) < 2:
-        return [None] * len(hosts)
-    on: dict[str, list[int]] = {h: [] for h in order}
-    local: list[int] = []
-    for rank, host in enumerate(hosts):
-        local.append(len(on[host]))
-        on[host].append(rank)
-    after = {h: order[(i + 1) % len(order)] for i, h in enumerate(order)}
-    return [on[after[h]][local[r] % len(on[after[h]])] for r, h in enumerate(hosts)]
-
-
-def restore_plan(held: Sequence[tuple[int | None, Mapping[int, int]]],
-                 durable: int | None) -> tuple[int, dict[int, int]] | None:
-    """The step to restore and, per rank, the rank whose node holds its copy (itself: its
-    own): the newest step every rank has a copy of, no older than the ``durable`` step.
-    ``held[r]`` is (the step of rank r's own copy or None, {ward: step of its copy})."""
-    holders: dict[tuple[int, int], int] = {}      # (rank, step) -> who holds it
-    for rank, (own, wards) in enumerate(held):
-        if own is not None:
-            holders[(rank, own)] = rank
-        for ward, step in wards.items():
-            holders.setdefault((ward, step), rank)
-    for step in sorted({step for _, step in holders}, reverse=True):
-        if durable is not None and step < durable:
-            break
-        sources = {r: holders.get((r, step)) for r in range(len(held))}
-        if all(s is not None for s in sources.values()):
-            return step, sources      # type: ignore[return-value]
-    return None
-
-
-def assign(where: Sequence[tuple[str, int]]) -> list[bytes]:
-    """Rank 0's answer to every rank's (node, port): each rank's (its partner's address,
-    its wards, why there are no peer copies or ""), pickled, in rank order."""
-    plan = partners([node for node, _ in where])
-    why = "the job runs on one node" if plan and plan[0] is None else \
-        "no progress channel token (no supervisor)" if not all(p for _, p in where) else ""
-    wards: list[list[int]] = [[] for _ in where]
-    for rank, partner in enumerate(plan):
-        if partner is not None:
-            wards[partner].append(rank)
-    return [pickle.dumps((where[p] if p is not None else ("", 0), wards[r], why))
-            for r, p in enumerate(plan)]
-
-
-def sources_of(plan: tuple[int, dict[int, int]] | None,
-               sizes: Sequence[Mapping[int, int]]) -> list[bytes]:
-    """Rank 0's answer to the ranks' copies (a :func:`restore_plan`, each rank's {ward:
-    size}): each rank's (the step or None, [the wards it sends their copies to], (whom to
-    receive its own from, how many bytes) or None), pickled, in rank order."""
-    if plan is None:
-        return [pickle.dumps((None, [], None))] * len(sizes)
-    step, sources = plan
-    sends: list[list[int]] = [[] for _ in sizes]
-    for rank, source in sources.items():
-        if source != rank:
-            sends[source].append(rank)
-    return [pickle.dumps((step, sends[r], None if sources[r] == r else
-                          (sources[r], sizes[sources[r]][r]))) for r in range(len(sizes))]
+BUFFERS = 2                           # own copies: the newest, and the partner's newest
+ATTEMPTS = 3                          # steps a load tries when copies prove damaged
+MB = 1 << 20
 
 
 def _background() -> None:
@@ -131,30 +85,57 @@ def _background() -> None:
         pass
 
 
+def say(text: str) -> None:
+    """One line of the job log."""
+    print(f"hpctrain: {text}", file=sys.stderr, flush=True)
+
+
+def guard(directory: Path) -> str:
+    """Make this node's copies' directory (and its parent), or check them: "" when both are
+    provably this user's (owned by it, writable by nobody else), else why not. A neighbour
+    who planted either could read the copies or offer forged ones."""
+    for path in (directory.parent, directory):
+        why = access.own_dir(path, 0o700, parents=path == directory.parent)
+        if not why:
+            st = os.stat(path)        # (a link own_dir let pass is the user's own)
+            if st.st_mode & 0o022:
+                why = f"others may write in it (mode {stat.S_IMODE(st.st_mode):o})"
+        if why:
+            return f"{path}: {why}"
+    return ""
+
+
 # ---- one rank's copies ----------------------------------------------------------------------
 class PeerCopies:
-    """This rank's peer copies: its own snapshot in node memory (:meth:`allocate` maps the
-    snapshot's staging there) and at its partner, and the copies it keeps for its wards.
-    Made by :meth:`start`; the manager calls :meth:`before_stage` and :meth:`put` around
-    each snapshot, and :meth:`restore` on a load."""
+    """This rank's peer copies: its own snapshots in node memory (:meth:`allocate` maps a
+    snapshot's staging there, two buffers) and at its partner, and the copies it keeps for
+    its wards. Made by :meth:`start`; the manager calls :meth:`before_stage` and
+    :meth:`put` around each snapshot, :meth:`restore` on a load and :meth:`loaded` after."""
 
-    def __init__(self, comm: Any, directory: Path, partner: tuple[str, int], wards: set[int],
-                 token: str, server: socket.socket) -> None:
+    def __init__(self, comm: Any, directory: Path, node: str, pairing: Pairing, secret: str,
+                 server: socket.socket) -> None:
         # the manager's group: given back at close (a group still referenced outlives its
         # attempt, and its connections keep a peer waiting: hpctrain.runtime.groups)
-        self.comm, self.dir, self.partner, self.wards = comm, directory, partner, wards
-        self.rank = comm.rank
-        self.token, self.server = token, server
-        self.data, self.meta = directory / f"{comm.rank}.data", directory / f"{comm.rank}.meta"
+        self.comm, self.dir, self.node, self.rank = comm, directory, node, comm.rank
+        self.partner, self.wards = tuple(pairing.partner), set(pairing.wards)
+        self.lister, self.keep = pairing.lister, set(pairing.keep)
+        self.secret, self.server = secret, server
+        self.off = ""                           # why this rank keeps no copies now
         self._cond = threading.Condition()
-        self._pending: tuple[int, Sequence[Chunk], bytes] | None = None
-        self._busy = self._closed = False
-        self._sending = False                   # the send's part of the busy time
+        self._pages: list[mmap.mmap | None] = [None] * BUFFERS
+        self._payload: list[tuple[int, Sequence[Chunk], bytes] | None] = [None] * BUFFERS
+        self._latest: int | None = None         # the buffer put last
+        self._acked: int | None = None          # the buffer whose step the partner holds
+        self._pending: int | None = None        # the buffer to send next
+        self._working: int | None = None        # the buffer the sending thread reads
+        self._cancel = self._sending = self._closed = False
+        self._broken = False                    # the connection was shut: close it
         self._cut = 0                           # sends cut short by a newer snapshot in a row
-        self.puts = self.sent = 0               # snapshots put, and sent whole to the partner
-        self._pages: mmap.mmap | None = None    # the snapshot's staging, in node memory
+        self.puts = self.sent = 0               # snapshots put, and acknowledged whole
         self._sock: socket.socket | None = None
         self.failures: list[str] = []           # each kind of failure, said once
+        self._ward_lock = {w: threading.Lock() for w in self.wards}
+        self._adopt()
         threading.Thread(target=self._serve, name="hpctrain-peer-in", daemon=True).start()
         threading.Thread(target=self._send_loop, name="hpctrain-peer-out",
                          daemon=True).start()
@@ -165,63 +146,112 @@ class PeerCopies:
         spans nodes (collective: every rank says where it listens), else None."""
         if env.get(nodemem.PEER_COPIES) != "1" or not comm.active:
             return None
-        token = env.get(channel.TOKEN, "")
         node = env.get("SLURMD_NODENAME") or socket.gethostname()
-        server = socket.create_server(("", 0)) if token else None
+        run_id, restart = env.get(RUN_ID, "run"), int(env.get(RESTART_COUNT, "0") or 0)
+        directory = nodemem.peer_dir(env, run_id, restart, node)
+        unsafe = guard(directory)[:300]
+        server = socket.create_server(("", 0)) if not unsafe else None
         port = server.getsockname()[1] if server is not None else 0
-        # rank 0 pairs them: a gather of (node, port), each rank its own part back (its
-        # partner's address, its wards), O(1) bytes a rank whatever the world
-        gathered = comm.gather_bytes(pickle.dumps((node, port)), size=WHERE_MAX)
-        parts = None if gathered is None else assign([pickle.loads(g) for g in gathered])
-        partner, wards, why = pickle.loads(comm.scatter_bytes(parts))
-        if why:
+        # rank 0 pairs them: a gather of (node, port, why not), each rank its own part back
+        # (its partner's address, its wards, ...), O(1) bytes a rank whatever the world
+        gathered = comm.gather_bytes(pickle.dumps((node, port, unsafe)), size=WHERE_MAX)
+        parts = None
+        if gathered is not None:
+            every = [pickle.loads(g) for g in gathered]
+            planted = next((f"{n}: {u}" for n, _, u in every if u), "")
+            pairing = assign([(n, p) for n, p, _ in every], bool(env.get(channel.TOKEN)),
+                             planted)
+            secret = secrets.token_hex(16)      # the copies' own: the job's ranks alone
+            parts = [pickle.dumps((p, secret)) for p in pairing]
+        mine, secret = pickle.loads(comm.scatter_bytes(parts))
+        if mine.why:
             if server is not None:
                 server.close()
             if comm.rank == 0:
-                print(f"hpctrain: peer copies of snapshots off: {why}", file=sys.stderr,
-                      flush=True)
+                say(f"peer copies of snapshots off: {mine.why}")
             return None
-        directory = nodemem.peer_dir(env, env.get(RUN_ID, "run"),
-                                     int(env.get(RESTART_COUNT, "0") or 0), node)
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         assert server is not None
-        return cls(comm, directory, tuple(partner), set(wards), token, server)
+        if mine.lister:      # what a killed earlier run of this job left on this node
+            nodemem.remove_earlier(env, run_id, restart, node)
+        return cls(comm, directory, node, mine, secret, server)
 
     # ---- a snapshot: kept in node memory, sent to the partner -----------------------------
-    def allocate(self, nbytes: int) -> torch.Tensor:
-        """The snapshot's staging memory (``nbytes``), mapped from this node's memory."""
-        fd = os.open(self.data, os.O_RDWR | os.O_CREAT, 0o600)
+    def allocate(self, index: int, nbytes: int) -> torch.Tensor:
+        """Own buffer ``index``'s staging memory (``nbytes``), mapped from this node's
+        memory, its pages reserved (:class:`NoRoom` when they do not fit)."""
+        fd = open_own(self._data(index))
         try:
             # never shorter: a mapping made for the last layout may still be read (a kept
             # snapshot), and pages past the file's end would fault
-            os.ftruncate(fd, max(nbytes, os.fstat(fd).st_size, 1))
-            self._pages = mmap.mmap(fd, max(nbytes, 1))
+            size = max(nbytes, os.fstat(fd).st_size, 1)
+            os.ftruncate(fd, size)
+            try:
+                reserve(fd, size)
+            except NoRoom as exc:
+                free = os.fstatvfs(fd)
+                raise NoRoom(
+                    f"node memory {self.dir.parent} cannot hold this rank's copies: "
+                    f"{size / MB:.0f} MB a buffer, {BUFFERS} buffers and as much again for "
+                    f"each ward's two slots; {free.f_bavail * free.f_frsize / MB:.0f} MB "
+                    f"free ({exc})") from None
+            pages = mmap.mmap(fd, max(nbytes, 1))
         finally:
             os.close(fd)
-        return torch.frombuffer(self._pages, dtype=torch.uint8)[:nbytes]
+        old, self._pages[index] = self._pages[index], pages
+        if old is not None:
+            _release(old)
+        return torch.frombuffer(pages, dtype=torch.uint8)[:nbytes]
 
-    def before_stage(self) -> None:
-        """Before the staging memory is written again: the last snapshot's checksums taken;
-        a send of it still on its way is cut short (the newer snapshot replaces it: the
-        training never waits for the network; the partner keeps the copy before it), and
-        the own copy spoiled until the new one is whole."""
-        with self._cond:
-            if self._sending and self._sock is not None:
-                self._sock.shutdown(socket.SHUT_RDWR)
-                self._cut += 1
-                if self._cut == CUT_WARN:
-                    self._fail(f"{CUT_WARN} snapshots in a row came before the last one had "
-                               f"reached the partner (peer copies fall behind: snapshot "
-                               f"less often)")
-            self._cond.wait_for(lambda: self._pending is None and not self._busy)
-        self.meta.unlink(missing_ok=True)
+    def turn_off(self, why: str) -> None:
+        """This rank keeps no more copies (its snapshots stay in its process): said once."""
+        if not self.off:
+            self.off = why
+            say(f"rank {self.rank} ({self.node}): peer copies off: {why}; snapshots stay "
+                "in this process's memory and the durable checkpoint still stands")
 
-    def put(self, step: int, chunks: Sequence[Chunk], extras: bytes) -> None:
-        """``chunks`` (staged in :meth:`allocate`'s memory) and the pickled ``extras`` are
-        the snapshot of ``step``: its checksums and its send follow on the background
-        thread."""
+    def before_stage(self) -> int:
+        """Which own buffer the next snapshot goes to, made ready: never the one whose step
+        the partner holds (while a newer one is not held there); a send still reading it
+        is cut short (the newer snapshot replaces it: the training never waits for the
+        network), and its copy spoiled until the new one is whole."""
         with self._cond:
-            self._pending = (step, chunks, extras)
+            target = self._target()
+            if self._pending == target:
+                self._pending = None
+            if self._working == target:
+                self._cancel = True
+                if self._sending and self._sock is not None:
+                    _shutdown(self._sock)      # (the sending thread closes it)
+                    self._broken = True
+                    self._cut += 1
+                    if self._cut == CUT_WARN:
+                        self._fail(f"{CUT_WARN} snapshots in a row came before the last one "
+                                   f"had reached the partner (peer copies fall behind: a lost "
+                                   f"node may cost more than two snapshot intervals; snapshot "
+                                   f"less often)")
+                self._cond.wait_for(lambda: self._working != target)
+                self._cancel = False
+            if self._acked == target:          # (acknowledged as it was cut: too late)
+                self._acked = None
+            self._payload[target] = None
+            if self._latest == target:
+                self._latest = None
+        self._meta(target).unlink(missing_ok=True)
+        return target
+
+    def _target(self) -> int:
+        if self._latest is None:
+            return 1 if self._acked == 0 else 0
+        if self._acked is None or self._latest == self._acked:
+            return 1 - self._latest  # (nothing acknowledged yet: keep the newest whole one)
+        return self._latest          # not held by the partner: the acknowledged one stays
+
+    def put(self, index: int, step: int, chunks: Sequence[Chunk], extras: bytes) -> None:
+        """``chunks`` (staged in buffer ``index``) and the pickled ``extras`` are the
+        snapshot of ``step``: its checksums and its send follow on the background thread."""
+        with self._cond:
+            self._payload[index] = (step, chunks, extras)
+            self._latest = self._pending = index
             self.puts += 1
             self._cond.notify_all()
 
@@ -232,50 +262,80 @@ class PeerCopies:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
                 if self._pending is None:      # closed, nothing left to send
                     break
-                step, chunks, extras = self._pending
-                self._pending, self._busy = None, True
+                index, self._pending = self._pending, None
+                payload = self._payload[index]
+                self._working = index
             try:
-                self._keep_and_send(step, chunks, extras)
+                if payload is not None:
+                    self._keep_and_send(index, *payload)
+            except Exception as exc:  # noqa: BLE001 - the thread must live on: flush() waits
+                self._fail(f"the copying thread failed ({exc!r})")
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._working = None
                     self._cond.notify_all()
         if self._sock is not None:
             self._sock.close()
 
-    def _keep_and_send(self, step: int, chunks: Sequence[Chunk], extras: bytes) -> None:
-        if self._pages is None:
+    def _keep_and_send(self, index: int, step: int, chunks: Sequence[Chunk],
+                       extras: bytes) -> None:
+        pages = self._pages[index]
+        if pages is None:
             return
-        data = np.frombuffer(self._pages, dtype=np.uint8)
-        end = peerfile.tail(self.rank, step, chunks, data, extras)
+        end = peerfile.tail(self.rank, step, chunks, np.frombuffer(pages, np.uint8), extras,
+                            stop=lambda: self._cancel)
+        if end is None:                   # a newer snapshot is being staged over it
+            return
         size = peerfile.meta_of(end)["data_size"]    # type: ignore[index]
         try:
-            tmp = self.meta.with_name(self.meta.name + ".tmp")
-            tmp.write_bytes(end)
-            os.replace(tmp, self.meta)
+            tmp = self._meta(index).with_name(f"{self._meta(index).name}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(end)
+            with self._cond:
+                if self._cancel:          # a newer snapshot is being staged over it
+                    return
+                os.replace(tmp, self._meta(index))
         except OSError as exc:
             return self._fail(f"could not keep step {step} in node memory ({exc})")
         try:
+            with self._cond:
+                if self._cancel:
+                    return
+                self._sending = True
             if self._sock is None:
                 self._sock = socket.create_connection(self.partner, timeout=CONNECT_S)
                 self._sock.settimeout(None)
-            with self._cond:
-                self._sending = True
-            self._sock.sendall(header(self.token, self.rank, size + len(end)))
-            self._sock.sendall(memoryview(self._pages)[:size])
+            self._sock.sendall(header(self.secret, self.rank, step, size + len(end)))
+            answer = _recv_exact(self._sock, 1)
+            if answer == NO_ROOM:
+                self._fail(f"the partner on {self.partner[0]} has no room in its node "
+                           f"memory for this rank's copy ({(size + len(end)) / MB:.0f} MB)")
+                raise ConnectionAbortedError("no room at the partner")
+            if answer != READY:
+                raise ConnectionError(f"the partner answered {answer!r}")
+            self._sock.sendall(memoryview(pages)[:size])
             self._sock.sendall(end)
-            self._cut = 0
-            self.sent += 1
+            held = ACK.unpack(_recv_exact(self._sock, ACK.size))[0]
+            if held != step:
+                raise ConnectionError(f"the partner acknowledged step {held}, not {step}")
+            with self._cond:
+                if not self._cancel:           # (else its buffer is being staged over)
+                    self._acked = index
+                    self._cut = 0
+                    self.sent += 1
         except OSError as exc:
-            if not self._cut:       # (cut short by the next snapshot: nothing to say)
-                self._fail(f"could not send the copy to {self.partner[0]}:"
+            if not self._cancel and not isinstance(exc, ConnectionAbortedError):
+                self._fail(f"could not send step {step}'s copy to {self.partner[0]}:"
                            f"{self.partner[1]} ({exc})")
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            self._broken = True
         finally:
             with self._cond:
                 self._sending = False
+                if self._broken and self._sock is not None:
+                    self._sock.close()         # cut, or failed: the next send connects anew
+                    self._sock = None
+                self._broken = False
 
     def _serve(self) -> None:
         while not self._closed:
@@ -288,96 +348,194 @@ class PeerCopies:
 
     def _receive(self, conn: socket.socket) -> None:
         """Copies from one ward, as they come, each into the older of the ward's two slots
-        (the newer one stays whole while the next arrives), straight into its pages."""
+        (the newer one stays whole while the next arrives), straight into its pages. One
+        copy of a ward at a time: a sender that cut a send short connects anew while the
+        old connection's thread may still be on its way out."""
         _background()
         with conn, closing(Slots()) as slots:
             while True:
                 head = read_header(conn)
                 if head is None or not hmac.compare_digest(
-                        str(head.get("token", "")), self.token) or head["rank"] not in self.wards:
+                        str(head.get("secret", "")), self.secret) or \
+                        head["rank"] not in self.wards:
                     break            # closed, or not a ward of this job's
-                older = min(self._slots(head["rank"]),
-                            key=lambda sm: sm[1]["step"] if sm[1] else -1)[0]
-                if not slots.receive(conn, older, head["nbytes"]):
+                try:
+                    with self._ward_lock[head["rank"]]:
+                        older = min(self._slots(head["rank"]),
+                                    key=lambda sm: sm[1]["step"] if sm[1] else -1)[0]
+                        if not slots.receive(conn, older, head["nbytes"], head["step"]):
+                            break
+                except NoRoom as exc:
+                    self._fail(f"no room in node memory for rank {head['rank']}'s copy "
+                               f"({head['nbytes'] / MB:.0f} MB: {exc})")
                     break
+                except OSError:
+                    break
+                except Exception as exc:  # noqa: BLE001 - said; the sender's copy is not acked
+                    self._fail(f"the receiving thread failed ({exc!r})")
+                    break
+
+    # ---- node memory's files ----------------------------------------------------------------
+    def _data(self, index: int) -> Path:
+        return self.dir / f"{self.rank}.{index}.data"
+
+    def _meta(self, index: int) -> Path:
+        return self.dir / f"{self.rank}.{index}.meta"
 
     def _slots(self, ward: int) -> list[tuple[Path, dict | None]]:
         return [(s, peerfile.read_meta(s)) for s in (self.dir / f"{ward}.{n}.copy"
                                                       for n in "ab")]
 
+    def _adopt(self) -> None:
+        """Own copies already in node memory (a restart on this node, after a load): the
+        newest counts as held by the partner, so the next snapshot does not overwrite it."""
+        steps = [(meta["step"], i) for i in range(BUFFERS)
+                 if (meta := peerfile.read_meta(self._meta(i))) is not None]
+        with self._cond:
+            self._latest = self._acked = max(steps)[1] if steps else None
+
     def _fail(self, what: str) -> None:
         kind = what.split(" (")[0]
         if kind not in self.failures:
             self.failures.append(kind)
-            print(f"hpctrain: rank {self.rank}: peer copy: {what}; the durable "
-                  "checkpoint still stands", file=sys.stderr, flush=True)
+            say(f"rank {self.rank} ({self.node}): peer copy: {what}; the durable "
+                "checkpoint still stands")
+
+    def listing(self) -> list[Held]:
+        """Every whole copy in this node's memory, whoever's (by its own meta)."""
+        out = []
+        for path in sorted(self.dir.iterdir()):
+            key, _, kind = path.name.rpartition(".")
+            if kind not in ("meta", "copy") or not key:
+                continue
+            meta = peerfile.read_meta(path)
+            if meta is None or path.name.split(".")[0] != str(meta.get("rank")):
+                continue
+            if kind == "copy":
+                out.append(Held(meta["rank"], meta["step"], meta["size"], path.name))
+                continue
+            data = self.dir / f"{key}.data"
+            if data.is_file() and data.stat().st_size >= meta["data_size"]:
+                out.append(Held(meta["rank"], meta["step"], meta["data_size"] + meta["size"],
+                                key))
+        return out
+
+    def _read(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """The copy ``name`` in this node's memory as (data, tail)."""
+        if name.endswith(".copy"):
+            blob = np.fromfile(self.dir / name, np.uint8)
+            cut = (peerfile.meta_of(blob) or {}).get("data_size", 0)
+            return blob[:cut], blob[cut:]
+        end = np.fromfile(self.dir / f"{name}.meta", np.uint8)
+        cut = (peerfile.meta_of(end) or {}).get("data_size", 0)
+        return np.fromfile(self.dir / f"{name}.data", np.uint8, count=cut), end
 
     # ---- a load ---------------------------------------------------------------------------
-    def held(self) -> tuple[int | None, dict[int, int], dict[int, int]]:
-        """(the step of this rank's own copy, {ward: step}, {ward: size}) in node memory."""
-        own = peerfile.read_meta(self.meta)
-        steps, sizes = {}, {}
-        for ward in self.wards:
-            meta = max((m for _, m in self._slots(ward) if m), default=None,
-                       key=lambda m: m["step"])
-            if meta is not None:
-                steps[ward], sizes[ward] = meta["step"], meta["size"]
-        return (own["step"] if own else None), steps, sizes
-
     def restore(self, state: dict, durable: int | None, unpickle_mode: str) -> int | None:
         """Collective: the step restored into ``state`` from the copies in node memory on
-        every rank, or None (the caller reads the durable checkpoint)."""
-        import torch.distributed as dist
+        every rank, or None (``state`` untouched; the caller reads the durable checkpoint).
+        A damaged copy (its checksums) is set aside and the next step held whole tried, up
+        to ATTEMPTS steps. The job log gets each decision (but for a first start: nothing
+        held, nothing durable)."""
+        mine = pickle.dumps((self.node, self.listing() if self.lister else []))
+        gathered = self.comm.gather_bytes(mine)
+        nodes: list[str] = []
+        held: dict[str, list[Held]] = {}
+        for node, copies in map(pickle.loads, gathered or []):
+            nodes.append(node)
+            held.setdefault(node, []).extend(copies)
+        for _ in range(ATTEMPTS):
+            parts = None
+            if gathered is not None:
+                plan = restore_plan(nodes, held, durable)
+                if plan.routes[0].step is not None:
+                    say(f"peer copies: {plan.line}")
+                elif any(held.values()) or durable is not None:
+                    say(f"peer copies: {plan.line}; {_from_storage(durable)}")
+                parts = [pickle.dumps(r) for r in plan.routes]
+            route: Route = pickle.loads(self.comm.scatter_bytes(parts))
+            if route.step is None:
+                return None
+            decoded = self._fetch(route, state, unpickle_mode)
+            refusals = self.comm.outcomes(
+                (self.rank, self.node, route.source, decoded) if isinstance(decoded, str)
+                else None)
+            if not refusals:
+                peerfile.apply(decoded, state)      # type: ignore[arg-type]
+                return route.step
+            damaged = all(why.startswith(peerfile.DAMAGED) for *_, why in refusals)
+            if self.rank == 0:
+                said = "; ".join(f"rank {r} ({n}, its copy on {src[0]}): {why}"
+                                 for r, n, src, why in refusals[:3])
+                more = f" and {len(refusals) - 3} more" if len(refusals) > 3 else ""
+                say(f"peer copies: not restoring step {route.step}, nothing written: "
+                    f"{said}{more}; " + ("the next step held whole is tried" if damaged
+                                         else _from_storage(durable)))
+            if not damaged:
+                return None
+            for rank, _, (node, name), _ in refusals:
+                held[node] = [c for c in held.get(node, []) if c.name != name
+                              or c.rank != rank or c.step != route.step]
+        return None
 
-        # rank 0 decides: a gather of what each node holds (a few numbers a rank), each
-        # rank its own part back: the step, what to send, what to receive
-        held = pickle.dumps(self.held())
-        gathered = self.comm.gather_bytes(held)
-        parts = None
-        if gathered is not None:
-            every = [pickle.loads(g) for g in gathered]
-            parts = sources_of(restore_plan([(o, s) for o, s, _ in every], durable),
-                               [z for _, _, z in every])
-        step, sends, receive = pickle.loads(self.comm.scatter_bytes(parts))
-        if step is None:
-            return None
-        ops, got = [], None
-        for ward in sends:
-            path = next(p for p, m in self._slots(ward) if m and m["step"] == step)
-            ops.append(dist.P2POp(dist.isend, torch.from_numpy(np.fromfile(path, np.uint8)),
-                                  self.comm._global(ward), group=self.comm.group))
-        if receive is not None:
-            got = torch.empty(receive[1], dtype=torch.uint8)
-            ops.append(dist.P2POp(dist.irecv, got, self.comm._global(receive[0]),
-                                  group=self.comm.group))
-        for request in dist.batch_isend_irecv(ops) if ops else ():
-            request.wait()
+    def _fetch(self, route: Route, state: dict, unpickle_mode: str) -> Any:
+        """This rank's copy for ``route`` (read here, or received; the copies this rank's
+        node holds for others sent), decoded against ``state``: a Decoded, or why not."""
+        sends = []
+        for to, name, size in route.sends:
+            try:
+                blob = np.concatenate(self._read(name))
+            except (OSError, ValueError):
+                blob = np.zeros(0, np.uint8)
+            if blob.size != size:          # gone meanwhile: the receiver's checks refuse it
+                blob = np.zeros(size, np.uint8)
+            sends.append((to, torch.from_numpy(blob)))
+        got = self.comm.exchange(sends, route.receive)
         if got is None:
-            data, end = np.fromfile(self.data, np.uint8), np.fromfile(self.meta, np.uint8)
+            try:
+                data, end = self._read(route.local or "")
+            except (OSError, ValueError) as exc:
+                return f"not a whole copy (could not read it: {exc})"
         else:
             blob = got.numpy()
             cut = (peerfile.meta_of(blob) or {}).get("data_size", 0)
             data, end = blob[:cut], blob[cut:]
-        why = peerfile.restore(data, end, state, unpickle_mode)
-        if why:
-            print(f"hpctrain: rank {self.rank}: not restoring step {step} from a peer copy: "
-                  f"{why}", file=sys.stderr, flush=True)
-        return None if self.comm.all_reduce_max([1 if why else 0])[0] else step
+        return peerfile.decode(data, end, state, unpickle_mode)
 
-    def forget_others(self, step: int | None) -> None:
-        """Drop the copies of any step but ``step`` (after a load: a copy of another step is
-        of another past; the training goes on from ``step``)."""
-        for path in [self.meta, *self.dir.glob("*.*.copy")]:
-            meta = peerfile.read_meta(path)
-            if meta is None or meta["step"] != step:
-                path.unlink(missing_ok=True)
+    def loaded(self, step: int | None) -> None:
+        """After a load of ``step`` (or none), collective: the copies of any other step go
+        (another past; the training goes on from ``step``): each rank removes its own and
+        its wards', and a node's lister those of ranks neither on the node nor kept for one
+        on it (a restart may seat other ranks there)."""
+        for path in list(self.dir.iterdir()):
+            head = path.name.split(".")[0]
+            if not head.isdigit():
+                continue
+            rank = int(head)
+            if rank in self.keep:
+                if rank != self.rank and rank not in self.wards:
+                    continue             # another rank's of this node: it judges its own
+                # (an own buffer's data stays: a staging may map it; its meta decides)
+                if path.suffix == ".data" or (step is not None and
+                                              self._step_of(path) == step):
+                    continue
+            elif not self.lister:
+                continue
+            path.unlink(missing_ok=True)
+        self.comm.barrier()          # no rank stages a snapshot while a lister removes
+        self._adopt()
+
+    @staticmethod
+    def _step_of(path: Path) -> int | None:
+        meta = peerfile.read_meta(path) if path.suffix in (".meta", ".copy") else None
+        return None if meta is None else meta["step"]
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait (up to ``timeout`` seconds) until the last snapshot put has been sent or
         given up; whether it has."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._pending is None and not self._busy,
-                                       timeout=timeout)
+            return self._cond.wait_for(
+                lambda: self._pending is None and self._working is None, timeout=timeout)
 
     def close(self) -> None:
         """Stop sending (the last copy sent first, for up to CLOSE_WAIT_S) and receiving;
@@ -388,3 +546,34 @@ class PeerCopies:
             self._cond.notify_all()
         self.server.close()
         self.comm = None       # the receiving threads outlive this: they must not hold it
+
+
+def _from_storage(durable: int | None) -> str:
+    return "loading the durable checkpoint " + (
+        f"({durable})" if durable is not None else "(none yet: the state as built)")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        more = sock.recv(n - len(got))
+        if not more:
+            raise ConnectionError("the partner closed the connection")
+        got += more
+    return got
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _release(pages: mmap.mmap) -> None:
+    """Unmap ``pages`` unless a tensor still views them (a kept snapshot of the old layout:
+    then they go with it)."""
+    try:
+        pages.close()
+    except BufferError:
+        pass

@@ -31,18 +31,25 @@ class Snapshot:
     step: int
     payload: RankPayload
 
-    def restore(self, state: dict) -> bool:
-        """Copy this snapshot into ``state``'s tensors in place and set its extras; False
-        (``state`` untouched) when ``state`` is not laid out as the snapshot is."""
+    def decode(self, state: dict) -> dict | None:
+        """This snapshot's extras, unpickled, when ``state`` is laid out as the snapshot
+        is; else None. Nothing is written (:meth:`apply` does, once every rank agrees)."""
         chunks, _ = flatten(state)
         if [_shape(c) for c in chunks] != [_shape(c) for c in self.payload.chunks]:
-            return False
+            return None
+        try:
+            return pickle.loads(self.payload.extras)
+        except Exception:  # noqa: BLE001 - (this process pickled them: not expected)
+            return None
+
+    def apply(self, extras: dict, state: dict) -> None:
+        """Copy this snapshot into ``state``'s tensors in place and set its ``extras``."""
+        chunks, _ = flatten(state)
         for mine, kept in zip(chunks, self.payload.chunks):
             if mine.nbytes:
                 mine.local.copy_(kept.local.view(mine.dtype).view(mine.shape))
-        for path, value in pickle.loads(self.payload.extras).items():
+        for path, value in extras.items():
             set_path(state, path, value)
-        return True
 
 
 def _shape(c: Chunk) -> tuple:

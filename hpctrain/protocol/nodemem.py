@@ -41,6 +41,20 @@ def remove(env: Mapping[str, str], run_id: str, restart_count: int, node: str) -
     return True
 
 
+def remove_earlier(env: Mapping[str, str], run_id: str, restart_count: int,
+                   node: str) -> list[Path]:
+    """Remove this node's peer copies of the job's earlier runs (a run killed with its
+    supervisor left them); the directories removed."""
+    here = peer_dir(env, run_id, restart_count, node)
+    gone = []
+    for earlier in range(restart_count):
+        path = peer_dir(env, run_id, earlier, node)
+        if path != here and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+    return gone
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m hpctrain.protocol.nodemem RUN_ID RESTART_COUNT``: this node's copies of
     that run removed (the node's name from Slurm's SLURMD_NODENAME)."""

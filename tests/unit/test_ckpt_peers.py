@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.checkpoint.peers import assign, partners, restore_plan, sources_of
+from hpctrain.checkpoint.peerplan import Held, assign, partners, restore_plan
 
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "peer_copy_worker.py"
 
@@ -38,17 +38,45 @@ def test_one_node_has_no_partner() -> None:
 
 
 # ---- which step, from where -------------------------------------------------------------------
+def held(**nodes: list[tuple[int, int]]) -> dict[str, list[Held]]:
+    """node -> its whole copies, each (whose rank, step); own buffers and slots alike."""
+    return {n: [Held(r, s, 100 + r, f"{r}.{s % 2}") for r, s in copies]
+            for n, copies in nodes.items()}
+
+
 def test_the_newest_step_every_rank_has_a_copy_of_is_restored() -> None:
-    # ranks 2, 3 were on a lost node, now a spare's: no own copy; rank 0 and 1 keep theirs
-    held = [(7, {2: 7}), (7, {3: 7}), (None, {}), (None, {})]
-    assert restore_plan(held, durable=4) == (7, {0: 0, 1: 1, 2: 0, 3: 1})
+    # ranks 2, 3 were on a lost node, now a spare's: n1 holds its own ranks' and theirs
+    plan = restore_plan(["n1", "n1", "n3", "n3"],
+                        held(n1=[(0, 7), (1, 7), (2, 7), (3, 7), (0, 6), (2, 6)], n3=[]), 4)
+    assert [r.step for r in plan.routes] == [7] * 4
+    assert [r.local for r in plan.routes[:2]] == ["0.1", "1.1"]
+    assert plan.routes[2].receive == (0, 102) and plan.routes[3].receive == (1, 103)
+    assert plan.routes[0].sends == [(2, "2.1", 102)] and plan.routes[1].sends == [(3, "3.1", 103)]
+    assert plan.line == ("restoring step 7 from node memory (durable: 4): on n1 ranks 0-1 "
+                         "from the node's own memory; on n3 ranks 2-3 from copies kept on n1")
 
 
 def test_a_copy_missing_for_one_rank_falls_back_to_an_older_common_step_or_none() -> None:
-    held = [(7, {2: 7}), (7, {}), (None, {}), (None, {})]
-    assert restore_plan(held, durable=None) is None
-    assert restore_plan([(7, {1: 6}), (6, {0: 7})], durable=None) is None
-    assert restore_plan([(7, {1: 6}), (6, {0: 6})], durable=None) == (6, {0: 1, 1: 1})
+    nodes = ["n1", "n2"]
+    plan = restore_plan(nodes, held(n1=[(0, 7), (0, 6), (1, 6)], n2=[(1, 7)]), None)
+    assert plan.routes[0].step == 7 and plan.routes[1].local == "1.1"
+    # never a mix: rank 0 has 8 and 7, rank 1 only 6 and 8's absent for it
+    plan = restore_plan(nodes, held(n1=[(0, 8), (0, 7)], n2=[(1, 6)]), None)
+    assert [r.step for r in plan.routes] == [None, None]
+    assert plan.line == ("no step of which every rank has a whole copy (the newest, 8, is "
+                         "missing for ranks 1: their steps held rank 1: 6)")
+    assert restore_plan(nodes, {}, None).line == "no copies in node memory"
+
+
+def test_copies_are_found_by_whose_they_are_not_by_who_sits_on_the_node() -> None:
+    """torchrun's rendezvous seated ranks 0-1 on the spare n3 and 2-3 on n1, which holds
+    ranks 0-1's own copies and ranks 2-3's kept by their partners."""
+    plan = restore_plan(["n3", "n3", "n1", "n1"],
+                        held(n1=[(0, 5), (1, 5), (2, 5), (3, 5)], n3=[]), None)
+    assert [r.step for r in plan.routes] == [5] * 4
+    assert plan.routes[2].local == "2.1" and plan.routes[3].local == "3.1"
+    assert plan.routes[0].receive == (2, 100) and plan.routes[1].receive == (3, 101)
+    assert "on n3 ranks 0-1 from copies kept on n1" in plan.line
 
 
 def test_rank_0_answers_each_rank_with_its_part_only() -> None:
@@ -57,21 +85,27 @@ def test_rank_0_answers_each_rank_with_its_part_only() -> None:
     import pickle
 
     where = [("n1", 1001), ("n1", 1002), ("n2", 2001), ("n2", 2002)]
-    parts = [pickle.loads(b) for b in assign(where)]
-    assert parts[0] == (("n2", 2001), [2], "") and parts[2] == (("n1", 1001), [0], "")
-    assert pickle.loads(assign([("n1", 1), ("n1", 2)])[0])[2] == "the job runs on one node"
-    assert "no progress channel token" in pickle.loads(assign([("a", 0), ("b", 0)])[1])[2]
-    plan = restore_plan([(7, {2: 7}), (7, {3: 7}), (None, {}), (None, {})], durable=4)
-    answer = [pickle.loads(b) for b in sources_of(plan, [{2: 500}, {3: 600}, {}, {}])]
-    assert answer == [(7, [2], None), (7, [3], None), (7, [], (0, 500)), (7, [], (1, 600))]
-    assert [pickle.loads(b) for b in sources_of(None, [{}, {}])] == [(None, [], None)] * 2
-    big = [len(b) for b in assign([(f"n{r // 8}", 1000 + r) for r in range(4096)])]
-    assert max(big) < 200, max(big)
+    parts = assign(where, True)
+    assert parts[0] == (("n2", 2001), [2], True, [0, 1, 2, 3], "")
+    assert parts[1].lister is False and parts[2] == (("n1", 1001), [0], True, [0, 1, 2, 3], "")
+    assert assign([("n1", 1), ("n1", 2)], True)[0].why == "the job runs on one node"
+    assert "no supervisor" in assign([("a", 0), ("b", 0)], False)[1].why
+    assert assign(where, True, "n2: /dev/shm/x: planted")[3].why == "n2: /dev/shm/x: planted"
+    big = [len(pickle.dumps(p)) for p in assign([(f"n{r // 8}", 1000 + r)
+                                                  for r in range(4096)], True)]
+    assert max(big) < 300, max(big)
+    plan = restore_plan([f"n{r // 8}" for r in range(4096)],
+                        held(**{f"n{n}": [(r, 3) for r in range(n * 8, n * 8 + 8)]
+                                for n in range(512)}), None)
+    assert max(len(pickle.dumps(r)) for r in plan.routes) < 200
 
 
 def test_a_durable_checkpoint_newer_than_every_copy_wins() -> None:
-    assert restore_plan([(7, {1: 7}), (7, {0: 7})], durable=10) is None
-    assert restore_plan([(10, {}), (10, {})], durable=10) == (10, {0: 0, 1: 1})
+    plan = restore_plan(["n1", "n2"], held(n1=[(0, 7), (1, 7)], n2=[(0, 7), (1, 7)]), 10)
+    assert plan.routes[0].step is None
+    assert plan.line == "the durable step 10 is newer than every copy (newest: 7)"
+    plan = restore_plan(["n1", "n2"], held(n1=[(0, 10)], n2=[(1, 10)]), 10)
+    assert plan.routes[0].step == 10
 
 
 # ---- one copy's file ----------------------------------------------------------------------
@@ -96,23 +130,31 @@ def test_a_copy_round_trips_and_a_damaged_or_foreign_one_is_refused(tmp_path: Pa
     assert meta is not None and meta["step"] == 9 and meta["data_size"] == 64 + 10  # b at 64
     dest = {"w": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16), "step": 0,
             "cfg": {}}
-    assert peerfile.restore(data, end, dest, "safe") == ""
+    peerfile.apply(peerfile.decode(data, end, dest, "safe"), dest)
     assert torch.equal(dest["w"], state["w"]) and torch.equal(dest["b"], state["b"])
     assert dest["step"] == 9 and dest["cfg"] == {"lr": 0.1}
     damaged = data.copy()
     damaged[5] ^= 0xFF
-    assert peerfile.restore(damaged, end, dest, "safe").startswith(
-        "checksum mismatch in ['w']")
+    assert peerfile.decode(damaged, end, dest, "safe") == "checksum mismatch in ['w']"
     other = {"w": torch.zeros(4, 3), "b": torch.zeros(5, dtype=torch.bfloat16)}
-    assert peerfile.restore(data, end, other, "safe") == "the state is laid out otherwise"
+    assert peerfile.decode(data, end, other, "safe") == \
+        "the state is laid out otherwise (at ['w'])"
+    assert torch.equal(other["w"], torch.zeros(4, 3))           # refused: nothing written
     # a value the copy holds and the state lacks is added (a fresh optimizer's moments),
     # as a load from storage adds it; one the state holds and the copy lacks is refused
     fresh: dict = {"w": torch.zeros(3, 4)}
-    assert peerfile.restore(data, end, fresh, "safe") == ""
+    peerfile.apply(peerfile.decode(data, end, fresh, "safe"), fresh)
     assert torch.equal(fresh["b"], state["b"]) and fresh["cfg"] == {"lr": 0.1}
     more = {**dest, "extra": torch.zeros(2)}
-    assert peerfile.restore(data, end, more, "safe") == "the state is laid out otherwise"
-    assert peerfile.restore(data, end[:-3], dest, "safe") == "not a whole copy"
+    assert peerfile.decode(data, end, more, "safe") == \
+        "the state is laid out otherwise (at ['extra'])"
+    assert peerfile.decode(data, end[:-3], dest, "safe") == "not a whole copy"
+    # extras of a class the safe unpickler refuses: refused before anything is written
+    staged = Staging(lambda n: block[:n]).stage(*flatten({**state, "cfg": Path("/x")}))
+    end2 = np.frombuffer(peerfile.tail(0, 9, staged.chunks, data, staged.extras), np.uint8)
+    target = {"w": torch.zeros(3, 4)}
+    assert peerfile.decode(data, end2, target, "safe").startswith("its extras were refused")
+    assert torch.equal(target["w"], torch.zeros(3, 4)) and list(target) == ["w"]
     # a ward's copy is one file, data then tail; cut by one byte it is no copy at all
     (tmp_path / "2.a.copy").write_bytes(data[:74].tobytes() + end.tobytes())
     assert (peerfile.read_meta(tmp_path / "2.a.copy") or {}).get("step") == 9
@@ -130,7 +172,7 @@ def test_a_slot_is_received_in_place_its_mapping_kept_until_the_file_or_size_cha
     import threading
 
     from hpctrain.checkpoint import peerfile
-    from hpctrain.checkpoint.peerwire import Slots, header, read_header
+    from hpctrain.checkpoint.peerwire import ACK, READY, Slots, header, read_header
 
     slot, slots = tmp_path / "3.a.copy", Slots()
     copies = [bytes([n]) * 4096 + peerfile.TRAILER.pack(0, peerfile.MAGIC) for n in (1, 2)]
@@ -141,22 +183,23 @@ def test_a_slot_is_received_in_place_its_mapping_kept_until_the_file_or_size_cha
             if n == 2:
                 slot.unlink()
             sender = threading.Thread(target=theirs.sendall,
-                                      args=(header("tok", 3, len(copy)) + copy,))
+                                      args=(header("tok", 3, n, len(copy)) + copy,))
             sender.start()
             head = read_header(ours)
-            assert head == {"token": "tok", "rank": 3, "nbytes": len(copy)}
+            assert head == {"secret": "tok", "rank": 3, "step": n, "nbytes": len(copy)}
             kept = dict(slots._maps)
-            assert slots.receive(ours, slot, head["nbytes"])
+            assert slots.receive(ours, slot, head["nbytes"], n)
             sender.join()
+            assert theirs.recv(1) == READY and ACK.unpack(theirs.recv(ACK.size)) == (n,)
             assert slot.read_bytes() == copy
             if n == 1:      # the same file, the same size: the same pages
                 assert slots._maps[slot] is kept[slot]
         # the file removed: a new one, mapped afresh
         assert slots._maps[slot][0] == slot.stat().st_ino
-        theirs.sendall(header("tok", 3, 100) + b"x" * 10)
+        theirs.sendall(header("tok", 3, 4, 100) + b"x" * 10)
         theirs.shutdown(socket.SHUT_WR)
         head = read_header(ours)
-        assert head is not None and not slots.receive(ours, slot, head["nbytes"])
+        assert head is not None and not slots.receive(ours, slot, head["nbytes"], 4)
         assert peerfile.read_meta(slot) is None      # cut short: spoiled, no copy
         assert read_header(ours) is None
     slots.close()
@@ -198,9 +241,11 @@ def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) 
     loads the durable step 4 instead (both copies of a rank lost: restore_plan above)."""
     (tmp_path / "ckpt").mkdir()
     first = run_ranks(tmp_path, "train", ["n1", "n1", "n2", "n2"])
-    held = sorted(p.name for p in shm(tmp_path, "n1").iterdir())
-    assert held[:4] == ["0.data", "0.meta", "1.data", "1.meta"], held
-    assert {"2.a.copy", "3.a.copy"} <= set(held), held
+    names = sorted(p.name for p in shm(tmp_path, "n1").iterdir())
+    # each rank's two own buffers (the newest, the newest its partner holds), its ward's
+    # two slots
+    assert {"0.0.data", "0.0.meta", "0.1.data", "0.1.meta", "1.0.meta", "1.1.meta",
+            "2.a.copy", "2.b.copy", "3.a.copy", "3.b.copy"} <= set(names), names
     shutil.rmtree(shm(tmp_path, "n2"))                      # n2 is gone
     after = run_ranks(tmp_path, "resume", ["n1", "n1", "n3", "n3"])
     assert [a["step"] for a in after] == [7] * 4, after
