@@ -135,7 +135,8 @@ def _dry_run(spec: JobSpec, templates: list[Any], as_json: bool, folder: str | N
                                "template": rendered.template_path, "script": rendered.script,
                                "snapshot": frozen.snapshot[0] if frozen.snapshot else None}))
         return 0
-    click.echo(plan_table(rendered.plan))
+    click.echo(plan_table(rendered.plan, model=frozen.spec.model,
+                          memory=rendered.requests.memory))
     click.echo(rendered.requests.describe())
     click.echo(f"partition facts: {rendered.partition.source}")
     click.echo(f"template: {rendered.template_path}")
@@ -156,11 +157,30 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "job_nodes": plan.job_nodes, "peer_copies": plan.peer_copies}
 
 
-PEER_COPIES_COST = (
-    "peer copies: each rank's newest snapshot is also kept in its node's memory (/dev/shm) "
-    "and in a partner's on another node, so a lost node costs at most the snapshot "
-    "interval: 2 more copies of a rank's snapshot in host memory ([elastic] peer_copies = "
-    "false to turn it off)")
+SNAPSHOT_BYTES_PER_PARAM = 12   # a training state_dict: fp32 weights and Adam's two moments
+COPIES_PER_RANK = 4             # in node memory: a rank's two newest, two of its ward's
+
+
+def peer_copies_cost(plan: Any, model: Any = None, memory: tuple[str, str] | None = None
+                     ) -> str:
+    """What peer copies cost in node memory, with a figure when the spec names the model's
+    size (``[model] params``), and whether that fits the job's memory request."""
+    text = ("peer copies: each rank's snapshots are also kept in its node's memory "
+            "(/dev/shm) and a partner's on another node, so a lost node costs at most two "
+            f"snapshot intervals; node memory holds up to {COPIES_PER_RANK} copies of each "
+            "rank's snapshot (its two newest, two of the rank it keeps copies for)")
+    if model is not None and model.mode == "train":
+        rank = model.params * SNAPSHOT_BYTES_PER_PARAM / (plan.tp * plan.pp)
+        node = COPIES_PER_RANK * rank * plan.world / plan.nodes
+        text += (f": about {node / 2**30:.1f} GiB a node for {model.params:.3g} parameters "
+                 f"({rank / 2**30:.2f} GiB a rank's snapshot: fp32 weights and Adam's moments, "
+                 f"tp x pp = {plan.tp * plan.pp} shards, not ZeRO-sharded)")
+        if memory is not None and memory[0] == "mem" and memory[1] != "0" and \
+                node > int(memory[1].rstrip("M")) * 2**20 / 2:
+            text += (f", more than half the job's memory request ({memory[1]} a node), "
+                     "which node memory counts against where Slurm limits a job's memory: "
+                     "ask for more (resources.mem_per_node_gb) or snapshot less")
+    return text + " ([elastic] peer_copies = false to turn it off)"
 
 
 def spare_cost(plan: Any) -> str:
@@ -172,7 +192,8 @@ def spare_cost(plan: Any) -> str:
             f"the job asks Slurm for {plan.job_nodes} node(s)")
 
 
-def plan_table(plan: Any, max_rows: int = 16) -> str:
+def plan_table(plan: Any, max_rows: int = 16, model: Any = None,
+               memory: tuple[str, str] | None = None) -> str:
     """The plan: allocation, launcher and the rank -> (node, pp, dp, tp) table."""
     lines = [
         f"partition {plan.partition}: {plan.nodes} node(s) x {plan.gpus_per_node} GPU(s), "
@@ -184,7 +205,7 @@ def plan_table(plan: Any, max_rows: int = 16) -> str:
     if plan.spare_nodes:
         lines.insert(1, spare_cost(plan))
     if plan.peer_copies:
-        lines.insert(1, PEER_COPIES_COST)
+        lines.insert(1, peer_copies_cost(plan, model, memory))
     rows = [[rank, plan.node_of(rank), *plan.coords(rank)] for rank in
             range(min(plan.world, max_rows))]
     lines.append(table(["rank", "node", "pp", "dp", "tp"], rows, right=range(5), gap=" "))

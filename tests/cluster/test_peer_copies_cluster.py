@@ -43,22 +43,31 @@ def final(prefix: Path) -> list[dict]:
     return [torch.load(prefix / f"rank-{r}.pt") for r in range(4)]
 
 
-@pytest.mark.parametrize("copies", [True, False], ids=["peer-copies", "durable-only"])
+CASES = [("srun", True, 0), ("torchrun", True, 112), ("srun", False, 0)]
+
+
+@pytest.mark.parametrize("launcher,copies,ballast", CASES,
+                         ids=["srun-peer-copies", "torchrun-112MB-peer-copies",
+                              "srun-durable-only"])
 def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
-        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, copies: bool) -> None:
-    """With peer copies (on by default with a spare): the last step done before the loss;
-    ``peer_copies = false``: the durable step, as before."""
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str,
+        copies: bool, ballast: int) -> None:
+    """With peer copies (on by default with a spare): the last step done before the loss,
+    under srun with a small state and under torchrun (its rendezvous may seat the ranks
+    otherwise on the restart) with 112 MB a rank (each copy on the wire for a good part
+    of a step, so the loss catches one mid-send); ``peer_copies = false``: the durable
+    step, as before."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     dev = admin.Cluster()
     wait_until(lambda: not client.run(["squeue", "-h", "-o", "%i"]).stdout.strip(), 300,
                "an empty queue (other tests' jobs to finish)", interval_s=2)
     args = ["--steps", str(TOTAL), "--save-every", str(EVERY), "--snapshot-every", "1",
             "--ckpt-dir", str(root / "ckpt"), "--events", str(root / "events.jsonl"),
-            "--final", str(root / "final")]
+            "--final", str(root / "final"), *(["--ballast-mb", str(ballast)] if ballast else [])]
     spec = spec_toml(
         name="peer-copies", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
         output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
-        run={"launcher": "srun", "command": [sys.executable, str(PROGRAM), *args,
+        run={"launcher": launcher, "command": [sys.executable, str(PROGRAM), *args,
                                              "--step-sleep", "0.2"],
              "env": {"OMP_NUM_THREADS": "1"}},
         checkpoint={"dir": str(root / "ckpt")},
@@ -76,7 +85,7 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
     assert ref.wait(240) == 0, ref.out.read_text()[-3000:]
     dry = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml",
                           "--dry-run"], capture_output=True, text=True, timeout=60)
-    assert ("peer copies: each rank's newest snapshot" in dry.stdout) == copies, dry.stdout
+    assert ("peer copies: each rank's snapshots are also kept" in dry.stdout) == copies, dry.stdout
     res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -99,8 +108,12 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
     finished = [e for e in events(log, "step") if e["time"] < starts[1]["time"]]
     last_done = max(e["step"] for e in finished) + 1     # a step's number + 1: its state
     if copies:
-        assert starts[1]["step"] >= last_done - 1 and starts[1]["step"] > EVERY, \
+        # the newest whole step: at most two snapshot intervals back, never the durable one
+        assert starts[1]["step"] >= last_done - 2 and starts[1]["step"] > EVERY, \
             (starts, last_done, out)
+        assert f"peer copies: restoring step {starts[1]['step']} from node memory " \
+               f"(durable: {EVERY})" in out, out
+        assert "from copies kept on n1" in out, out
     else:
         assert starts[1]["step"] == EVERY, (starts, out)
     assert sorted({e["step"] for e in events(log, "step")}) == list(range(TOTAL))
@@ -108,7 +121,7 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
     assert row["cause"] == "completed" and row["restarts_in_place"] == {"node_fail": 1}, row
     assert bitwise_equal(final(ref.path / "ref"), final(root / "final"))
     first = min(e["time"] for e in events(log, "step") if e["time"] > starts[1]["time"])
-    kind = "peer-copies" if copies else "durable-only"
+    kind = f"{launcher}-{ballast}MB-" + ("peer-copies" if copies else "durable-only")
     print(f"\nfigures[{kind}]: loss -> first step on the spare {first - t_lost:.1f} s "
           f"(-> the restarted main's start, its state loaded: {starts[1]['time'] - t_lost:.1f} s); "
           f"resumed at step {starts[1]['step']} (last done before the loss: {last_done}, "

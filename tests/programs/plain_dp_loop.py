@@ -13,7 +13,7 @@ device has (``torch.OutOfMemoryError`` on a GPU: not sticky, restarted in place)
 ``device-error`` makes a real sticky CUDA error (a device-side assert; GPU only). The model
 and the data live on ``ctx.device`` (a GPU under NCCL, else the CPU). Rank 0 appends JSON
 events to --events; every rank writes its final parameters to ``--final/rank-N.pt``
-(bitwise comparisons).
+(bitwise comparisons). ``--ballast-mb`` makes the state as big as a real one's.
 """
 
 from __future__ import annotations
@@ -39,6 +39,10 @@ def parse() -> argparse.Namespace:
                     help="CheckpointManager.snapshot every N steps (host memory; with peer "
                          "copies also a partner node's)")
     ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--ballast-mb", type=int, default=0,
+                    help="MB of each rank's own state beside the model (a big optimizer's, "
+                         "as it were), every value its step and rank: a load of another "
+                         "step's, or of another rank's, raises")
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--events", required=True)
     ap.add_argument("--final", default="")
@@ -74,6 +78,13 @@ def device_fault(kind: str, device: torch.device) -> None:
         torch.zeros(4, device=device)[torch.tensor([1 << 20], device=device)].sum().item()
 
 
+def ballast(args: argparse.Namespace, step: int, rank: int) -> dict:
+    """The state's ballast at ``step`` on ``rank`` (none without --ballast-mb)."""
+    if not args.ballast_mb:
+        return {}
+    return {"ballast": torch.full((args.ballast_mb << 18,), float(step * 10 + rank))}
+
+
 def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     faults = faults_of(args, ctx)
     torch.manual_seed(0)
@@ -81,8 +92,11 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     model.to(ctx.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     mgr = CheckpointManager(args.ckpt_dir, keep_last=2)
-    state = {"model": model.state_dict(), "opt": opt.state_dict()}
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), **ballast(args, 0, ctx.rank)}
     start = mgr.load_latest(state) or 0
+    if args.ballast_mb and not torch.equal(state["ballast"], ballast(args, start, ctx.rank)
+                                           ["ballast"]):
+        raise RuntimeError(f"rank {ctx.rank} loaded step {start} with another step's ballast")
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     if ctx.rank == 0:
@@ -117,13 +131,16 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
                 restart=ctx.restart_count)
         done = step + 1
         if ctx.stop_requested():
-            mgr.save(done, {"model": model.state_dict(), "opt": opt.state_dict()})
+            mgr.save(done, {"model": model.state_dict(), "opt": opt.state_dict(),
+                            **ballast(args, done, ctx.rank)})
             mgr.close()
             ctx.exit_for_requeue(done)
         if args.snapshot_every and done % args.snapshot_every == 0 and done < args.steps:
-            mgr.snapshot(done, {"model": model.state_dict(), "opt": opt.state_dict()})
+            mgr.snapshot(done, {"model": model.state_dict(), "opt": opt.state_dict(),
+                                **ballast(args, done, ctx.rank)})
         if done % args.save_every == 0 and done < args.steps:
-            saved = {"model": model.state_dict(), "opt": opt.state_dict()}
+            saved = {"model": model.state_dict(), "opt": opt.state_dict(),
+                     **ballast(args, done, ctx.rank)}
             if faults.get("save-crash") == done:
                 saved["broken"] = lambda: None    # cannot be pickled: the save fails
             mgr.save(done, saved)

@@ -220,3 +220,65 @@ def test_extras_refused_on_one_rank_write_nothing_on_any_and_nobody_hangs(
     step, said = resume(tmp_path, AFTER, extra)
     assert step is None, said
     assert "rank 3 (n3, its copy on n1): its extras were refused" in said, said
+
+
+# ---- node memory that cannot kill the job, a directory that is not the user's ------------------------
+def plain(tmp: Path, cell: dict | None = None) -> list[dict]:
+    (tmp / "ckpt").mkdir(exist_ok=True)
+    procs = start(tmp, "plain", BEFORE, cell or {})
+    try:
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * 4, logs(tmp, "plain")[-4000:]
+    finally:
+        for p in procs:
+            p.kill()
+    return [json.loads((tmp / f"out-{r}.json").read_text()) for r in range(4)]
+
+
+def test_node_memory_too_small_turns_copies_off_with_the_figures_never_a_sigbus(
+        tmp_path: Path) -> None:
+    """A 3 MB tmpfs as node memory (a container's /dev/shm is 64 MB; a rank's snapshot here
+    is 1 MB, its copies need 4): every rank runs to its end (no SIGBUS: the pages are
+    reserved when mapped), each rank that found no room says what it needed and what was
+    free, and a load says why no step comes from memory."""
+    from helpers.ckpt import tmpfs
+    from helpers.prereq import require
+
+    with tmpfs(tmp_path / "shm", "3m") as small:
+        require(small is not None, "mount -t tmpfs (root in a sandbox that allows mounts)")
+        outs = plain(tmp_path)
+        said = logs(tmp_path, "plain")
+        assert any(o["off"] for o in outs), (outs, said)
+        assert "cannot hold this rank's copies: 1 MB a buffer, 2 buffers" in said, said
+        assert " MB free (" in said and "peer copies off" in said, said
+        step, loaded = resume(tmp_path, AFTER, {})
+        assert step == DURABLE, loaded
+
+
+@pytest.mark.parametrize("how", ["others-may-write", "group-may-write", "another-user-s"])
+def test_a_planted_directory_for_the_copies_is_refused_and_named(tmp_path: Path,
+                                                                  how: str) -> None:
+    """n2's directory for the run's copies made before the job by someone else, or open to
+    others: no rank keeps copies (one line names the path and why), none is written there,
+    the job's snapshots and saves go on."""
+    import os
+
+    from helpers import admin
+
+    planted = tmp_path / "shm" / f"hpctrain-{os.geteuid()}" / "r1-0-n2.peer"
+    planted.mkdir(parents=True)
+    if how == "others-may-write":
+        planted.chmod(0o777)
+    elif how == "group-may-write":
+        planted.chmod(0o770)
+    else:
+        admin.chown(planted, 65534)
+    outs = plain(tmp_path)
+    assert [o["peers"] for o in outs] == [False] * 4, outs
+    said = (tmp_path / "plain-0.log").read_text()
+    why = {"others-may-write": "every user may write in it (mode 777)",
+           "group-may-write": "others may write in it (mode 770)",
+           "another-user-s": "it is owned by"}[how]
+    assert f"peer copies of snapshots off: n2: {planted}: {why}" in said, said
+    assert not list(planted.iterdir())

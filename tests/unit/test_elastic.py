@@ -214,3 +214,21 @@ def test_the_plan_says_what_the_spares_cost() -> None:
            in plan_table(plan)
     assert (plan_json(plan)["spare_nodes"], plan_json(plan)["job_nodes"]) == (1, 3)
     assert "spare nodes" not in plan_table(render(spec()).plan)
+
+
+def test_the_plan_says_what_peer_copies_cost_in_node_memory_as_a_number() -> None:
+    """A figure when the spec names the model's size; said too when it may not fit the
+    memory the job asks Slurm for (tmpfs pages count against a job's memory limit)."""
+    from hpctrain.commands.submit import plan_table
+    from hpctrain.render.script import render
+    from hpctrain.spec.workload import ModelSpec
+
+    plan = render(spec(spare_nodes=1)).plan
+    assert plan.peer_copies and "up to 4 copies of each rank's snapshot" in plan_table(plan)
+    model = ModelSpec.from_dict({"params": 1e9})
+    # 1e9 x 12 bytes / (tp x pp = 1) a rank's snapshot, 4 copies x 2 ranks a node
+    text = plan_table(plan, model=model)
+    assert "about 89.4 GiB a node for 1e+09 parameters (11.18 GiB a rank's snapshot" in text
+    assert "more than half" not in text
+    tight = plan_table(plan, model=model, memory=("mem", "65536M"))
+    assert "more than half the job's memory request (65536M a node)" in tight
