@@ -20,15 +20,14 @@ when the next snapshot comes is cut short (the training never waits for the netw
 the job log says so when that keeps happening: copies that fall behind may leave no step
 common to every rank.
 
-On a load (:meth:`PeerCopies.restore`, collective) one rank of each node lists the whole
-copies in its node's memory, whoever's they are (torchrun may seat other ranks on a
+On a load (:mod:`hpctrain.checkpoint.peerload`, collective) one rank of each node lists the
+whole copies in its node's memory, whoever's they are (torchrun may seat other ranks on a
 restarted node); rank 0 picks the newest step, no older than the newest durable
 checkpoint, of which every rank has one (:func:`~hpctrain.checkpoint.peerplan.
 restore_plan`), and the job log gets one line: the step and where each node's ranks take
-their state from, or why none is restored. A copy held elsewhere travels over the
-checkpoint's gloo group; every rank verifies and decodes its copy whole (checksums, layout,
-extras) before one collective agrees, and only then does any rank write into its state:
-all or nothing, every refusal named.
+their state from, or why none is restored. Every rank verifies and decodes its copy whole
+before one collective agrees, and only then does any rank write into its state: all or
+nothing, every refusal named.
 
 Node memory: the copies' pages are reserved when mapped (``posix_fallocate``): a
 ``/dev/shm`` too small for them turns this rank's copies off with one line saying what was
@@ -47,7 +46,6 @@ import pickle
 import secrets
 import socket
 import stat
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import closing
@@ -58,10 +56,12 @@ import numpy as np
 import torch
 
 from hpctrain import access
-from hpctrain.checkpoint import peerfile
-from hpctrain.checkpoint.peerplan import Held, Pairing, Route, assign, restore_plan
+from hpctrain.checkpoint import peerfile, peerload
+from hpctrain.checkpoint.peerload import say
+from hpctrain.checkpoint.peerplan import Pairing, assign
 from hpctrain.checkpoint.peerwire import (ACK, NO_ROOM, READY, NoRoom, Slots, header,
-                                          open_own, read_header, reserve)
+                                          open_own, read_header, recv_exact, release,
+                                          reserve, shutdown)
 from hpctrain.checkpoint.tree import Chunk
 from hpctrain.protocol import RESTART_COUNT, RUN_ID, channel, nodemem
 
@@ -71,7 +71,6 @@ CUT_WARN = 20                         # sends cut short in a row before the job 
 WHERE_MAX = 1024                      # bytes of a rank's (node, port, why not), pickled
 NICE = 19                             # the sending and receiving threads' (see _background)
 BUFFERS = 2                           # own copies: the newest, and the partner's newest
-ATTEMPTS = 3                          # steps a load tries when copies prove damaged
 MB = 1 << 20
 
 
@@ -83,11 +82,6 @@ def _background() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
     except OSError:
         pass
-
-
-def say(text: str) -> None:
-    """One line of the job log."""
-    print(f"hpctrain: {text}", file=sys.stderr, flush=True)
 
 
 def guard(directory: Path) -> str:
@@ -199,7 +193,7 @@ class PeerCopies:
             os.close(fd)
         old, self._pages[index] = self._pages[index], pages
         if old is not None:
-            _release(old)
+            release(old)
         return torch.frombuffer(pages, dtype=torch.uint8)[:nbytes]
 
     def turn_off(self, why: str) -> None:
@@ -221,9 +215,13 @@ class PeerCopies:
             if self._working == target:
                 self._cancel = True
                 if self._sending and self._sock is not None:
-                    _shutdown(self._sock)      # (the sending thread closes it)
+                    shutdown(self._sock)      # (the sending thread closes it)
                     self._broken = True
                     self._cut += 1
+                    if self._cut == 1:
+                        self._fail("a snapshot came before the last one had reached the "
+                                   "partner: its send was cut short (a node lost now may "
+                                   "cost more than two snapshot intervals)")
                     if self._cut == CUT_WARN:
                         self._fail(f"{CUT_WARN} snapshots in a row came before the last one "
                                    f"had reached the partner (peer copies fall behind: a lost "
@@ -307,7 +305,7 @@ class PeerCopies:
                 self._sock = socket.create_connection(self.partner, timeout=CONNECT_S)
                 self._sock.settimeout(None)
             self._sock.sendall(header(self.secret, self.rank, step, size + len(end)))
-            answer = _recv_exact(self._sock, 1)
+            answer = recv_exact(self._sock, 1)
             if answer == NO_ROOM:
                 self._fail(f"the partner on {self.partner[0]} has no room in its node "
                            f"memory for this rank's copy ({(size + len(end)) / MB:.0f} MB)")
@@ -316,7 +314,7 @@ class PeerCopies:
                 raise ConnectionError(f"the partner answered {answer!r}")
             self._sock.sendall(memoryview(pages)[:size])
             self._sock.sendall(end)
-            held = ACK.unpack(_recv_exact(self._sock, ACK.size))[0]
+            held = ACK.unpack(recv_exact(self._sock, ACK.size))[0]
             if held != step:
                 raise ConnectionError(f"the partner acknowledged step {held}, not {step}")
             with self._cond:
@@ -401,134 +399,17 @@ class PeerCopies:
             say(f"rank {self.rank} ({self.node}): peer copy: {what}; the durable "
                 "checkpoint still stands")
 
-    def listing(self) -> list[Held]:
-        """Every whole copy in this node's memory, whoever's (by its own meta)."""
-        out = []
-        for path in sorted(self.dir.iterdir()):
-            key, _, kind = path.name.rpartition(".")
-            if kind not in ("meta", "copy") or not key:
-                continue
-            meta = peerfile.read_meta(path)
-            if meta is None or path.name.split(".")[0] != str(meta.get("rank")):
-                continue
-            if kind == "copy":
-                out.append(Held(meta["rank"], meta["step"], meta["size"], path.name))
-                continue
-            data = self.dir / f"{key}.data"
-            if data.is_file() and data.stat().st_size >= meta["data_size"]:
-                out.append(Held(meta["rank"], meta["step"], meta["data_size"] + meta["size"],
-                                key))
-        return out
-
-    def _read(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """The copy ``name`` in this node's memory as (data, tail)."""
-        if name.endswith(".copy"):
-            blob = np.fromfile(self.dir / name, np.uint8)
-            cut = (peerfile.meta_of(blob) or {}).get("data_size", 0)
-            return blob[:cut], blob[cut:]
-        end = np.fromfile(self.dir / f"{name}.meta", np.uint8)
-        cut = (peerfile.meta_of(end) or {}).get("data_size", 0)
-        return np.fromfile(self.dir / f"{name}.data", np.uint8, count=cut), end
-
-    # ---- a load ---------------------------------------------------------------------------
+    # ---- a load (hpctrain.checkpoint.peerload) ----------------------------------------------
     def restore(self, state: dict, durable: int | None, unpickle_mode: str) -> int | None:
-        """Collective: the step restored into ``state`` from the copies in node memory on
-        every rank, or None (``state`` untouched; the caller reads the durable checkpoint).
-        A damaged copy (its checksums) is set aside and the next step held whole tried, up
-        to ATTEMPTS steps. The job log gets each decision (but for a first start: nothing
-        held, nothing durable)."""
-        mine = pickle.dumps((self.node, self.listing() if self.lister else []))
-        gathered = self.comm.gather_bytes(mine)
-        nodes: list[str] = []
-        held: dict[str, list[Held]] = {}
-        for node, copies in map(pickle.loads, gathered or []):
-            nodes.append(node)
-            held.setdefault(node, []).extend(copies)
-        for _ in range(ATTEMPTS):
-            parts = None
-            if gathered is not None:
-                plan = restore_plan(nodes, held, durable)
-                if plan.routes[0].step is not None:
-                    say(f"peer copies: {plan.line}")
-                elif any(held.values()) or durable is not None:
-                    say(f"peer copies: {plan.line}; {_from_storage(durable)}")
-                parts = [pickle.dumps(r) for r in plan.routes]
-            route: Route = pickle.loads(self.comm.scatter_bytes(parts))
-            if route.step is None:
-                return None
-            decoded = self._fetch(route, state, unpickle_mode)
-            refusals = self.comm.outcomes(
-                (self.rank, self.node, route.source, decoded) if isinstance(decoded, str)
-                else None)
-            if not refusals:
-                peerfile.apply(decoded, state)      # type: ignore[arg-type]
-                return route.step
-            damaged = all(why.startswith(peerfile.DAMAGED) for *_, why in refusals)
-            if self.rank == 0:
-                said = "; ".join(f"rank {r} ({n}, its copy on {src[0]}): {why}"
-                                 for r, n, src, why in refusals[:3])
-                more = f" and {len(refusals) - 3} more" if len(refusals) > 3 else ""
-                say(f"peer copies: not restoring step {route.step}, nothing written: "
-                    f"{said}{more}; " + ("the next step held whole is tried" if damaged
-                                         else _from_storage(durable)))
-            if not damaged:
-                return None
-            for rank, _, (node, name), _ in refusals:
-                held[node] = [c for c in held.get(node, []) if c.name != name
-                              or c.rank != rank or c.step != route.step]
-        return None
-
-    def _fetch(self, route: Route, state: dict, unpickle_mode: str) -> Any:
-        """This rank's copy for ``route`` (read here, or received; the copies this rank's
-        node holds for others sent), decoded against ``state``: a Decoded, or why not."""
-        sends = []
-        for to, name, size in route.sends:
-            try:
-                blob = np.concatenate(self._read(name))
-            except (OSError, ValueError):
-                blob = np.zeros(0, np.uint8)
-            if blob.size != size:          # gone meanwhile: the receiver's checks refuse it
-                blob = np.zeros(size, np.uint8)
-            sends.append((to, torch.from_numpy(blob)))
-        got = self.comm.exchange(sends, route.receive)
-        if got is None:
-            try:
-                data, end = self._read(route.local or "")
-            except (OSError, ValueError) as exc:
-                return f"not a whole copy (could not read it: {exc})"
-        else:
-            blob = got.numpy()
-            cut = (peerfile.meta_of(blob) or {}).get("data_size", 0)
-            data, end = blob[:cut], blob[cut:]
-        return peerfile.decode(data, end, state, unpickle_mode)
+        """Collective: :func:`hpctrain.checkpoint.peerload.restore`."""
+        return peerload.restore(self, state, durable, unpickle_mode)
 
     def loaded(self, step: int | None) -> None:
-        """After a load of ``step`` (or none), collective: the copies of any other step go
-        (another past; the training goes on from ``step``): each rank removes its own and
-        its wards', and a node's lister those of ranks neither on the node nor kept for one
-        on it (a restart may seat other ranks there)."""
-        for path in list(self.dir.iterdir()):
-            head = path.name.split(".")[0]
-            if not head.isdigit():
-                continue
-            rank = int(head)
-            if rank in self.keep:
-                if rank != self.rank and rank not in self.wards:
-                    continue             # another rank's of this node: it judges its own
-                # (an own buffer's data stays: a staging may map it; its meta decides)
-                if path.suffix == ".data" or (step is not None and
-                                              self._step_of(path) == step):
-                    continue
-            elif not self.lister:
-                continue
-            path.unlink(missing_ok=True)
+        """Collective, after a load of ``step`` (or none): :func:`~hpctrain.checkpoint.
+        peerload.forget`, then this rank's own copies of ``step`` adopted."""
+        peerload.forget(self.dir, self.rank, self.wards, self.keep, self.lister, step)
         self.comm.barrier()          # no rank stages a snapshot while a lister removes
         self._adopt()
-
-    @staticmethod
-    def _step_of(path: Path) -> int | None:
-        meta = peerfile.read_meta(path) if path.suffix in (".meta", ".copy") else None
-        return None if meta is None else meta["step"]
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait (up to ``timeout`` seconds) until the last snapshot put has been sent or
@@ -546,34 +427,3 @@ class PeerCopies:
             self._cond.notify_all()
         self.server.close()
         self.comm = None       # the receiving threads outlive this: they must not hold it
-
-
-def _from_storage(durable: int | None) -> str:
-    return "loading the durable checkpoint " + (
-        f"({durable})" if durable is not None else "(none yet: the state as built)")
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    got = b""
-    while len(got) < n:
-        more = sock.recv(n - len(got))
-        if not more:
-            raise ConnectionError("the partner closed the connection")
-        got += more
-    return got
-
-
-def _shutdown(sock: socket.socket) -> None:
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-
-
-def _release(pages: mmap.mmap) -> None:
-    """Unmap ``pages`` unless a tensor still views them (a kept snapshot of the old layout:
-    then they go with it)."""
-    try:
-        pages.close()
-    except BufferError:
-        pass

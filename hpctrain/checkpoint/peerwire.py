@@ -142,3 +142,31 @@ class Slots:
         for _, pages in self._maps.values():
             pages.close()
         self._maps.clear()
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from ``sock`` (ConnectionError when it closes first)."""
+    got = b""
+    while len(got) < n:
+        more = sock.recv(n - len(got))
+        if not more:
+            raise ConnectionError("the partner closed the connection")
+        got += more
+    return got
+
+
+def shutdown(sock: socket.socket) -> None:
+    """Shut ``sock`` both ways (a thread blocked on it wakes), if it still can be."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def release(pages: mmap.mmap) -> None:
+    """Unmap ``pages`` unless a tensor still views them (a kept snapshot of the old layout:
+    then they go with it)."""
+    try:
+        pages.close()
+    except BufferError:
+        pass

@@ -155,22 +155,33 @@ def run_on_nodes(argv: list[str], nodes: int, *, timeout: float = 60.0,
     return res.stdout + res.stderr
 
 
-def probe_node(node: str, *, timeout: float = 30.0) -> str | None:
+def probe_node(node: str, *, timeout: float = 30.0, pause_s: float = 1.0) -> str | None:
     """Ask ``node`` of this job's allocation for a step (``srun --overlap -w NODE true``
     from inside the batch step, through the node's slurmd): None when it answered, else
     what srun said (or that it did not answer in time). A dead slurmd fails the launch
     after the cluster's MessageTimeout (11 s on the devcluster); a live node answers in a
-    fraction of a second."""
+    fraction of a second. A failure that never reached the node (the controller did not
+    answer) says nothing of the node: it is asked again, ``pause_s`` apart, within
+    ``timeout``, and said as the controller's only once that is spent."""
     argv = ["srun", "--overlap", f"--nodelist={node}", "--nodes=1",
             "--ntasks=1", "--kill-on-bad-exit=0", "--quiet", "true"]
-    try:
-        res = client.run(argv, timeout=timeout, retries=0, check=False)
-    except SlurmTimeout:
-        return f"no answer within {timeout:.0f} s"
-    if res.returncode == 0:
-        return None
-    said = [line.strip() for line in res.stderr.splitlines() if line.strip()]
-    return said[0] if said else f"srun exited {res.returncode}"
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            res = client.run(argv, timeout=max(end - time.monotonic(), 1.0), retries=0,
+                             check=False)
+        except SlurmTimeout:
+            return f"no answer within {timeout:.0f} s"
+        if res.returncode == 0:
+            return None
+        said = [line.strip() for line in res.stderr.splitlines() if line.strip()]
+        first = said[0] if said else f"srun exited {res.returncode}"
+        unreached = any(m in res.stderr for m in client.UNREACHED_MARKERS)
+        if not unreached:
+            return first
+        if time.monotonic() + pause_s >= end:
+            return f"the controller did not answer within {timeout:.0f} s ({first})"
+        time.sleep(pause_s)
 
 
 def max_array_size(*, timeout: float = 10.0) -> int:

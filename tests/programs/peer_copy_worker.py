@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from hpctrain.checkpoint import CheckpointManager
+from hpctrain.checkpoint import CheckpointManager, peerload
 
 STEPS, DURABLE = 7, 4
 
@@ -46,7 +46,7 @@ def main() -> None:
         mgr.close()
         end = time.monotonic() + 30
         while not {(w, STEPS) for w in peers.wards} <= {(h.rank, h.step)
-                                                        for h in peers.listing()}:
+                                                        for h in peerload.listing(peers.dir)}:
             assert time.monotonic() < end, f"rank {rank}: its wards' copies never came"
             time.sleep(0.05)
     else:

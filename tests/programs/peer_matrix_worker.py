@@ -91,9 +91,9 @@ def arm_copy(stage: str, armed: threading.Event, last: int) -> None:
     elif stage == "kept":                 # own copy whole in node memory, send not begun
         peers.header = when(peers.header)
     elif stage == "header-sent":          # the partner told what comes, no byte of it yet
-        peers._recv_exact = when(peers._recv_exact, test=lambda sock, n: n == 1)
+        peers.recv_exact = when(peers.recv_exact, test=lambda sock, n: n == 1)
     elif stage == "unacknowledged":       # every byte sent, the partner's ack not read
-        peers._recv_exact = when(peers._recv_exact,
+        peers.recv_exact = when(peers.recv_exact,
                                  test=lambda sock, n: n == peerwire.ACK.size)
     elif stage == "mid-send":             # half the copy's bytes sent
         plain = socket.socket.sendall
@@ -147,11 +147,11 @@ def arm_copy(stage: str, armed: threading.Event, last: int) -> None:
 
 def arm_restore(stage: str) -> None:
     """Patch this process so that it dies at ``stage`` of a load."""
-    from hpctrain.checkpoint import comm, peerfile, peers
+    from hpctrain.checkpoint import comm, peerfile, peerload
 
     if stage == "planning":
-        plan = peers.restore_plan
-        peers.restore_plan = lambda *a: die() or plan(*a)
+        plan = peerload.restore_plan
+        peerload.restore_plan = lambda *a: die() or plan(*a)
     elif stage == "sending":
         exchange = comm.Comm.exchange
         comm.Comm.exchange = lambda self, sends, rec: (die() if sends else None) or \
@@ -166,14 +166,14 @@ def arm_restore(stage: str) -> None:
             die()
         peerfile.apply = half
     elif stage == "forgetting":
-        step_of, calls = peers.PeerCopies._step_of, []
+        step_of, calls = peerload.step_of, []
 
         def once(path: Path) -> Any:
             calls.append(path)
             if len(calls) > 1:
                 die()
             return step_of(path)
-        peers.PeerCopies._step_of = staticmethod(once)   # type: ignore[method-assign]
+        peerload.step_of = once
     else:
         raise ValueError(stage)
 

@@ -113,3 +113,39 @@ def test_asking_nodes_where_srun_cannot_run_says_so(tmp_path: Path,
     assert probe.nodes == ("n2", "n3")
     with pytest.raises(SlurmError, match="'srun' is not on PATH"):
         probe.answers()
+
+
+def test_a_probe_that_never_reached_the_node_is_asked_again_not_taken_for_a_loss(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """srun failing for the controller ("Unable to contact slurm controller": a failover, a
+    busy slurmctld) says nothing of the node: asked again, the node answers. A stand-in srun
+    (no controller can be made to fail on cue here) prints Slurm's own line the first
+    time; a dead slurmd's line is taken at once; a controller that never answers is said as
+    such, not as the node's loss."""
+    from hpctrain.slurm import control
+
+    calls = tmp_path / "calls"
+    srun = tmp_path / "srun"
+    srun.write_text(
+        "#!/bin/sh\necho x >> " + str(calls) + "\n"
+        "n=$(wc -l < " + str(calls) + ")\n"
+        'case "$MODE" in\n'
+        "  flaky) [ \"$n\" -ge 2 ] && exit 0 ;;\n"
+        "  dead) echo 'srun: error: Task launch for StepId=7.3 failed on node n2: "
+        "Communication connection failure' >&2; exit 1 ;;\n"
+        "esac\n"
+        "echo 'srun: error: Unable to contact slurm controller (connect failure)' >&2\nexit 1\n")
+    srun.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("MODE", "flaky")
+    assert control.probe_node("n2", timeout=5.0, pause_s=0.1) is None
+    assert len(calls.read_text().split()) == 2
+    calls.unlink()
+    monkeypatch.setenv("MODE", "dead")
+    assert "Communication connection failure" in control.probe_node("n2", timeout=5.0,
+                                                                     pause_s=0.1)
+    assert len(calls.read_text().split()) == 1
+    calls.unlink()
+    monkeypatch.setenv("MODE", "down")
+    said = control.probe_node("n2", timeout=1.0, pause_s=0.2)
+    assert said.startswith("the controller did not answer within 1 s (srun: error: Unable")
