@@ -242,10 +242,11 @@ def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) 
     (tmp_path / "ckpt").mkdir()
     first = run_ranks(tmp_path, "train", ["n1", "n1", "n2", "n2"])
     names = sorted(p.name for p in shm(tmp_path, "n1").iterdir())
-    # each rank's two own buffers (the newest, the newest its partner holds), its ward's
-    # two slots
-    assert {"0.0.data", "0.0.meta", "0.1.data", "0.1.meta", "1.0.meta", "1.1.meta",
-            "2.a.copy", "2.b.copy", "3.a.copy", "3.b.copy"} <= set(names), names
+    # each rank's two own buffers (the newest, the newest its partner holds: the other's
+    # tail may be gone, its send cut short by the next snapshot), its ward's slots
+    assert {"0.0.data", "0.1.data", "1.0.data", "1.1.data"} <= set(names), names
+    assert {"0.0.meta", "0.1.meta"} & set(names) and {"1.0.meta", "1.1.meta"} & set(names)
+    assert {n.split(".")[0] for n in names if n.endswith(".copy")} == {"2", "3"}, names
     shutil.rmtree(shm(tmp_path, "n2"))                      # n2 is gone
     after = run_ranks(tmp_path, "resume", ["n1", "n1", "n3", "n3"])
     assert [a["step"] for a in after] == [7] * 4, after
