@@ -299,7 +299,7 @@ class CheckpointManager:
             if step is None:
                 step = self.first_loadable(
                     lambda step: self._load(step, state, verify, listed=True))
-            self._memory.loaded(step)
+            self._memory.loaded(step, state)
             return step
 
     def first_loadable(self, attempt: Callable[[int], Any],

@@ -81,11 +81,17 @@ class InMemory:
             step = self.peers.restore(state, durable, unpickle)
         return step
 
-    def loaded(self, step: int | None) -> None:
-        """``step`` was loaded (or none): the peer copies of any other step go (another
-        past; the training goes on from ``step``). Collective."""
+    def loaded(self, step: int | None, state: dict) -> None:
+        """``step`` was loaded into ``state`` (or none): the peer copies of any other step
+        go (another past; the training goes on from ``step``), and ``state`` is snapshotted
+        at once: a restored step lay whole on one node only (a rank that received its copy
+        keeps none, the new pairing's partners none), and a second loss before the next
+        snapshot reached its partner would have cost everything since the durable step.
+        Collective."""
         if self.peers is not None:
             self.peers.loaded(step)
+            if step is not None and not self.peers.off:
+                self.take(step, state)
 
     def close(self) -> None:
         if self.peers is not None:

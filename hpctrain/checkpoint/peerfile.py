@@ -186,10 +186,12 @@ def decode(data: np.ndarray, end: np.ndarray, state: dict,
 
 
 def apply(decoded: Decoded, state: dict) -> None:
-    """Write a :func:`decode`d copy into ``state`` (in place); nothing here can refuse."""
-    for c, piece in decoded.into:
-        if c.nbytes:
-            c.local.copy_(torch.from_numpy(piece).view(c.dtype).view(c.shape))
+    """Write a :func:`decode`d copy into ``state`` (in place); nothing here can refuse
+    (outside autograd: a parameter that requires grad is written like any tensor)."""
+    with torch.no_grad():
+        for c, piece in decoded.into:
+            if c.nbytes:
+                c.local.copy_(torch.from_numpy(piece).view(c.dtype).view(c.shape))
     for where, value in decoded.added:
         set_path(state, where, value)
     for where, value in decoded.extras.items():

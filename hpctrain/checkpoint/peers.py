@@ -185,8 +185,8 @@ class PeerCopies:
                 free = os.fstatvfs(fd)
                 raise NoRoom(
                     f"node memory {self.dir.parent} cannot hold this rank's copies: "
-                    f"{size / MB:.0f} MB a buffer, {BUFFERS} buffers and as much again for "
-                    f"each ward's two slots; {free.f_bavail * free.f_frsize / MB:.0f} MB "
+                    f"{size / MB:.1f} MB a buffer, {BUFFERS} buffers and as much again for "
+                    f"each ward's two slots; {free.f_bavail * free.f_frsize / MB:.1f} MB "
                     f"free ({exc})") from None
             pages = mmap.mmap(fd, max(nbytes, 1))
         finally:
@@ -308,7 +308,7 @@ class PeerCopies:
             answer = recv_exact(self._sock, 1)
             if answer == NO_ROOM:
                 self._fail(f"the partner on {self.partner[0]} has no room in its node "
-                           f"memory for this rank's copy ({(size + len(end)) / MB:.0f} MB)")
+                           f"memory for this rank's copy ({(size + len(end)) / MB:.1f} MB)")
                 raise ConnectionAbortedError("no room at the partner")
             if answer != READY:
                 raise ConnectionError(f"the partner answered {answer!r}")
@@ -365,7 +365,7 @@ class PeerCopies:
                             break
                 except NoRoom as exc:
                     self._fail(f"no room in node memory for rank {head['rank']}'s copy "
-                               f"({head['nbytes'] / MB:.0f} MB: {exc})")
+                               f"({head['nbytes'] / MB:.1f} MB: {exc})")
                     break
                 except OSError:
                     break
@@ -386,11 +386,12 @@ class PeerCopies:
 
     def _adopt(self) -> None:
         """Own copies already in node memory (a restart on this node, after a load): the
-        newest counts as held by the partner, so the next snapshot does not overwrite it."""
+        newest is kept (the next snapshot goes to the other buffer); none is known to be
+        held by this pairing's partner."""
         steps = [(meta["step"], i) for i in range(BUFFERS)
                  if (meta := peerfile.read_meta(self._meta(i))) is not None]
         with self._cond:
-            self._latest = self._acked = max(steps)[1] if steps else None
+            self._latest, self._acked = (max(steps)[1] if steps else None), None
 
     def _fail(self, what: str) -> None:
         kind = what.split(" (")[0]

@@ -43,11 +43,15 @@ class Snapshot:
             return None
 
     def apply(self, extras: dict, state: dict) -> None:
-        """Copy this snapshot into ``state``'s tensors in place and set its ``extras``."""
+        """Copy this snapshot into ``state``'s tensors in place and set its ``extras``
+        (outside autograd: a parameter that requires grad is written like any tensor)."""
+        import torch
+
         chunks, _ = flatten(state)
-        for mine, kept in zip(chunks, self.payload.chunks):
-            if mine.nbytes:
-                mine.local.copy_(kept.local.view(mine.dtype).view(mine.shape))
+        with torch.no_grad():
+            for mine, kept in zip(chunks, self.payload.chunks):
+                if mine.nbytes:
+                    mine.local.copy_(kept.local.view(mine.dtype).view(mine.shape))
         for path, value in extras.items():
             set_path(state, path, value)
 

@@ -194,7 +194,8 @@ def main(rank: int, tmp: str, phase: str, nodes: list[str], port: int, cell: dic
 
     dist.init_process_group("gloo")
     try:
-        {"train": train, "resume": resume, "plain": plain}[phase](rank, tmp_path, nodes, cell)
+        {"train": train, "again": again, "resume": resume, "plain": plain}[phase](
+            rank, tmp_path, nodes, cell)
     except BaseException as exc:   # noqa: BLE001 - said in the rank's log for the test
         print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         os._exit(5)
@@ -227,6 +228,13 @@ def train(rank: int, tmp: Path, nodes: list[str], cell: dict) -> None:
             arm_copy(cell["then"], then, step)
             then.set()
         mgr.snapshot(step, state)
+    lost(rank, tmp, peers, victim, cell)
+
+
+def lost(rank: int, tmp: Path, peers: Any, victim: bool, cell: dict) -> None:
+    """The end of a phase that loses a node: a victim dies at its armed point (or once its
+    last copy is acknowledged); a survivor keeps its node's memory and goes when the node
+    is lost (the test says so with a file), without a collective the dead could not join."""
     if victim:
         if cell["copy"] in ("acknowledged", "slow-send") and not cell.get("then"):
             sent = peers.sent
@@ -235,13 +243,38 @@ def train(rank: int, tmp: Path, nodes: list[str], cell: dict) -> None:
             die()
         time.sleep(60)
         os._exit(3)                 # the kill point was never reached: the test fails
-    # a survivor: its copies stay in its node's memory; it goes when the node is lost
-    # (the test says so with a file), without a collective the dead could not join
     end = time.monotonic() + 120
     while not (tmp / "lost").exists() and time.monotonic() < end:
         time.sleep(0.02)
     peers.flush(5)
     os._exit(0)
+
+
+def again(rank: int, tmp: Path, nodes: list[str], cell: dict) -> None:
+    """After a loss: load (as ``resume``), one more snapshot, and a second node lost at the
+    cell's point of that snapshot's copy (``early``: before the load's own copies went)."""
+    import torch.distributed as dist
+
+    from hpctrain.checkpoint import CheckpointManager
+
+    mgr = CheckpointManager(tmp / "ckpt", keep_last=2)
+    state = state_at(0, rank)
+    step = mgr.load_latest(state)
+    peers = mgr._memory.peers
+    assert step is not None and peers is not None, (step, peers)
+    victim = nodes[rank] == cell["lost"]
+    if cell.get("early"):
+        if victim:
+            die()
+        lost(rank, tmp, peers, victim, cell)
+    assert peers.flush(60)
+    dist.barrier()
+    armed = threading.Event()
+    if victim:
+        arm_copy(cell["copy"], armed, step + 1)
+        armed.set()
+    mgr.snapshot(step + 1, state_at(step + 1, rank))
+    lost(rank, tmp, peers, victim, cell)
 
 
 def plain(rank: int, tmp: Path, nodes: list[str], cell: dict) -> None:

@@ -162,6 +162,33 @@ def test_a_copy_round_trips_and_a_damaged_or_foreign_one_is_refused(tmp_path: Pa
     assert peerfile.read_meta(tmp_path / "cut.copy") is None
 
 
+@pytest.mark.torch
+def test_a_parameter_that_requires_grad_is_restored_whole_from_a_copy_and_a_snapshot() -> None:
+    """A state_dict(keep_vars=True) or a hand-made state holds leaves that require grad: a
+    restore writes them outside autograd, all of them (not the first tensors, then an
+    exception on every rank)."""
+    import numpy as np
+    import torch
+
+    from hpctrain.checkpoint import peerfile
+    from hpctrain.checkpoint.snapshot import Snapshot
+    from hpctrain.checkpoint.tree import flatten
+    from hpctrain.checkpoint.writer import Staging
+
+    state = {"a_buf": torch.full((4,), 5.0), "w": torch.nn.Parameter(torch.full((3,), 5.0))}
+    block = torch.zeros(4096, dtype=torch.uint8)
+    staged = Staging(lambda n: block[:n]).stage(*flatten(state))
+    end = np.frombuffer(peerfile.tail(0, 5, staged.chunks, block.numpy(), staged.extras),
+                        np.uint8)
+    dest = {"a_buf": torch.zeros(4), "w": torch.nn.Parameter(torch.zeros(3))}
+    peerfile.apply(peerfile.decode(block.numpy(), end, dest, "safe"), dest)
+    assert torch.equal(dest["w"].detach(), torch.full((3,), 5.0)) and dest["w"].requires_grad
+    again = {"a_buf": torch.zeros(4), "w": torch.nn.Parameter(torch.zeros(3))}
+    kept = Snapshot(5, staged)
+    kept.apply(kept.decode(again), again)
+    assert torch.equal(again["w"].detach(), torch.full((3,), 5.0))
+
+
 # ---- the wire ----------------------------------------------------------------------------------
 def test_a_slot_is_received_in_place_its_mapping_kept_until_the_file_or_size_changes(
         tmp_path: Path) -> None:
@@ -236,9 +263,9 @@ def shm(tmp: Path, node: str) -> Path:
 def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) -> None:
     """Ranks 0-1 on n1, 2-3 on n2 snapshot steps 1-7 (a durable save at 4); n2 is lost
     (its node memory gone) and ranks 2-3 start again on the spare n3: every rank restores
-    step 7, ranks 2-3 from the copies n1 keeps, bitwise, each rank its own values. Then one
-    of those copies is damaged in node memory: it is checked before use, and every rank
-    loads the durable step 4 instead (both copies of a rank lost: restore_plan above)."""
+    step 7, ranks 2-3 from the copies n1 keeps, bitwise, each rank its own values. Then
+    every copy of rank 2's is damaged in node memory: each is checked before use, and every
+    rank loads the durable step 4 instead."""
     (tmp_path / "ckpt").mkdir()
     first = run_ranks(tmp_path, "train", ["n1", "n1", "n2", "n2"])
     names = sorted(p.name for p in shm(tmp_path, "n1").iterdir())
@@ -253,10 +280,17 @@ def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) 
     assert [a["w"] for a in after] == [f["w"] for f in first]          # bitwise (as hex)
     assert [a["rng"] for a in after] == [f["rng"] for f in first]      # each rank its own
 
-    # the step-7 copies stay (the training goes on from step 7); one of them damaged
-    copy = max(shm(tmp_path, "n1").glob("2.*.copy"), key=lambda c: c.stat().st_mtime)
-    data = bytearray(copy.read_bytes())
-    data[10] ^= 0xFF
-    copy.write_bytes(bytes(data))
+    # the step-7 copies stay (the training goes on from step 7), and the load snapshotted
+    # step 7 again at once (rank 2 now keeps its own on n3, its new partner one on n1):
+    # every copy of rank 2's damaged, each is checked before use, and every rank loads the
+    # durable step 4 instead
+    damaged = [*shm(tmp_path, "n1").glob("2.*.copy"), *shm(tmp_path, "n3").glob("2.*.data")]
+    assert {c.name for c in damaged} >= {"2.a.copy", "2.0.data"}, damaged
+    for copy in damaged:
+        with open(copy, "r+b") as fh:
+            fh.seek(10)
+            byte = fh.read(1)
+            fh.seek(10)
+            fh.write(bytes([byte[0] ^ 0xFF]))
     again = run_ranks(tmp_path, "resume", ["n1", "n1", "n3", "n3"])
     assert [a["step"] for a in again] == [4] * 4, again
