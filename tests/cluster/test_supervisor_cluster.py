@@ -38,7 +38,10 @@ from helpers.specs import spec_toml
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
-STEPS, STARTUP_S = 10, 8
+# 16 steps: run 2 (after 3 + 2 steps) must outlast the urgent job's scheduling; with 10,
+# the plain srun counter (0.5 s a step) once completed first under the full suite's load
+# (2026-11-28: REQUEUED x2 + COMPLETED, the third preemption came too late)
+STEPS, STARTUP_S = 16, 8
 
 
 @dataclass(frozen=True)
