@@ -46,10 +46,10 @@ def read_header(conn: socket.socket) -> dict | None:
     """The next copy's header line (JSON: secret, rank, step, nbytes), or None. The wait
     for its first byte is the time between snapshots (no limit); the rest comes within
     HEADER_S, or the connection is given up."""
-    conn.settimeout(None)
-    line = conn.recv(1)
-    conn.settimeout(HEADER_S)
-    try:
+    try:      # (a sender gone meanwhile resets the connection: no copy, said by no one)
+        conn.settimeout(None)
+        line = conn.recv(1)
+        conn.settimeout(HEADER_S)
         while line and not line.endswith(b"\n") and len(line) < 4096:
             got = conn.recv(1)
             if not got:

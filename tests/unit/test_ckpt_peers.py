@@ -294,3 +294,21 @@ def test_a_lost_node_s_ranks_restore_from_their_partners_copies(tmp_path: Path) 
             fh.write(bytes([byte[0] ^ 0xFF]))
     again = run_ranks(tmp_path, "resume", ["n1", "n1", "n3", "n3"])
     assert [a["step"] for a in again] == [4] * 4, again
+
+
+def test_a_header_cut_by_a_reset_connection_is_no_header() -> None:
+    """A sender whose process died resets its connection while the partner waits for the
+    next header: no copy, and no traceback from the receiving thread in the job log."""
+    import socket
+    import struct
+
+    from hpctrain.checkpoint.peerwire import read_header
+
+    server = socket.create_server(("127.0.0.1", 0))
+    theirs = socket.create_connection(server.getsockname())
+    ours, _ = server.accept()
+    with server, ours:
+        # SO_LINGER 0: close sends a reset (RST), as a killed process's kernel may
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        theirs.close()
+        assert read_header(ours) is None
