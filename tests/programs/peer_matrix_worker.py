@@ -220,9 +220,9 @@ def train(rank: int, tmp: Path, nodes: list[str], cell: dict) -> None:
             mgr.save(step, state)
         if step == STEPS:
             assert peers.flush(60), f"rank {rank}: step {step - 1}'s copy never went"
+            if victim:      # armed before the barrier: a partner's copy of the last step
+                armed.set()  # may arrive before this thread leaves it (the hooks ask the step)
             dist.barrier()          # every copy before the last one is acknowledged
-            if victim:
-                armed.set()
         if step == STEPS + 1 and victim and cell.get("then"):
             then = threading.Event()
             arm_copy(cell["then"], then, step)
