@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.slurm import client
+from hpctrain.supervisor.diagnosis import ABORT_AT_EXIT_FIX
 from helpers.cluster import events, job_log, preempt, send_user_signal, status, submit
 from helpers.jobs import isolate
 from helpers.slurm import sacct_states, wait_done, wait_until
@@ -111,8 +112,14 @@ def test_an_unmodified_lightning_script_resumes_from_its_own_save_after_a_preemp
                                 requeue={"signal": "USR1", "signal_lead_s": 60}))
         wait_until(lambda: max(steps_of(root, 0), default=0) >= 20, 240, "20 steps")
         preempt(job)
-        assert wait_done(job, 240) == "COMPLETED", job_log(root, job)
+        end = wait_done(job, 240)
     log = job_log(root, job)
+    # Lightning never destroys its gloo process group, and torch 2.13 aborts about one
+    # exit in four over it (docs/fault-recovery.md, "How a job leaves"): a script that
+    # never imports hpctrain can end FAILED after its last step, as under plain Slurm.
+    # That end is allowed only when every step ran and hpctrain named the cause and the fix
+    if end != "COMPLETED":
+        assert end == "FAILED" and ABORT_AT_EXIT_FIX in log, (end, log)
     assert "caught SIGUSR1 (preemption); asking the training step to stop: SIGUSR1" in log
     assert "Restoring states from the checkpoint path at" in log and "hpc_ckpt_1.ckpt" in log
     # Lightning saves inside its signal handler, during a step, then trains on until Slurm
