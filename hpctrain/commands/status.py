@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from hpctrain.commands.jobview import format_cause, format_elapsed, format_reque
 from hpctrain.commands.options import job_ids as check_ids
 from hpctrain.commands.table import table
 from hpctrain.jobs import index
-from hpctrain.jobs.contract import LIVE_S
+from hpctrain.jobs.contract import LIVE_S, MAX_POLL_S, backoff
 from hpctrain.jobs.listing import Item, Listing, SweepSummary, collect
 from hpctrain.jobs.view import JobStatus
 from hpctrain.slurm.states import ORDER
@@ -44,8 +45,8 @@ class Row:
 @click.option("--watch", "watch_s", type=float, default=None, is_flag=False, flag_value=5.0,
               metavar="[SECONDS]",
               help="Show the table again every SECONDS (default 5) until the jobs have ended "
-                   "or Ctrl-C; in place on a terminal, where running jobs' steps are "
-                   "shown again every 2 s in between.")
+                   "or Ctrl-C, less often (up to 10 s) while nothing changes; in place on a "
+                   "terminal, where running jobs' steps are shown again every 2 s in between.")
 def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
            watch_s: float | None) -> int:
     """State, elapsed time, nodes, requeues by cause, last checkpoint step and why the
@@ -62,18 +63,23 @@ def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
 
 def _watch(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
            every_s: float) -> int:
-    """The table again every ``every_s`` until every job has ended (or Ctrl-C). On a
-    terminal the running jobs' steps are shown again every LIVE_S between Slurm's polls
-    (their supervisors are asked, not Slurm); a log gets one table per poll."""
+    """The table again until every job has ended (or Ctrl-C). Slurm is asked every
+    ``every_s`` after a change and less often while nothing changes (``backoff``, as
+    ``submit --wait``: many watchers are load on slurmdbd); the footer says when next.
+    On a terminal the running jobs' steps are shown again every LIVE_S between Slurm's
+    polls (their supervisors are asked, not Slurm); a log gets one table per poll."""
     tty = sys.stdout.isatty()
-    snap, next_poll = None, 0.0
+    snap, seen, pause, next_poll = None, None, every_s, 0.0
     try:
         while True:
-            polled = time.monotonic() >= next_poll
-            if polled:
-                next_poll = time.monotonic() + every_s
+            started = time.monotonic()
+            polled = started >= next_poll
             listing = collect(job_ids, expand, limit, None if polled else snap)
             snap = listing.snapshot
+            if polled:
+                word = listing.slurm_word()
+                pause, seen = backoff(pause, every_s, word != seen), word
+                next_poll = started + pause
             if tty:
                 click.echo("\033[H\033[J", nl=False)   # clear the screen, then the table
             if tty or polled:
@@ -81,9 +87,21 @@ def _watch(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
             if polled and listing.ended():
                 return 0
             until_poll = max(0.0, next_poll - time.monotonic())
+            if tty or polled:
+                click.echo(_next_look(until_poll, pause, every_s), err=as_json)
             time.sleep(min(LIVE_S, until_poll) if tty else until_poll)
     except KeyboardInterrupt:
         return 0
+
+
+def _next_look(until_s: float, pause_s: float, every_s: float) -> str:
+    """The watch's footer: when Slurm is asked next, and how often it is asked now (a
+    user who sees it slow down knows why, and that a change brings it back)."""
+    how = f"every {pause_s:.3g} s"
+    if every_s < MAX_POLL_S:
+        how = (f"now {how}: {every_s:g} s after a change, up to {MAX_POLL_S:g} s while "
+               "nothing changes")
+    return f"next look at Slurm in {math.ceil(round(until_s, 1))} s ({how}; Ctrl-C stops)"
 
 
 def _show(listing: Listing, job_ids: tuple[str, ...], as_json: bool) -> None:

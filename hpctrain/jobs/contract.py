@@ -30,6 +30,14 @@ Update = tuple[JobInfo, bool]
 OnUpdate = Callable[[JobInfo], None]
 
 
+def backoff(pause_s: float, base_s: float, changed: bool) -> float:
+    """The next pause of a view that polls Slurm (``submit --wait``, ``status --watch``):
+    ``base_s`` after a change, else half as long again, up to MAX_POLL_S. One rule for
+    both, so that many users waiting or watching load slurmdbd no more than needed; an
+    interval asked for above MAX_POLL_S stays as asked."""
+    return base_s if changed else min(pause_s * 1.5, max(base_s, MAX_POLL_S))
+
+
 def is_over(info: JobInfo, queued: Callable[[], bool]) -> bool:
     """Has the job ended for good? Interruptions count only once Slurm did not requeue.
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 from hpctrain.errors import JobError, SlurmError
 from hpctrain.jobs import index, poll, statedir
-from hpctrain.jobs.contract import MAX_POLL_S, POLL_S, JobHandle, Update, is_over
+from hpctrain.jobs.contract import POLL_S, JobHandle, Update, backoff, is_over
 from hpctrain.jobs.ids import check_job_id
 from hpctrain.jobs.index import JobEntry
 from hpctrain.jobs.poll import JobInfo
@@ -80,8 +80,9 @@ class Job(JobHandle):
                 idle: Callable[[float], None] | None = None) -> Iterator[Update]:
         """(info, over) now and after each pause (``idle`` waits: time.sleep by default),
         until the job has ended for good. The pause is ``poll_s`` after a change of state
-        or requeues, and grows by half each unchanged poll up to MAX_POLL_S. Endless until
-        then: the waiter keeps the time (``timeout_s``)."""
+        or requeues, and grows by half each unchanged poll up to MAX_POLL_S (``backoff``,
+        shared with ``status --watch``). Endless until then: the waiter keeps the time
+        (``timeout_s``)."""
         pause, seen = poll_s, None
         while True:
             info = self.info()
@@ -90,7 +91,7 @@ class Job(JobHandle):
             if over:
                 return
             now = (info.slurm_state, sum(info.requeues.values()))
-            pause = poll_s if now != seen else min(pause * 1.5, max(poll_s, MAX_POLL_S))
+            pause = backoff(pause, poll_s, now != seen)
             seen = now
             (idle or time.sleep)(pause)
 

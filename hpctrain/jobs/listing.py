@@ -54,6 +54,14 @@ class Listing:
         return {"source": snap.source, "note": snap.note, "slurm_calls": snap.calls,
                 "jobs": [item.to_json() for item in self.items]}
 
+    def slurm_word(self) -> tuple[Any, ...]:
+        """What Slurm says of each line: a job's state and requeues, a sweep's counts.
+        ``status --watch`` polls less often while this stays the same (as ``submit
+        --wait`` does); elapsed time and steps change every poll and do not count."""
+        return tuple((i.sweep_id, sorted(i.counts.items())) if isinstance(i, SweepSummary)
+                     else (i.job_id, i.info.state.name, sum(i.info.requeues.values()))
+                     for i in self.items)
+
     def ended(self) -> bool:
         """Has Slurm finished with every target (``status --watch`` stops then)?"""
         return all(slurm_info(given, rec, self.snapshot).state.final

@@ -247,9 +247,10 @@ def test_status_watch_on_a_terminal_shows_the_steps_between_slurms_polls(
         return listing
 
     monkeypatch.setattr(cmd, "collect", collect)
+    # nothing changes: Slurm's second poll is 5 s on, the third 7.5 s after it (backoff)
     for tty, expected in ((True, [(0, True), (2, False), (4, False), (5, True), (7, False),
-                                  (9, False), (10, True)]),
-                          (False, [(0, True), (5, True), (10, True)])):
+                                  (9, False), (11, False), (12.5, True)]),
+                          (False, [(0, True), (5, True), (12.5, True)])):
         calls.clear()
         clock.now = 0.0
         monkeypatch.setattr(cmd.sys.stdout, "isatty", lambda: tty)
@@ -257,6 +258,58 @@ def test_status_watch_on_a_terminal_shows_the_steps_between_slurms_polls(
         assert calls == expected
         shown = capsys.readouterr().out.count('"jobs"')
         assert shown == len(expected) if tty else shown == 3   # a log: one per poll
+
+
+def test_status_watch_backs_off_while_nothing_changes_and_says_when_it_looks_next(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 59: --watch polled sacct every 5 s for as long as it ran. Now, like --wait
+    (one backoff rule), half as long again each unchanged poll up to 10 s, 5 s again once
+    Slurm's word changes; the footer says when Slurm is asked next."""
+    from hpctrain.commands import status as cmd
+    from hpctrain.jobs.listing import Listing
+    from hpctrain.jobs.poll import Snapshot
+
+    clock, polls = Clock(), []
+    words = iter(["PENDING"] * 4 + ["RUNNING"] * 2 + ["COMPLETED"])
+    monkeypatch.setattr(cmd.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(cmd.time, "sleep", clock.sleep)
+    monkeypatch.setattr(cmd.sys.stdout, "isatty", lambda: False)
+
+    def collect(job_ids, expand, limit, snap=None):
+        assert snap is None                     # a log: every table is a poll of Slurm
+        polls.append(clock.now)
+        word = next(words)
+        listing = Listing([], Snapshot({}, "sacct"), [])
+        monkeypatch.setattr(listing, "slurm_word", lambda: (("7", word, 0),))
+        monkeypatch.setattr(listing, "ended", lambda: word == "COMPLETED")
+        return listing
+
+    monkeypatch.setattr(cmd, "collect", collect)
+    assert cmd._watch(("7",), False, False, 20, 5.0) == 0
+    # pauses 5, 7.5, 10, 10 while PENDING; 5 after the change to RUNNING, then 7.5
+    assert polls == [0, 5, 12.5, 22.5, 32.5, 37.5, 45]
+    footers = [line for line in capsys.readouterr().out.splitlines()
+               if line.startswith("next look")]
+    assert [f.split(" (")[0] for f in footers] == [
+        f"next look at Slurm in {s} s" for s in (5, 8, 10, 10, 5, 8)]
+    assert footers[1] == ("next look at Slurm in 8 s (now every 7.5 s: 5 s after a change, "
+                          "up to 10 s while nothing changes; Ctrl-C stops)")
+
+
+def test_what_counts_as_a_change_for_status_watch() -> None:
+    """Slurm's state or requeues of a line, not its elapsed time or step (which move every
+    poll and would keep the watch at its shortest interval)."""
+    from hpctrain.jobs.listing import Listing
+    from hpctrain.jobs.poll import Snapshot
+
+    def word(state: str, elapsed: int, requeues: dict[str, int]) -> tuple:
+        info = JobInfo("7", from_slurm(state), state, elapsed_s=elapsed, requeues=requeues)
+        view = JobStatus("7", JobEntry("7", "w", "script", "/f"), info, last_step=elapsed)
+        return Listing([], Snapshot({}, "sacct"), [view]).slurm_word()
+
+    assert word("RUNNING", 10, {}) == word("RUNNING", 99, {})
+    assert word("RUNNING", 10, {}) != word("PENDING", 10, {})
+    assert word("RUNNING", 10, {}) != word("RUNNING", 10, {"preemption": 1})
 
 
 def test_submit_wait_shows_the_step_every_live_s_while_slurm_is_asked_less_often(
