@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from hpctrain.checkpoint import unpickle
+from hpctrain.checkpoint.fit import Fit, Misfit, unfilled, unplaced
 from hpctrain.checkpoint.manifest import Manifest, TensorEntry
 from hpctrain.checkpoint.reader import StepReader
 from hpctrain.checkpoint.replicas import overlaps
@@ -107,21 +108,31 @@ def _new_chunks(missing: dict[tuple, list[TensorEntry]]) -> list[Chunk]:
 
 
 def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
-              verify: bool = True, unpickle_mode: str = "safe") -> None:
+              verify: bool = True, unpickle_mode: str = "safe",
+              fit: Fit | None = None) -> Misfit:
     """Load ``step_dir`` into ``state`` in place. CheckpointCorrupt if verification fails;
-    CheckpointError if the extras hold a global the unpickler (``unpickle_mode``) refuses."""
+    CheckpointError if the extras hold a global the unpickler (``unpickle_mode``) refuses.
+    Returns what did not fit (saved tensors the state has no place for, values of the
+    state the step lacks) for the job log; ``fit`` refuses either with CheckpointError
+    before anything is written (:mod:`hpctrain.checkpoint.fit`)."""
     reader = StepReader(step_dir, manifest, verify)
     ops, fresh, extras_file, not_mine = prepare(reader, state, rank)
+    saved = _by_path(manifest, rank)[0]
+    misfit = Misfit(manifest.step, fit or Fit(), unplaced(state, saved))
+    misfit.refuse_unexpected()
     with reader:
         # the extras first: a refused pickle must not leave the tensors half overwritten
         extras = {} if extras_file is None else _read_extras(reader, extras_file, rank,
                                                              not_mine, unpickle_mode)
+        misfit.missing = unfilled(state, [*saved, *extras])
+        misfit.refuse_missing()   # (nor a refused misfit)
         _run_ops(reader, ops)
         reader.check()  # CheckpointCorrupt on a checksum mismatch, before anything is set
     for c in fresh:
         set_path(state, c.path, c.local)
     for path, value in extras.items():
         set_path(state, path, value)
+    return misfit
 
 
 def prepare(reader: StepReader, state: dict,

@@ -282,7 +282,8 @@ class CheckpointManager:
         assert self._memory is not None, "snapshot() on a closed CheckpointManager"
         self._memory.take(step, state)
 
-    def load_latest(self, state: dict, verify: bool | None = None) -> int | None:
+    def load_latest(self, state: dict, verify: bool | None = None, *,
+                    on_unexpected: str = "warn", on_missing: str = "warn") -> int | None:
         """Load the newest step into ``state`` in place; return it (or None).
 
         From this process's memory when every rank holds a snapshot of the same step, as
@@ -291,14 +292,26 @@ class CheckpointManager:
         node too); else the newest step on storage that verifies (one that does not is
         skipped with a warning). Collective under torch.distributed (all ranks agree on
         the step).
+
+        A saved tensor ``state`` has no place for is not loaded, and a value of ``state``
+        the step has none for keeps its own; rank 0 names both in one line of the job log
+        (``"warn"``). ``on_unexpected`` / ``on_missing`` = ``"error"`` refuses such a load
+        (CheckpointError on every rank, nothing written), ``"ignore"`` says nothing
+        (:mod:`hpctrain.checkpoint.fit`).
         """
+        fit = self._fit(on_unexpected, on_missing)
         with progress.phase("loading"):
             self.wait()
             assert self._memory is not None, "load_latest() on a closed CheckpointManager"
             step = self._memory.restore(state, self.latest_step, self.unpickle)
             if step is None:
-                step = self.first_loadable(
-                    lambda step: self._load(step, state, verify, listed=True))
+                lines: dict[int, str] = {}
+
+                def attempt(s: int) -> None:
+                    lines[s] = self._load(s, state, verify, fit, listed=True)
+
+                step = self.first_loadable(attempt)
+                self._say(lines.get(step, "") if step is not None else "")
             self._memory.loaded(step, state)
             return step
 
@@ -331,13 +344,32 @@ class CheckpointManager:
                           RuntimeWarning, stacklevel=3)
         return None
 
-    def load(self, step: int, state: dict, verify: bool | None = None) -> None:
-        """Load ``step`` into ``state`` in place; CheckpointError if absent or damaged."""
+    def load(self, step: int, state: dict, verify: bool | None = None, *,
+             on_unexpected: str = "warn", on_missing: str = "warn") -> None:
+        """Load ``step`` into ``state`` in place; CheckpointError if absent or damaged.
+        What does not fit ``state``: as :meth:`load_latest`."""
+        fit = self._fit(on_unexpected, on_missing)
         self.wait()
         with progress.phase("loading"):
-            self._load(step, state, verify)
+            self._say(self._load(step, state, verify, fit))
 
-    def _load(self, step: int, state: dict, verify: bool | None, listed: bool = False) -> None:
+    @staticmethod
+    def _fit(on_unexpected: str, on_missing: str) -> Any:
+        """The caller's choice, checked before anything is read (CheckpointError)."""
+        from hpctrain.checkpoint.fit import Fit
+
+        return Fit(on_unexpected, on_missing)
+
+    def _say(self, line: str) -> None:
+        """A load's line of the job log, by rank 0 alone (one line per load, not per rank)."""
+        if line and self.comm.rank == 0:
+            from hpctrain.checkpoint.peerload import say
+
+            say(line)
+
+    def _load(self, step: int, state: dict, verify: bool | None, fit: Any,
+              listed: bool = False) -> str:
+        """Load ``step`` from storage; the job log's line on what did not fit ('' if none)."""
         from hpctrain.checkpoint.loader import load_step
 
         path = self.root / step_dirname(step)
@@ -357,8 +389,9 @@ class CheckpointManager:
         if manifest.kind != "torch":
             raise CheckpointError(f"step {step} is a {manifest.kind} checkpoint: "
                                   "load it with hpctrain.checkpoint.load_deepspeed")
-        load_step(path, manifest, state, self.comm.rank,
-                  self.verify if verify is None else verify, self.unpickle)
+        misfit = load_step(path, manifest, state, self.comm.rank,
+                           self.verify if verify is None else verify, self.unpickle, fit)
+        return misfit.line(self.comm.rank if self.comm.active else None)
 
     def check_trusted(self) -> None:
         """Refuse a root that somebody else could have written (planted steps, pickles that

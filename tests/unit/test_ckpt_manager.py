@@ -307,6 +307,52 @@ def test_a_load_adds_what_the_state_leaves_open_and_not_another_stages_layers(
     assert has_room({"model": {"l0": 1}}, ("model", "l0", "x"))
 
 
+def test_a_load_names_what_did_not_fit_and_refuses_it_when_asked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 59: a saved tensor the state has no place for was skipped without a word, and
+    a value of the state the step lacks kept as silently. Now one line of the job log
+    names both; on_unexpected/on_missing="error" refuse the load before anything is
+    written, "ignore" says nothing."""
+    import torch
+
+    from hpctrain.checkpoint import fit
+    from hpctrain.errors import CheckpointError
+
+    def stage0() -> dict:   # a renamed layer (l1 saved, none here) and a new entry (lr)
+        return {"model": {"l0": torch.zeros(3)}, "step": 0, "lr": 0.1}
+
+    with _manager(tmp_path) as mgr:
+        mgr.save(1, {"model": {"l0": torch.ones(3), "l1": torch.full((3,), 2.0)}, "step": 1})
+        capsys.readouterr()
+        got = stage0()
+        assert mgr.load_latest(got) == 1
+        assert torch.equal(got["model"]["l0"], torch.ones(3)) and "l1" not in got["model"]
+        assert (got["step"], got["lr"]) == (1, 0.1)
+        assert capsys.readouterr().err.splitlines() == [
+            "hpctrain: checkpoint step 1: not loaded, no place in the state: model.l1; not in "
+            "the step, kept as the state had it: lr (load's on_unexpected=/on_missing=\"error\""
+            " refuses such a load, \"ignore\" quiets this line)"]
+        for kw, said in (({"on_unexpected": "error"}, r"1 tensor .*no place for: model\.l1;"),
+                         ({"on_missing": "error"}, r"no value for 1 entry .*: lr;")):
+            for load in (mgr.load_latest, lambda s, **k: mgr.load(1, s, **k)):
+                untouched = stage0()
+                with pytest.raises(CheckpointError, match=said + " nothing was loaded"):
+                    load(untouched, **kw)
+                assert torch.equal(untouched["model"]["l0"], torch.zeros(3))
+                assert untouched["step"] == 0
+        mgr.load(1, stage0(), on_unexpected="ignore", on_missing="ignore")
+        mgr.load(1, {"model": {"l0": torch.zeros(3), "l1": torch.zeros(3)}, "step": 0})
+        assert capsys.readouterr().err == ""   # ignored, or nothing to say: no line
+        with pytest.raises(CheckpointError, match="on_missing='strict'"):
+            mgr.load(1, stage0(), on_missing="strict")
+    # filled: at the path, beneath it (a fresh optimizer's {}), above it; a placeholder
+    # replaced by a saved tensor; the line names the rank under torch.distributed
+    state = {"opt": {}, "x": None, "data": {"pos": 3}, "lr": 0.1}
+    assert fit.unfilled(state, [("opt", "state", 0, "m"), ("x",), ("data",)]) == [("lr",)]
+    assert fit.Misfit(7, fit.Fit(), missing=[("lr",)]).line(rank=0).startswith(
+        "checkpoint step 7 (rank 0's state): not in the step")
+
+
 def test_real_model_and_adam_resume_exactly(tmp_path: Path) -> None:
     import torch
 
