@@ -92,6 +92,10 @@ EXCLUDE_BAD_NODES = "HPCTRAIN_EXCLUDE_BAD_NODES"
 HEALTH_CHECK = "HPCTRAIN_HEALTH_CHECK"        # the partition's node check: a JSON argv list
 HEALTH_CHECK_TIMEOUT_S = "HPCTRAIN_HEALTH_CHECK_TIMEOUT_S"
 CONTAINER = "HPCTRAIN_CONTAINER"              # the step's container (JSON), for an OCI bundle
+# the job-private cache directory the script made (.hpctrain-cache/<job id>): the
+# supervisor removes it once the job ends for good (hpctrain.supervisor.caches)
+JOB_CACHE = "HPCTRAIN_CONTAINER_CACHE"
+JOB_CACHE_DIR = ".hpctrain-cache"                # under the submit directory
 
 # ---- the rendezvous port: one rule for the template, the runtime and function jobs ---------
 # 25000-28999 from the job id: clear of Slurm's own ports, of the ephemeral range (32768+),

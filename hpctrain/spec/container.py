@@ -25,12 +25,21 @@ RUNTIMES = ("pyxis", "apptainer", "oci")
 # how apptainer gives a container the node's GPUs: --nv (the NVIDIA libraries bound in),
 # --nvccli (nvidia-container-cli, where a site set it up), or not at all
 APPTAINER_GPU = {"nv": "--nv", "nvccli": "--nvccli", "none": ""}
-# images apptainer converts on every `exec`: pulled once per job into a SIF instead
+# images apptainer converts on every `exec`: pulled once into a SIF instead
 REGISTRY = ("docker://", "oras://", "library://", "shub://", "docker-daemon://")
-# caches a training stack writes under $HOME; where the runtime mounts no home they go to
-# a job-private directory instead (unless the job's environment names one)
-CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "HF_HOME",
-                   "PIP_CACHE_DIR", "XDG_CACHE_HOME")
+# the registry references whose tag is asked for its digest at every job start (skopeo
+# speaks docker's registry protocol only), so that a moved tag is pulled again
+DIGEST_CHECKED = "docker://"
+DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# the user's model caches (variable, the folder under ~/.cache the library uses by
+# default): downloads kept per user, across jobs, mounted into the container at their own
+# path, as the libraries on the host would use them (Hugging Face's token is in HF_HOME)
+MODEL_CACHES = (("HF_HOME", "huggingface"), ("TORCH_HOME", "torch"))
+# scratch a training stack writes under $HOME (compiled kernels, pip's downloads); where
+# the runtime mounts no home it goes to a job-private directory instead (unless the job's
+# environment names one), removed when the job ends for good
+CACHE_VARIABLES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "PIP_CACHE_DIR",
+                   "XDG_CACHE_HOME")
 # registry references (enroot's [USER@][REGISTRY#]IMAGE[:TAG], docker://..., oras://...)
 # and paths (squashfs, sif, an OCI bundle directory)
 IMAGE_RE = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_.:/@#+-]*$")
@@ -137,7 +146,7 @@ class ContainerFacts:
     required: bool = False                 # jobs on this partition must use a container
     apptainer: str = "apptainer"           # the apptainer binary (apptainer or singularity)
     apptainer_gpu: str = "nv"              # nv (--nv), nvccli (--nvccli) or none
-    # where apptainer keeps the SIF of a registry image, pulled once per job (storage every
+    # where apptainer keeps the SIFs of registry images, one per digest (storage every
     # node sees); "": the job's submit directory, under .hpctrain-sif/
     sif_dir: str = ""
     home: bool = True                      # the runtime mounts the user's home (site default)
@@ -206,9 +215,41 @@ class ContainerPlan:
 
     @property
     def sif_name(self) -> str:
-        """The SIF's file name: the image reference's digest (the same image, one file)."""
+        """The file for the SIF last run for this reference, whatever its digest (a hash of
+        the reference): a link to the digest's SIF, or the SIF itself where the digest is
+        not known (an ``oras://`` reference). A job that cannot reach the registry runs it."""
         import hashlib
         return hashlib.sha256(self.image.encode()).hexdigest()[:20] + ".sif"
+
+    @property
+    def checks_digest(self) -> bool:
+        """Whether the job asks the registry which image the tag names now (``skopeo
+        inspect``) and runs the SIF of that digest: a moved tag (``:latest``) is pulled
+        again, an unchanged one never twice."""
+        return self.pulls and self.image.startswith(DIGEST_CHECKED)
+
+    @property
+    def pinned_digest(self) -> str | None:
+        """The digest the reference names itself (``docker://repo@sha256:...``): nothing to
+        ask the registry. None for a tag."""
+        _, at, digest = self.image.partition("@")
+        return digest if at and self.checks_digest and DIGEST_RE.match(digest) else None
+
+    @property
+    def repository(self) -> str:
+        """The reference without its tag or digest (``docker://nvcr.io/nvidia/pytorch``):
+        the image is pulled as ``repository@digest``, the digest just asked for, so the SIF
+        named by a digest holds that image even when the tag moves during the pull. A
+        colon before the last ``/`` is a registry's port, not a tag."""
+        ref = self.image.partition("@")[0]
+        scheme = ref.find("://") + 3
+        colon, slash = ref.rfind(":"), ref.rfind("/")
+        return ref[:colon] if colon > max(slash, scheme - 1) else ref
+
+    @staticmethod
+    def digest_sif(digest: str) -> str:
+        """The SIF file of one image digest: ``sha256-<hex>.sif``."""
+        return digest.replace(":", "-", 1) + ".sif"
 
     @property
     def mounts_csv(self) -> str:

@@ -25,7 +25,7 @@ import sys
 from hpctrain import protocol as p
 from hpctrain.errors import HpctrainError
 from hpctrain.slurm.view import JobView
-from hpctrain.supervisor import container, live
+from hpctrain.supervisor import caches, container, live
 from hpctrain.supervisor.actor import Actor
 from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
@@ -86,9 +86,14 @@ class Supervisor:
         self.spares = Spares(cfg, slurm, self.seen, self.bad, self.books)
 
     def close(self) -> None:
-        """The run is over: the live query stops (``status`` reads the final summary)."""
+        """The run is over: the live query stops (``status`` reads the final summary), and
+        where its verdict ended the job for good, the job's cache directory goes (a
+        requeued job keeps it; :mod:`hpctrain.supervisor.caches`)."""
         if self.live is not None:
             self.live.close()
+        verdict = self.state.read(p.OUTCOME, self.cfg.restart_count)
+        if note := caches.drop(os.environ, verdict.get("action", "")):
+            say(note)
 
     def install(self) -> None:
         """Slurm's stop signals to the batch step are noted, not fatal."""

@@ -1,5 +1,5 @@
 """Recorded-behaviour STAND-INS for srun (with pyxis's container options), scontrol, scancel,
-sacct, apptainer and lfs, to run rendered scripts in bash.
+sacct, apptainer, skopeo and lfs, to run rendered scripts in bash.
 
 Real Slurm runs in the slurm-marked tests; these exist so a rendered script can be
 *executed* in a plain unit test (is a hostile value ever run? does a signal during setup
@@ -141,6 +141,26 @@ shift
 env | grep '^APPTAINERENV_' | sort >> "$STANDIN_LOG/apptainer.env"
 [[ -n $pwd_dir ]] && cd "$pwd_dir"
 exec "$@"
+''',
+    "skopeo": r'''#!/bin/bash
+# STAND-IN for `skopeo inspect` (skopeo-inspect(1)): `inspect --no-tags --format
+# '{{.Digest}}' docker://REF` prints the digest of the manifest the tag names now and exits
+# 0. The registry is $STANDIN_REGISTRY_DIGEST (a test moves the tag by changing it); when
+# it is unset the registry cannot be reached, and the stand-in answers as skopeo 1.9.3
+# answered on a machine without a network (recorded): one fatal line on stderr, exit 1.
+printf '%s\n' "$*" >> "$STANDIN_LOG/skopeo.calls"
+[[ $1 == inspect ]] || { echo "skopeo stand-in: only inspect" >&2; exit 1; }
+ref=${@: -1}
+if [[ -z ${STANDIN_REGISTRY_DIGEST:-} ]]; then
+  path=${ref#docker://}; host=${path%%/*}   # docker's rule: a first part with . or : is a host
+  [[ $path == */* && ($host == *.* || $host == *:* || $host == localhost) ]] \
+    || host=registry-1.docker.io
+  why="pinging container registry $host: Get \\\"https://$host/v2/\\\": dial tcp: lookup $host"
+  printf 'time="%s" level=fatal msg="Error parsing image name \\"%s\\": %s on %s"\n' \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$ref" "$why" "10.255.255.53:53: no such host" >&2
+  exit 1
+fi
+echo "$STANDIN_REGISTRY_DIGEST"
 ''',
     "argv-recorder": r'''#!/bin/bash
 # STAND-IN for the training program: records its argv and environment, NUL-separated.

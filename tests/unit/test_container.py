@@ -159,7 +159,8 @@ def test_pyxis_flags(tmp_path: Path) -> None:
     line = launcher_line(render_script(s, [site(tmp_path)]))
     assert ("srun '--container-image=nvcr.io#nvidia/pytorch:24.05-py3' "
             "--container-mounts=/lustre:/lustre,/ds:/ds:ro,/ck/c:/ck/c,"
-            '"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR" --container-workdir="$SLURM_SUBMIT_DIR" '
+            '"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR""${HPCTRAIN_CACHE_MOUNTS-}" '
+            '--container-workdir="$SLURM_SUBMIT_DIR" '
             '"--container-name=hpctrain-$SLURM_JOB_ID" '
             "--container-env=NCCL_DEBUG,WANDB_PROJECT --nodes=2 --ntasks=2 --ntasks-per-node=1") in line
     # the site's defaults (writable or not, home mounted or not) stand unless the spec asks
@@ -172,8 +173,9 @@ def test_apptainer_wrap(tmp_path: Path) -> None:
     s = spec("c-apptainer", {"image": "/img/pt.sif", "workdir": "/code", "writable": True,
                              "env": ["NCCL_DEBUG"]})
     script = render_script(s, [site(tmp_path)])
-    assert ("apptainer exec --nv --bind /lustre:/lustre,\"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR\" "
-            "--pwd /code --writable-tmpfs /img/pt.sif python -m torch.distributed.run"
+    assert ("apptainer exec --nv --bind /lustre:/lustre,\"$SLURM_SUBMIT_DIR:$SLURM_SUBMIT_DIR\""
+            "\"${HPCTRAIN_CACHE_MOUNTS-}\" --pwd /code --writable-tmpfs /img/pt.sif "
+            "python -m torch.distributed.run"
             ) in launcher_line(script)
     assert ('if [[ -v NCCL_DEBUG ]]; then export APPTAINERENV_NCCL_DEBUG="$NCCL_DEBUG"; fi'
             in script)
@@ -264,24 +266,119 @@ def test_apptainer_words_pass_apptainers_argument_handling(tmp_path: Path) -> No
     assert run.nul_list("command.argv") == ["a b"]
 
 
+DIGEST_A, DIGEST_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def image_run(run: Any) -> str:
+    """The image `apptainer exec` ran."""
+    args = run.read("apptainer.args").splitlines()
+    return next(a for a in args if a.startswith("image ")).removeprefix("image ")
+
+
+def pulls(run: Any) -> list[str]:
+    return [a.removeprefix("pull ") for a in run.read("apptainer.args").splitlines()
+            if a.startswith("pull ")]
+
+
 def test_a_registry_image_is_pulled_once_for_the_job_not_once_per_rank(tmp_path: Path) -> None:
     image = "docker://nvcr.io/nvidia/pytorch:24.05-py3"
-    run = stood_in(tmp_path, "c-apptainer", {"image": image})
+    run = stood_in(tmp_path, "c-apptainer", {"image": image},
+                   STANDIN_REGISTRY_DIGEST=DIGEST_A)
     assert run.returncode == 0, run.stderr
-    args = run.read("apptainer.args").splitlines()
-    sif = next(a for a in args if a.startswith("image ")).removeprefix("image ")
-    assert args[0] == f"pull {image}" and args.count(f"pull {image}") == 1
-    assert Path(sif).parent == tmp_path / ".hpctrain-sif" and sif.endswith(".sif")
-    assert Path(sif).read_text() == f"SIF of {image}\n"       # the pulled file, renamed
+    sif = image_run(run)
+    # pulled once, by the digest the tag named (the tag may move during the pull)
+    assert pulls(run) == [f"docker://nvcr.io/nvidia/pytorch@{DIGEST_A}"]
+    assert sif == str(tmp_path / ".hpctrain-sif" / f"sha256-{'a' * 64}.sif")
+    assert Path(sif).read_text() == f"SIF of docker://nvcr.io/nvidia/pytorch@{DIGEST_A}\n"
+    assert run.read("skopeo.calls").splitlines() == [
+        f"inspect --no-tags --format {{{{.Digest}}}} {image}"]
     assert run.nul_list("command.argv") == ["a b"]
-    # the next job (a requeue, a sweep point) finds the SIF: no second pull
+    # the next job (a requeue, a sweep point) finds the SIF of the same digest: no pull
     (run.log / "apptainer.args").unlink()
-    again = stood_in(tmp_path, "c-apptainer", {"image": image})
+    again = stood_in(tmp_path, "c-apptainer", {"image": image},
+                     STANDIN_REGISTRY_DIGEST=DIGEST_A)
     assert again.returncode == 0, again.stderr
-    assert not any(a.startswith("pull ") for a in again.read("apptainer.args").splitlines())
-    # a SIF path is run as it is
+    assert pulls(again) == [] and image_run(again) == sif
+    # a SIF path is run as it is, and nobody asks a registry
+    (run.log / "skopeo.calls").unlink()
+    (run.log / "apptainer.args").unlink()
     local = stood_in(tmp_path, "c-apptainer", {"image": "/img/pt.sif"})
-    assert "image /img/pt.sif" in local.read("apptainer.args").splitlines()
+    assert image_run(local) == "/img/pt.sif" and not local.read("skopeo.calls")
+
+
+def test_a_moved_tag_is_pulled_again_and_an_offline_node_says_what_it_runs(
+        tmp_path: Path) -> None:
+    image = "docker://ghcr.io/lab/train:latest"
+    first = stood_in(tmp_path, "c-apptainer", {"image": image}, STANDIN_REGISTRY_DIGEST=DIGEST_A)
+    assert first.returncode == 0, first.stderr
+    old = image_run(first)
+    (first.log / "apptainer.args").unlink()
+    # the lab pushed a new :latest: the next job pulls it and runs it
+    moved = stood_in(tmp_path, "c-apptainer", {"image": image}, STANDIN_REGISTRY_DIGEST=DIGEST_B)
+    assert moved.returncode == 0, moved.stderr
+    assert pulls(moved) == [f"docker://ghcr.io/lab/train@{DIGEST_B}"]
+    new = image_run(moved)
+    assert new.endswith(f"sha256-{'b' * 64}.sif") and Path(new).read_text().endswith(
+        f"@{DIGEST_B}\n")
+    assert Path(old).exists()     # a job started before may still run it
+    (moved.log / "apptainer.args").unlink()
+    # a compute node that cannot reach the registry runs the newest SIF and says so
+    offline = stood_in(tmp_path, "c-apptainer", {"image": image})
+    assert offline.returncode == 0, offline.stderr
+    assert pulls(offline) == [] and Path(image_run(offline)).resolve() == Path(new)
+    said = [ln for ln in offline.stderr.splitlines() if "cannot ask the registry" in ln]
+    assert len(said) == 1, offline.stderr
+    assert f"which image {image} is now (" in said[0] and "no such host" in said[0]
+    assert f"running the SIF last run for it, sha256-{'b' * 64}.sif" in said[0]
+    assert "a moved tag is not noticed until the registry answers" in said[0]
+
+
+def test_an_offline_node_with_no_sif_pulls_the_tag_and_a_pinned_digest_asks_nobody(
+        tmp_path: Path) -> None:
+    image = "docker://ghcr.io/lab/train:1.0"
+    offline = stood_in(tmp_path, "c-apptainer", {"image": image})
+    assert offline.returncode == 0, offline.stderr
+    assert pulls(offline) == [image] and "pulling the tag as it is" in offline.stderr
+    (offline.log / "apptainer.args").unlink()
+    (offline.log / "skopeo.calls").unlink()
+    pinned = stood_in(tmp_path, "c-apptainer", {"image": f"docker://ghcr.io/lab/train@{DIGEST_A}"})
+    assert pinned.returncode == 0, pinned.stderr
+    assert pulls(pinned) == [f"docker://ghcr.io/lab/train@{DIGEST_A}"]
+    assert image_run(pinned).endswith(f"sha256-{'a' * 64}.sif")
+    assert not pinned.read("skopeo.calls")
+
+
+def test_an_image_no_registry_can_be_asked_about_is_reused_and_the_log_says_so(
+        tmp_path: Path) -> None:
+    image = "oras://ghcr.io/lab/train:latest"
+    first = stood_in(tmp_path, "c-apptainer", {"image": image})
+    assert first.returncode == 0 and pulls(first) == [image], first.stderr
+    (first.log / "apptainer.args").unlink()
+    again = stood_in(tmp_path, "c-apptainer", {"image": image})
+    assert again.returncode == 0 and pulls(again) == [], again.stderr
+    assert f"running the SIF pulled before for {image} (only docker:// tags" in again.stderr
+    assert not again.read("skopeo.calls")
+
+
+def test_image_names_for_the_digest() -> None:
+    from hpctrain.spec.container import ContainerPlan
+
+    def plan(image: str) -> ContainerPlan:
+        return ContainerPlan("apptainer", image, (), None, (), None)
+
+    assert plan("docker://nvcr.io/nvidia/pytorch:24.05-py3").repository == \
+        "docker://nvcr.io/nvidia/pytorch"
+    assert plan("docker://localhost:5000/train").repository == "docker://localhost:5000/train"
+    assert plan("docker://localhost:5000/train:2").repository == "docker://localhost:5000/train"
+    assert plan("docker://ubuntu:22.04").repository == "docker://ubuntu"
+    assert plan(f"docker://x/y:1@{DIGEST_A}").repository == "docker://x/y"
+    assert plan(f"docker://x/y@{DIGEST_A}").pinned_digest == DIGEST_A
+    assert plan("docker://x/y:1").pinned_digest is None
+    assert plan("docker://x/y:1").checks_digest and not plan("oras://x/y:1").checks_digest
+    assert ContainerPlan.digest_sif(DIGEST_A) == f"sha256-{'a' * 64}.sif"
+    # the last SIF of a reference keeps the name earlier versions gave the SIF itself
+    assert plan("docker://x/y:1").sif_name == plan("docker://x/y:1").sif_name != \
+        plan("docker://x/y:2").sif_name
 
 
 @pytest.mark.parametrize("gpu, flag", [("nvccli", "--nvccli"), ("none", None)])
@@ -296,22 +393,98 @@ def test_the_site_says_how_apptainer_gives_the_gpus(tmp_path: Path, gpu: str,
     assert "--nv " not in line and (flag is None or f"exec {flag} --bind" in line), line
 
 
-def test_where_the_runtime_mounts_no_home_caches_go_to_a_job_private_mount(
+def probed(tmp_path: Path, partition: str, setup: tuple[str, ...] = (), **env: str) -> Any:
+    """A one-node srun job whose command notes the job-private cache directory as it finds
+    it (its mode; "-" when there is none), then records its argv and environment."""
+    probe = tmp_path / "probe.sh"
+    probe.write_text('#!/bin/bash\nstat -c %a "${HPCTRAIN_CONTAINER_CACHE:-/nonexistent}" '
+                     '> "$STANDIN_LOG/cache.mode" 2>/dev/null \\\n'
+                     '  || echo - > "$STANDIN_LOG/cache.mode"\n'
+                     f'exec {tmp_path}/standin-bin/argv-recorder "$@"\n')
+    probe.chmod(0o755)
+    s = spec(partition, {"image": "/i.sqsh", "writable": False}, nodes=1,
+             run={"launcher": "srun", "command": [str(probe), "a b"], "setup": list(setup)})
+    return run_script(render_script(s, [site(tmp_path)], python=sys.executable), tmp_path, **env)
+
+
+def test_where_the_runtime_mounts_no_home_models_are_the_users_and_scratch_the_jobs(
         tmp_path: Path) -> None:
     FACTS["nohome"] = 'runtime = "pyxis"\nhome = false\n'
+    hf = tmp_path / ".cache" / "huggingface"      # HOME is tmp_path: the user's own cache
+    hf.mkdir(parents=True)
+    (hf / "token").write_text("hf_secret\n")      # huggingface-cli login wrote it
     try:
-        run = stood_in(tmp_path, "c-nohome", {"image": "/i.sqsh", "writable": False},
-                       TRITON_CACHE_DIR="/mine/triton")
+        run = probed(tmp_path, "c-nohome", TRITON_CACHE_DIR="/mine/triton")
+        mounts = run.read("pyxis.args").splitlines()
+        env = dict(e.split("=", 1) for e in run.nul_list("command.env"))
+        mode = run.read("cache.mode").strip()
+        (hf / "hub").mkdir()                      # a model the first job downloaded
+        again = probed(tmp_path, "c-nohome", SLURM_JOB_ID="4343")
+    finally:
+        del FACTS["nohome"]
+    assert run.returncode == 0 and again.returncode == 0, run.stderr + again.stderr
+    cache = tmp_path / ".hpctrain-cache" / "4242"
+    torch_home = tmp_path / ".cache" / "torch"
+    assert [m for m in mounts if m.startswith("mount ")][-3:] == [
+        f"mount {cache} {cache} rw", f"mount {hf} {hf} rw",
+        f"mount {torch_home} {torch_home} rw"], mounts
+    # the user's model caches, where Hugging Face and torch put them: the same for every
+    # job, and the login's token is found there
+    assert env["HF_HOME"] == str(hf) and env["TORCH_HOME"] == str(torch_home)
+    assert (Path(env["HF_HOME"]) / "token").read_text() == "hf_secret\n"
+    env2 = dict(e.split("=", 1) for e in again.nul_list("command.env"))
+    assert env2["HF_HOME"] == str(hf) and (Path(env2["HF_HOME"]) / "hub").is_dir()
+    # the job's scratch: private while it runs, gone once the job ended for good
+    assert mode == "700"
+    assert env["TRITON_CACHE_DIR"] == "/mine/triton"           # the job's own is kept
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{cache}/torchinductor_cache_dir"
+    assert env["XDG_CACHE_HOME"] == f"{cache}/xdg_cache_home"
+    assert not cache.exists() and not cache.parent.exists()
+    assert f"removed the job's cache directory {cache} (the job ended: finish)" in run.stderr
+
+
+@pytest.mark.parametrize("partition", ["c-pyxis", "c-nohome"])
+def test_the_users_own_hf_home_and_token_path_are_honoured(tmp_path: Path,
+                                                            partition: str) -> None:
+    FACTS["nohome"] = 'runtime = "pyxis"\nhome = false\n'
+    hf, token = tmp_path / "scratch" / "hf", tmp_path / "secrets" / "hf_token"
+    token.parent.mkdir()
+    token.write_text("hf_secret\n")
+    try:
+        run = probed(tmp_path, partition, HF_HOME=str(hf), HF_TOKEN_PATH=str(token))
     finally:
         del FACTS["nohome"]
     assert run.returncode == 0, run.stderr
-    cache = tmp_path / ".hpctrain-cache" / "4242"
-    assert f"mount {cache} {cache} rw" in run.read("pyxis.args").splitlines()
-    assert cache.is_dir() and (cache.stat().st_mode & 0o777) == 0o700
     env = dict(e.split("=", 1) for e in run.nul_list("command.env"))
-    assert env["TRITON_CACHE_DIR"] == "/mine/triton"           # the job's own is kept
-    assert env["TORCHINDUCTOR_CACHE_DIR"] == f"{cache}/torchinductor_cache_dir"
-    assert env["HF_HOME"] == f"{cache}/hf_home"
+    assert env["HF_HOME"] == str(hf) and env["HF_TOKEN_PATH"] == str(token)
+    mounts = run.read("pyxis.args").splitlines()
+    assert f"mount {hf} {hf} rw" in mounts and f"mount {token} {token} ro" in mounts
+    assert hf.is_dir()                        # made (the user's, kept) for the mount
+    # where the runtime mounts the home, nothing else is added: no TORCH_HOME, no scratch
+    if partition == "c-pyxis":
+        assert not any(".cache" in m or "hpctrain-cache" in m for m in mounts)
+        assert "TORCH_HOME" not in env and run.read("cache.mode").strip() == "-"
+
+
+def test_a_cache_path_no_mount_list_can_hold_is_not_mounted_and_the_log_says_so(
+        tmp_path: Path) -> None:
+    run = probed(tmp_path, "c-pyxis", HF_HOME=str(tmp_path / "a,b"))
+    assert run.returncode == 0, run.stderr
+    assert f"warning: {tmp_path}/a,b is not mounted into the container" in run.stderr
+    assert not any("a,b" in m for m in run.read("pyxis.args").splitlines())
+
+
+def test_a_job_that_ends_before_the_hand_over_leaves_no_scratch(tmp_path: Path) -> None:
+    FACTS["nohome"] = 'runtime = "pyxis"\nhome = false\n'
+    try:
+        run = probed(tmp_path, "c-nohome", setup=(
+            'test -d "$HPCTRAIN_CONTAINER_CACHE" && touch "$STANDIN_LOG/was-there"', "false"))
+    finally:
+        del FACTS["nohome"]
+    assert run.returncode == 1 and "setup line failed" in run.stderr, run.stderr
+    assert (run.log / "was-there").exists()
+    assert not (tmp_path / ".hpctrain-cache" / "4242").exists()
+    assert (tmp_path / ".cache" / "huggingface").is_dir()     # the user's: kept
 
 
 PAYLOADS = ["$(touch {m})", "`touch {m}`", "'; touch {m}; '", "x; touch {m}", "x\ntouch {m}",
