@@ -313,6 +313,7 @@ class CheckpointManager:
                 step = self.first_loadable(attempt)
                 self._say(lines.get(step, "") if step is not None else "")
             self._memory.loaded(step, state)
+            progress.resumed(step)   # where the steps count from, for a crash's position
             return step
 
     def first_loadable(self, attempt: Callable[[int], Any],

@@ -42,6 +42,7 @@ class Ledger:
     excluded: dict[str, str] = field(default_factory=dict)  # node -> why it is avoided
     inprocess: dict[str, int] = field(default_factory=dict)  # ...of them in the running
     #                                                          processes (runtime.run)
+    crashes: tuple[str, ...] = ()   # each recovered crash's step and error digest (``crash=``)
 
     @property
     def total(self) -> int:
@@ -89,7 +90,10 @@ def parse_ledger(text: str) -> Ledger:
     excluded: dict[str, str] = {}
     stop: dict[str, str] = {}
     last_restart, last_cause = 0, None
+    crashes: list[str] = []
     for kind, fields in entries(text):
+        if kind in ("requeue", "restart") and fields.get("crash"):
+            crashes.append(fields["crash"])
         if kind == "requeue" and fields.get("cause"):
             requeues[fields["cause"]] = requeues.get(fields["cause"], 0) + 1
             restart = fields.get("restart_count", "")
@@ -103,7 +107,8 @@ def parse_ledger(text: str) -> Ledger:
             excluded[fields["node"]] = fields.get("cause", "")
         elif kind == "stop" and fields.get("limit"):
             stop = fields
-    return Ledger(requeues, stop, last_restart, last_cause, restarts, excluded, inprocess)
+    return Ledger(requeues, stop, last_restart, last_cause, restarts, excluded, inprocess,
+                  tuple(crashes))
 
 
 def line(kind: str, **fields: object) -> str:

@@ -21,7 +21,8 @@ from hpctrain.protocol.dialog import Attempt, text
 FINAL_PHASES = ("exiting", "exited", "restarting")
 # the fields whose change the supervisor must hear at once (not a step or a beat): a node's
 # relay sends its records as soon as one of these changes (hpctrain.runtime.relay)
-NEWS = ("rank", "restart_count", "attempt", "phase", "failed", "exit", "flushed", "inprocess")
+NEWS = ("rank", "restart_count", "attempt", "phase", "failed", "exit", "flushed", "inprocess",
+        "wrapped")
 
 
 UNITS = ("tokens", "samples")
@@ -81,6 +82,7 @@ class Progress:
     exit: str = ""            # how the script's work ended: return, crash, requeue
     flushed: bool | None = None   # after ``exit``: were all saves durable (None: not yet)
     inprocess: bool = False   # can restart in its own process (runtime.run)
+    wrapped: bool = False     # its script's main runs under runtime.run (crashes retried)
     failed: str = ""          # this attempt failed: crash, hang, timeout, peer
     error: str = ""           # the failure, one line
     work: Work | None = None  # what a step does (tokens or samples), once the script says
@@ -103,7 +105,8 @@ class Progress:
                 node=get("node"), pid=int(get("pid") or 0), step=get("step"),
                 boundaries=int(get("boundaries") or 0), phase=get("phase") or "training",
                 exit=get("exit"), flushed=None if flushed == "" else flushed == "1",
-                inprocess=get("inprocess") == "1", failed=get("failed"), error=get("error"),
+                inprocess=get("inprocess") == "1", wrapped=get("wrapped") == "1",
+                failed=get("failed"), error=get("error"),
                 work=Work.parse(fields))
         except ValueError:
             return None
@@ -120,6 +123,8 @@ class Progress:
             out["flushed"] = "" if self.flushed is None else "1" if self.flushed else "0"
         if self.inprocess:
             out["inprocess"] = "1"
+        if self.wrapped:
+            out["wrapped"] = "1"
         if self.failed:
             out.update(failed=self.failed, error=self.error)
         if self.work is not None:

@@ -300,7 +300,6 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.MAX_PREEMPTIONS, rq.max_preemptions),
         (protocol.MAX_TIME_LIMITS, rq.max_time_limits),
         (protocol.MAX_NODE_FAILURES, rq.max_node_failures),
-        (protocol.MAX_CRASH_RESTARTS, rq.max_crash_restarts),
         (protocol.MAX_STORAGE_RETRIES, rq.max_storage_retries),
         (protocol.MAX_HANGS, rq.max_hangs),
         (protocol.REQUEUE_SIGNAL, rq.signal),
@@ -311,6 +310,8 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
     pairs += [(protocol.MAX_STEP_RESTARTS, wd.max_step_restarts),
               (protocol.EXCLUDE_BAD_NODES, int(wd.exclude_bad_nodes))]
     pairs += [(name, value) for name, value in (
+        # left out: the supervisor's default, which depends on the script (runtime.run)
+        (protocol.MAX_CRASH_RESTARTS, rq.max_crash_restarts),
         (protocol.HANG_TIMEOUT_S, wd.hang_timeout_s),
         (protocol.STARTUP_TIMEOUT_S, wd.startup_timeout_s),
         (protocol.SAVE_TIMEOUT_S, wd.save_timeout_s),

@@ -182,7 +182,8 @@ class Context:
         return write_crash_record(self.env.exit_file, exc_type, exc, step=self.step,
                                   restart_count=self.env.restart_count,
                                   job_id=self.env.job_id, rank=self.env.rank,
-                                  node=self.env.node, run_id=self.env.run_id)
+                                  node=self.env.node, run_id=self.env.run_id,
+                                  at_step=progress.position())
 
     def close(self) -> None:
         """Leave cleanly: every checkpoint manager's in-flight save made durable and its

@@ -87,8 +87,11 @@ def _marked(exc: BaseException, marks: tuple[str, ...]) -> bool:
 
 def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int | None,
                  restart_count: int, job_id: str | None, rank: int, node: str | None = None,
-                 run_id: str | None = None) -> dict[str, object]:
-    """The record's fields for an uncaught exception (one line each)."""
+                 run_id: str | None = None, at_step: int | None = None) -> dict[str, object]:
+    """The record's fields for an uncaught exception (one line each). ``step``: the one
+    the script said (``ctx.step``); ``at_step``: else the reporter's count of it (the
+    checkpoint step resumed from plus the step boundaries since), for the supervisor's
+    repeated-crash rule, never shown as the script's step."""
     text = " ".join(str(exc).split())  # newlines and runs of blanks -> one space
     error = f"{exc_type.__name__}: {text}" if text else exc_type.__name__
     if len(error) > ERROR_MAX_CHARS:
@@ -101,6 +104,8 @@ def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int
         "step": "" if step is None else step, "restart_count": restart_count,
         "job_id": job_id or "", "run_id": run_id or "", "rank": rank, "node": node or "",
         "error": error}
+    if step is None and at_step is not None:
+        fields["at_step"] = at_step
     if timed_out(exc):
         fields["waited"] = 1
     return fields
@@ -116,16 +121,18 @@ def should_write(existing: dict[str, str], restart_count: int, job_id: str | Non
 
 def write_crash_record(path: str | None, exc_type: type[BaseException], exc: BaseException,
                        *, step: int | None, restart_count: int, job_id: str | None,
-                       rank: int, node: str | None = None, run_id: str | None = None) -> bool:
+                       rank: int, node: str | None = None, run_id: str | None = None,
+                       at_step: int | None = None) -> bool:
     """Write the user-crash record unless this run already has one; never raises.
-    Returns whether it wrote."""
+    Returns whether it wrote. ``at_step``: as :func:`crash_fields`."""
     if not path or issubclass(exc_type, KeyboardInterrupt):
         return False
     try:
         if not should_write(read_record(path), restart_count, job_id):
             return False
         write_record(path, crash_fields(exc_type, exc, step=step, restart_count=restart_count,
-                                        job_id=job_id, rank=rank, node=node, run_id=run_id))
+                                        job_id=job_id, rank=rank, node=node, run_id=run_id,
+                                        at_step=at_step))
         return True
     except Exception:  # noqa: BLE001 - the user's traceback matters more than our record
         return False

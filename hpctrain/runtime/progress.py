@@ -69,6 +69,8 @@ class Reporter:
                       "rank": rank, "node": node, "pid": os.getpid()}
         self.step: int | None = None
         self.boundaries = 0
+        self.resumed_at = self.boundaries_at = 0   # position(): where the steps count from
+        self.ever_passed = False                   # ...and whether this process counts them
         self.phase = "startup"
         self.changed_at = time.time()
         self.exit = ""      # how the script's work ended: return, crash, requeue (teardown)
@@ -76,6 +78,7 @@ class Reporter:
         self.failed = ""    # this attempt failed in-process: crash or hang (runtime.run)
         self.error = ""     # ...and the error, one line
         self.inprocess = False   # runtime.run: an attempt can restart in this process
+        self.wrapped = False     # runtime.run: main is wrapped (its crashes are retried)
         self.work: Work | None = None   # what a step does (ctx.set_work), for report's MFU
         self.on_interrupt: Callable[[], None] | None = None   # runtime.run's, else None
         self._answered = ""
@@ -98,9 +101,26 @@ class Reporter:
             self.work = work
             self._note(event="work", **work.fields())
 
+    def resumed(self, step: int | None) -> None:
+        """The attempt's state was loaded from checkpoint ``step`` (None: it starts fresh):
+        the steps of :meth:`position` count from there."""
+        self.resumed_at, self.boundaries_at = step or 0, self.boundaries
+
+    def position(self) -> int | None:
+        """The step in progress: the script's own (``ctx.step``), else the checkpoint step
+        this attempt resumed from plus the step boundaries passed since. None when the
+        script gives neither (it never said a step and this process never passed a
+        boundary): a crash's position is then unknown, not guessed."""
+        if self.step is not None:
+            return self.step
+        if not self.ever_passed:
+            return None
+        return self.resumed_at + self.boundaries - self.boundaries_at
+
     def boundary(self) -> None:
         """A step boundary was reached (``stop_requested()`` was called)."""
         self.boundaries += 1
+        self.ever_passed = True
         self.changed_at = time.time()
         if self.phase == "startup":
             self.set_phase("training")
@@ -136,6 +156,7 @@ class Reporter:
         """An attempt starts again in this process (runtime.run): its progress from zero."""
         self.ident["attempt"] = attempt
         self.step, self.boundaries, self.failed, self.error = None, 0, "", ""
+        self.resumed_at = self.boundaries_at = 0   # (ever_passed stays: the same script)
         self.set_phase("startup")
         self.write(urgent=True)
 
@@ -226,7 +247,7 @@ class Reporter:
             node=str(self.ident["node"]), pid=int(self.ident["pid"]),
             step="" if self.step is None else str(self.step), boundaries=self.boundaries,
             phase=self.phase, exit=self.exit, flushed=self.flushed, inprocess=self.inprocess,
-            failed=self.failed, error=self.error, work=self.work).fields()
+            wrapped=self.wrapped, failed=self.failed, error=self.error, work=self.work).fields()
 
     def write(self, urgent: bool = False) -> None:
         """Rewrite the record; ``urgent``: also send it to the supervisor now, from this
@@ -355,6 +376,18 @@ def start_from_env(env: Mapping[str, str], rank: int, node: str | None) -> Repor
     _current = Reporter(state, rank, node=node or "", run_id=run_id, restart_count=restart,
                         attempt=attempt, beat_s=beat, relay=relay).start()
     return _current
+
+
+def resumed(step: int | None) -> None:
+    """The checkpoint step the running attempt loaded (None: none): see
+    :meth:`Reporter.resumed`. Does nothing without a reporter."""
+    if _current is not None:
+        _current.resumed(step)
+
+
+def position() -> int | None:
+    """The running attempt's step as far as it is known (:meth:`Reporter.position`)."""
+    return _current.position() if _current is not None else None
 
 
 @contextmanager

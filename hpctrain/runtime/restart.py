@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from hpctrain import protocol as p
 from hpctrain.protocol import timeouts as t
 from hpctrain.protocol.dialog import Attempt, Resume
-from hpctrain.runtime import teardown
+from hpctrain.runtime import progress, teardown
 from hpctrain.runtime.context import Context, Setup
 from hpctrain.runtime.crashrecord import (crash_fields, device_lost, exception_chain,
                                           lost_peer, timed_out, write_crash_record)
@@ -151,6 +151,8 @@ class _Attempts:
             for name, value in nccl_settings(setup.backend, os.environ).items():
                 os.environ[name] = value    # read when the first NCCL group is made
         signal.signal(INTERRUPT_SIGNAL, self._on_signal)
+        if setup.reporter is not None:
+            setup.reporter.wrapped = True   # in place or not, a crash is retried by default
         if setup.reporter is not None and not self.off:
             setup.reporter.inprocess = True
             setup.reporter.on_interrupt = self._interrupt
@@ -187,7 +189,7 @@ class _Attempts:
         if word == "crash":   # the first rank's (its peers fail of it); not the exit's word
             write_crash_record(e.exit_file, type(exc), exc, step=ctx.step,
                                restart_count=e.restart_count, job_id=e.job_id, rank=e.rank,
-                               node=e.node, run_id=e.run_id)
+                               node=e.node, run_id=e.run_id, at_step=progress.position())
         error = str(crash_fields(type(exc), exc, step=None, restart_count=0, job_id=None,
                                  rank=e.rank)["error"])
         if word != "interrupted":   # in the job log, as an uncaught exception would be

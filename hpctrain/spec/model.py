@@ -116,8 +116,10 @@ class RunSpec:
 class RequeueSpec:
     """How the job survives preemption, time limits and node loss: signal, lead time, and
     a requeue budget per cause besides the total (a node-killing job then cannot requeue
-    forever, and the message names the limit that was hit). A crash is retried only when
-    ``max_crash_restarts`` allows it (default 0: a bug is not run again)."""
+    forever, and the message names the limit that was hit). ``max_crash_restarts`` left
+    out (None): a crash is retried 3 times when the script runs under
+    ``hpctrain.runtime.run``, stopping early at the same error at the same step twice, and
+    not at all otherwise (a bug is not run again); a number overrides both."""
 
     max_requeues: int = 10          # every cause together (SLURM_RESTART_COUNT)
     signal: str = "USR2"
@@ -125,7 +127,8 @@ class RequeueSpec:
     max_preemptions: int = 10       # default: max_requeues
     max_time_limits: int = 10       # default: max_requeues
     max_node_failures: int = 3      # default: 3, at most max_requeues
-    max_crash_restarts: int = 0     # a crash (the step failed on its own) is not retried
+    max_crash_restarts: int | None = None   # a crash (the step failed on its own): the
+    #                                         supervisor's default (above) when None
     max_storage_retries: int = 3    # the checkpoint storage unavailable (a dead node's lock)
     max_hangs: int = 3              # requeues after a hang, once in-place restarts are spent
 
@@ -145,7 +148,8 @@ class RequeueSpec:
                    max_preemptions=per_cause("max_preemptions", total),
                    max_time_limits=per_cause("max_time_limits", total),
                    max_node_failures=per_cause("max_node_failures", min(3, total)),
-                   max_crash_restarts=per_cause("max_crash_restarts", 0),
+                   max_crash_restarts=(per_cause("max_crash_restarts", 0)
+                                       if "max_crash_restarts" in d else None),
                    max_storage_retries=per_cause("max_storage_retries", min(3, total)),
                    max_hangs=per_cause("max_hangs", min(3, total)))
 

@@ -13,7 +13,7 @@ from hpctrain.protocol.dialog import Attempt, Resume
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
-from hpctrain.supervisor.decision import Decision, Facts
+from hpctrain.supervisor.decision import Decision, Facts, crash_signature
 from hpctrain.supervisor.diagnosis import Diagnosis
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
@@ -23,6 +23,11 @@ from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import Hang
 
 REQUEUE_DEADLINE_S = 300.0   # keep asking an unreachable controller to requeue (failover)
+
+
+def crash_of(d: Decision, facts: Facts | None) -> str | None:
+    """The signature of the crash ``d`` recovers from, for its ledger line; None else."""
+    return crash_signature(facts.record) if d.cause == "user_crash" and facts else None
 
 
 class Actor:
@@ -52,7 +57,8 @@ class Actor:
                 self.books.verdict(d, action="requeue_failed", status=status, step=step,
                                    diagnosis=diagnosis, **extra)
                 return 1
-            self.books.requeued(d.cause, cfg.restart_count + 1, "supervisor", hang)
+            self.books.requeued(d.cause, cfg.restart_count + 1, "supervisor", hang,
+                                crash=crash_of(d, facts))
             self.exclude(view, leave_out)
         elif d.action == "stop":
             if facts is not None:
@@ -78,7 +84,7 @@ class Actor:
         failure = f"; first failure: {diagnosis.text()}" if diagnosis is not None else ""
         say(f"restarting the training step in this allocation after a {d.cause} "
             f"({d.detail}): {d.why}{failure}")
-        self.books.restarted(d.cause, attempt, hang)
+        self.books.restarted(d.cause, attempt, hang, crash=crash_of(d, facts))
         self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
                            attempt=attempt)
         self.state.clear(p.EXIT, p.STOP)
@@ -89,7 +95,8 @@ class Actor:
         line and the verdict, the attempt's records cleared, then ``go`` to every rank."""
         say(f"restarting the training step in its processes after a {d.cause} "
             f"({d.detail}): {d.why}")
-        self.books.restarted(d.cause, attempt, hang, mode="inprocess")
+        self.books.restarted(d.cause, attempt, hang, mode="inprocess",
+                             crash=crash_of(d, facts))
         self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
                            attempt=attempt, mode="inprocess")
         self.state.clear(p.EXIT, p.STOP)

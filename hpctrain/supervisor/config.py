@@ -79,13 +79,16 @@ class Config:
             raise SupervisorError("SLURM_JOB_ID is not set: the supervisor runs inside a Slurm "
                                   "batch job (submit the script with sbatch or hpctrain submit)")
         total = _int(env, p.MAX_REQUEUES, 10)   # the spec's defaults, when run by hand
-        budget = Budget(total, {
+        limits_of = {
             "preemption": _int(env, p.MAX_PREEMPTIONS, total),
             "time_limit": _int(env, p.MAX_TIME_LIMITS, total),
             "node_fail": _int(env, p.MAX_NODE_FAILURES, min(3, total)),
-            "user_crash": _int(env, p.MAX_CRASH_RESTARTS, 0),
             "storage": _int(env, p.MAX_STORAGE_RETRIES, min(3, total)),
-            "hang": _int(env, p.MAX_HANGS, min(3, total))})
+            "hang": _int(env, p.MAX_HANGS, min(3, total))}
+        crash = _opt_int(env, p.MAX_CRASH_RESTARTS)
+        if crash is not None:   # left out: Budget.limit_of's default, by the script's kind
+            limits_of["user_crash"] = crash
+        budget = Budget(total, limits_of)
         limits = Limits.from_spec(_opt_int(env, p.HANG_TIMEOUT_S),
                                   _opt_int(env, p.STARTUP_TIMEOUT_S),
                                   _opt_int(env, p.SAVE_TIMEOUT_S),

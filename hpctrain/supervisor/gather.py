@@ -111,7 +111,8 @@ class Gather:
                           restarts=ledger.restarts, inplace=inplace,
                           lost=self.lost_nodes(view) if status else (),
                           finish=watch.finish(), failure=failure, memory=memory,
-                          port=self.rendezvous.moved(log) if status else None)
+                          port=self.rendezvous.moved(log) if status else None,
+                          wrapped=watch.wrapped(), crashes=ledger.crashes)
 
     def ask_early(self, watch: Watch, log: str) -> NodeAnswers | None:
         """The nodes :meth:`ask_nodes` will ask, asked already while Slurm is given its
@@ -169,7 +170,8 @@ class Gather:
         # (the same processes on the same nodes: a spare cannot stand in for a bad one)
         return self.facts(view, 1, record=record, restarts=ledger.restarts,
                           inplace=self.allocation(view, ledger.step_restarts, spares=False),
-                          failure=diagnose("", cfg.launcher, record))
+                          failure=diagnose("", cfg.launcher, record), wrapped=True,
+                          crashes=ledger.crashes)
 
     def allocation(self, view: JobView | None, used: int, spares: bool = True) -> InPlace:
         """The facts an in-place restart is judged by: ranks that froze in the hang (their

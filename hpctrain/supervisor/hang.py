@@ -88,6 +88,11 @@ class Watch:
         records = self.records()
         return len(records) == self.world and all(r.inprocess for r in records.values())
 
+    def wrapped(self) -> bool:
+        """Does the step's script run under ``hpctrain.runtime.run``? Any rank's record
+        says so (whether or not its attempts can restart in its process)."""
+        return any(r.wrapped for r in self.records().values())
+
     def next(self) -> Watch:
         """The watch of the next attempt, in the same step (an in-process restart)."""
         watch = Watch(self.slurm, self.state, self.limits, self.world, self.restart_count,

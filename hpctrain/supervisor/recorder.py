@@ -28,6 +28,11 @@ def hang_fields(hang: Hang | None) -> dict[str, str]:
             "phase": hang.phase, "ranks": ",".join(map(str, hang.ranks)) or "-"}
 
 
+def crash_field(signature: str | None) -> dict[str, str]:
+    """``crash=20:3f2a...`` on a recovery from a crash whose step and error are known."""
+    return {"crash": signature} if signature else {}
+
+
 class Recorder:
     """Writes one job's ledger lines and verdicts, in its state directory."""
 
@@ -36,20 +41,22 @@ class Recorder:
         self.state, self.key, self.restart_count, self.clock = state, key, restart_count, clock
 
     # ---- the ledger ------------------------------------------------------------------------
-    def requeued(self, cause: str, restart: int, by: str, hang: Hang | None = None) -> None:
+    def requeued(self, cause: str, restart: int, by: str, hang: Hang | None = None,
+                 crash: str | None = None) -> None:
         """Requeue number ``restart`` (the run it starts), for ``cause``, made ``by``
-        the supervisor or by Slurm (someone else); after a hang, what the watchdog saw."""
+        the supervisor or by Slurm (someone else); after a hang, what the watchdog saw;
+        after a crash, its signature (the repeated-crash rule reads it back)."""
         self.state.append_ledger(line("requeue", cause=cause, restart_count=restart, by=by,
-                                      **hang_fields(hang)))
+                                      **hang_fields(hang), **crash_field(crash)))
 
     def restarted(self, cause: str, attempt: int, hang: Hang | None = None,
-                  mode: str = "") -> None:
+                  mode: str = "", crash: str | None = None) -> None:
         """The step starts again in this allocation (attempt ``attempt``); ``mode``
         ``inprocess`` when in its running processes (hpctrain.runtime.run)."""
         how = {"mode": mode} if mode else {}
         self.state.append_ledger(line("restart", cause=cause, restart_count=self.restart_count,
                                       attempt=attempt, at=f"{self.clock():.1f}", **how,
-                                      **hang_fields(hang)))
+                                      **hang_fields(hang), **crash_field(crash)))
 
     def stopped(self, cause: str, limit: str | None) -> None:
         """A limit of the budget ended the job."""

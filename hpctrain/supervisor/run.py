@@ -169,7 +169,8 @@ class Supervisor:
                                                           attempt, channel))
             watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
                           attempt, logs, cfg.nodes, self.board, silence)
-            status, seen.hang, attempt = self.supervise(step, watch)
+            status, seen.hang, watch = self.supervise(step, watch)
+            attempt = watch.attempt
             say(f"training step exited with status {status}" if not seen.lost else
                 f"training step ended: node(s) {','.join(seen.lost)} lost")
             if status and cfg.spare_nodes and not seen.lost:
@@ -221,10 +222,11 @@ class Supervisor:
         return self.actor.act(health_check(failed, leave_out), self.seen.facts(view),
                               leave_out=leave_out, node=",".join(failed))
 
-    def supervise(self, step: StepProcess, watch: Watch) -> tuple[int, Hang | None, int]:
+    def supervise(self, step: StepProcess, watch: Watch) -> tuple[int, Hang | None, Watch]:
         """Wait for the step, passing stop signals on, watching for a hang and restarting
         a failed attempt in its processes when it can (:mod:`.inprocess`); (its exit status,
-        the hang that made the supervisor kill it or None, the last attempt).
+        the hang that made the supervisor kill it or None, the last attempt's watch: the
+        ranks' last words are that attempt's).
 
         The step is in one of these states, each with one deadline; signals are passed on
         in every one but the kill (each of those waits is a
@@ -247,10 +249,10 @@ class Supervisor:
             status = step.poll()
             self.pump()
             if status is not None:   # a rank that gave up in a collective: a hang elsewhere
-                return status, watch.gave_up() if status else None, watch.attempt
+                return status, watch.gave_up() if status else None, watch
             watch.summarize()
             if self.cfg.spare_nodes and (lost := watch.silent(self.seen.on)):
-                return self.spares.abandon(step, lost), None, watch.attempt
+                return self.spares.abandon(step, lost), None, watch
             failed = watch.failed()
             # ranks that gave up waiting in a collective: a hang of those they waited for
             hang = self.response.waited_for(watch, failed) if failed else None
@@ -258,7 +260,7 @@ class Supervisor:
                 watch = self.inprocess.after_failure(step, watch) or watch
             if self.inprocess.leaving(watch):   # told to stop: the step is ending
                 if self.inprocess.overdue():
-                    return kill(self.slurm, step, self.cfg.key), None, watch.attempt
+                    return kill(self.slurm, step, self.cfg.key), None, watch
                 self.slurm.sleep(POLL_S)
                 continue
             # once a stop was passed on, the ranks save and leave: Slurm's grace bounds that
@@ -268,7 +270,7 @@ class Supervisor:
                 self.seen.hang = hang
                 nxt = self.inprocess.after_hang(step, watch, hang)
                 if nxt is None:
-                    return kill(self.slurm, step, self.cfg.key), hang, watch.attempt
+                    return kill(self.slurm, step, self.cfg.key), hang, watch
                 watch = nxt
             self.slurm.sleep(POLL_S)
 

@@ -46,7 +46,7 @@ TOTAL, EVERY = 40, 5
 FAULTS = ("crash@20:2:0", "hang@23:1:1", "save-crash@30:0:2", "collective-hang@33:3:3")
 
 
-def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], **requeue: int) -> str:
+def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], **requeue: int | None) -> str:
     cmd = [sys.executable, str(PROGRAM), "--steps", str(TOTAL), "--save-every", str(EVERY),
            "--step-sleep", "0.05", "--ckpt-dir", str(root / "ckpt"), "--events",
            str(root / "events.jsonl"), "--final", str(root / "final"),
@@ -56,7 +56,9 @@ def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], **requeue: in
         time="00:10:00", output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
         run={"launcher": launcher, "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
         checkpoint={"dir": str(root / "ckpt")},
-        requeue={"max_requeues": 2, "max_crash_restarts": 3, "max_hangs": 3, **requeue},
+        # a limit given as None is left out of the spec: its default applies
+        requeue={k: v for k, v in {"max_requeues": 2, "max_crash_restarts": 3, "max_hangs": 3,
+                                   **requeue}.items() if v is not None},
         watchdog={"hang_timeout_s": 10, "collective_timeout_s": 5, "max_step_restarts": 6})
 
 
@@ -129,3 +131,25 @@ def test_a_crash_that_may_not_restart_ends_failed_never_completed(
                                        check=True).stdout)["jobs"][0]
     assert (status["state"], status["cause"]) == ("FAILED", "user_crash"), status
     assert not (root / "final").exists()
+
+
+def test_by_default_a_crash_is_restarted_once_and_the_same_crash_again_ends_the_job(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``max_crash_restarts`` left out, under ``hpctrain.runtime.run``: rank 2 raises just
+    after the step-20 save, and is restarted in its process (the default retries a
+    crash); in that attempt it raises again, at the same step with the same error: a bug,
+    not a transient fault. The job ends FAILED with the rule's words, not after 3 more."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    job = submit_example(root, plain_spec(root, "srun", ("crash@20:2:0", "crash@20:2:1"),
+                                          max_crash_restarts=None))
+    log = root / f"job-{job}.out"
+    assert wait_done(job, 180) == "FAILED", log.read_text()[-4000:]
+    text = log.read_text()
+    assert ledger_restarts(root, job) == [("user_crash", "inprocess")], text[-4000:]
+    assert "crashed twice at step 20 with the same error: not transient" in text, text[-4000:]
+    status = json.loads(subprocess.run([sys.executable, "-m", "hpctrain", "status", job,
+                                        "--json"], capture_output=True, text=True,
+                                       check=True).stdout)["jobs"][0]
+    assert (status["state"], status["cause"]) == ("FAILED", "user_crash"), status
+    starts = [(e["attempt"], e["step"]) for e in events(root / "events.jsonl", "start")]
+    assert starts == [(0, 0), (1, 20)], starts

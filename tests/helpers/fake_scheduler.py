@@ -115,6 +115,7 @@ class FakeStep:
     frozen: int = -1                           # this rank answers no stack request
     device_error: bool = False                 # crash_at is a device error (CUDA): the
     #                                            rank says its process cannot go on
+    every: bool = False                        # the faults strike every attempt (a bug)
     nodes: Sequence[str] = ("n1",)             # where its ranks run (srun --nodelist)
     lost_on: set[str] = field(default_factory=set)   # its nodes lost: their ranks are silent
     first: int = field(init=False, default=0)  # the attempt the faults are planned for
@@ -161,7 +162,7 @@ class FakeStep:
             return self.wait_for_the_word()
         elapsed = self.fake.now - self.started
         self.done_steps = min(self.steps, int(elapsed / self.step_s))
-        faulty = self.attempt == self.first
+        faulty = self.attempt == self.first or self.every
         if faulty and 0 <= self.hang_at <= self.done_steps:
             self.done_steps = self.hang_at   # alive (heartbeats), no step boundary any more
             if self.kind.inprocess and self.asked(p.INTERRUPT):
@@ -294,6 +295,8 @@ class FakeStep:
             able = self.kind.inprocess and not (self.device_error and self.waiting == "crash"
                                                 and rank == 1)
             extra = {"inprocess": 1} if able else {}
+            if self.kind.inprocess:     # runtime.run says so, whether it can or not
+                extra["wrapped"] = 1
             if gave_up:
                 extra.update(failed="timeout", error="RuntimeError: Timed out waiting "
                              f"{self.collective_s * 1000:.0f}ms for recv operation to complete")

@@ -181,3 +181,13 @@ def test_a_crash_record_followed_by_a_requeue_means_node_failure() -> None:
     crash = {"cause": "user_crash", "requeue": "0", "restart_count": "0", "step": "13"}
     assert previous_cause(crash, 1) == "node_fail"
     assert previous_cause({**crash, "cause": "preemption", "requeue": "1"}, 1) == "preemption"
+
+
+def test_the_runtimes_count_of_the_step_is_recorded_apart_from_the_scripts_step() -> None:
+    exc = RuntimeError("boom")
+    counted = crash_fields(RuntimeError, exc, step=None, restart_count=0, job_id="1", rank=0,
+                           at_step=20)
+    assert (counted["step"], counted["at_step"]) == ("", 20)   # shown: no step; compared: 20
+    said = crash_fields(RuntimeError, exc, step=5, restart_count=0, job_id="1", rank=0,
+                        at_step=20)
+    assert said["step"] == 5 and "at_step" not in said

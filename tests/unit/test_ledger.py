@@ -49,3 +49,12 @@ def test_read_prefers_the_checkpoint_dir_and_misses_quietly(tmp_path: Path) -> N
     assert read_ledger("5", str(ckpt), str(submit)).total == 3
     assert read_ledger("6", str(ckpt), str(submit)) is None
     assert read_ledger("5", "", str(tmp_path / "nope")) is None
+
+
+def test_the_ledger_keeps_each_recovered_crashs_signature_in_order() -> None:
+    ledger = parse_ledger(
+        "restart cause=user_crash restart_count=0 attempt=1 at=5.0 mode=inprocess crash=20:ab\n"
+        "restart cause=hang restart_count=0 attempt=2 at=9.0\n"
+        "requeue cause=user_crash restart_count=1 by=supervisor crash=31:cd\n")
+    assert ledger.crashes == ("20:ab", "31:cd")
+    assert ledger.recoveries("user_crash") == 2

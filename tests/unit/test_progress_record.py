@@ -56,9 +56,28 @@ def test_a_later_beat_or_a_later_attempt_replaces_a_rank_record() -> None:
 
 def test_news_names_real_fields_and_the_one_match_rule_compares_addresses() -> None:
     fields = Progress(1, Attempt("r", 0, 2), 0.0, 0.0, exit="crash", flushed=False,
-                      inprocess=True, failed="crash").fields()
+                      inprocess=True, wrapped=True, failed="crash").fields()
     assert set(NEWS) <= set(fields)
     this = Attempt("r", 0, 2)
     assert this.matches(fields) and Progress.parse(fields).address == this
     assert not this.matches({**fields, "attempt": "1"})
     assert not this.matches({**fields, "restart_count": "x"})
+
+
+def test_a_crashs_position_is_the_scripts_step_else_counted_from_its_checkpoint(tmp_path) -> None:
+    """What the repeated-crash rule compares: ``ctx.step`` when the script says it; else
+    the checkpoint step the attempt resumed from plus the step boundaries since; unknown
+    (None) in a process that never passed a boundary, never a guess."""
+    reporter = Reporter(str(tmp_path), 0, run_id="r", restart_count=0, attempt=0)
+    assert reporter.position() is None                   # nothing said, nothing counted
+    reporter.resumed(None)                               # a fresh start
+    for _ in range(20):
+        reporter.boundary()
+    assert reporter.position() == 20
+    reporter.new_attempt(1)                              # runtime.run: the next attempt
+    reporter.resumed(20)                                 # loaded the step-20 save
+    assert reporter.position() == 20                     # crashed before its first boundary
+    reporter.boundary()
+    assert reporter.position() == 21
+    reporter.set_step(7)                                 # the script's own word wins
+    assert reporter.position() == 7

@@ -15,6 +15,7 @@ import pytest
 
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import (Budget, Caught, Facts, InPlace, budget_text,
+                                          crash_signature,
                                           decide, limit_text, missing_requeues,
                                           notice_cause, over_limit, slurm_event)
 from hpctrain.supervisor.diagnosis import ABORT_AT_EXIT_FIX, Diagnosis
@@ -369,3 +370,62 @@ def test_a_job_is_completed_only_when_every_rank_returned_with_its_saves_durable
     assert (d.cause == "completed") == completed, (word, death, d)
     if not completed:
         assert d.cause == "user_crash" and d.exit_code != 0, (word, death, d)
+
+
+# ---- a crash under hpctrain.runtime.run: the default budget and the repeated-crash rule ------
+DEFAULT = Budget(10, {"preemption": 10, "time_limit": 10, "node_fail": 3, "storage": 3})
+CRASH_20 = {"cause": "user_crash", "requeue": "0", "step": "20", "rank": "1",
+            "error": "RuntimeError: boom"}
+ROOM = InPlace(max=2)
+
+
+def test_a_runtime_run_crash_is_restarted_by_default_a_plain_scripts_is_not() -> None:
+    wrapped = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+                           inplace=ROOM))
+    assert (wrapped.action, wrapped.cause) == ("restart", "user_crash"), wrapped
+    plain = decide(facts(status=1, budget=DEFAULT, record=CRASH_20, inplace=ROOM))
+    assert (plain.action, plain.cause, plain.exit_code) == ("finish", "user_crash", 1)
+
+
+def test_the_default_crash_budget_is_three_recoveries_in_place_then_by_requeue() -> None:
+    def after(restarts: int, requeues: int) -> str:
+        return decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+                            restarts={"user_crash": restarts}, requeues={"user_crash": requeues},
+                            inplace=InPlace(max=2, used=restarts))).action
+    assert [after(0, 0), after(1, 0), after(2, 0), after(2, 1)] == \
+        ["restart", "restart", "requeue", "stop"]
+    spent = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+                         restarts={"user_crash": 2}, requeues={"user_crash": 1}))
+    assert spent.limit == "max_crash_restarts=3", spent
+
+
+def test_the_same_error_at_the_same_step_twice_ends_the_job_as_not_transient() -> None:
+    first = crash_signature(CRASH_20)
+    assert first is not None and first.startswith("20:")
+    d = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+                     crashes=(first,), restarts={"user_crash": 1}, inplace=ROOM))
+    assert (d.action, d.cause, d.exit_code) == ("finish", "user_crash", 1)
+    assert d.why.startswith("crashed twice at step 20 with the same error: not transient")
+    # another step, or another error at the same step: still transient as far as is known
+    other_step = decide(facts(status=1, budget=DEFAULT, wrapped=True,
+                              record={**CRASH_20, "step": "21"}, crashes=(first,),
+                              restarts={"user_crash": 1}, inplace=ROOM))
+    other_error = decide(facts(status=1, budget=DEFAULT, wrapped=True,
+                               record={**CRASH_20, "error": "OSError: [Errno 5] EIO"},
+                               crashes=(first,), restarts={"user_crash": 1}, inplace=ROOM))
+    assert other_step.action == other_error.action == "restart"
+    # a number in the spec overrides the rule: the user asked for the retries
+    given = decide(facts(status=1, wrapped=True, record=CRASH_20, crashes=(first,),
+                         budget=replace(DEFAULT, per_cause={**DEFAULT.per_cause,
+                                                            "user_crash": 5}),
+                         restarts={"user_crash": 1}, inplace=ROOM))
+    assert given.action == "restart"
+
+
+def test_a_crash_signature_needs_the_runtimes_step_and_error() -> None:
+    assert crash_signature({"cause": "user_crash", "error": "E: x"}) is None     # no step
+    assert crash_signature({**CRASH_20, "cause": "preemption"}) is None
+    assert crash_signature({**CRASH_20, "error": ""}) is None
+    assert crash_signature(CRASH_20) != crash_signature({**CRASH_20, "error": "E: y"})
+    # a script that never says its step: the runtime's count of it stands in
+    assert crash_signature({**CRASH_20, "step": "", "at_step": "20"}) == crash_signature(CRASH_20)

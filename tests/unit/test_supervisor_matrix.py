@@ -211,7 +211,7 @@ def test_a_crash_restarts_in_its_processes_within_the_budget(tmp_path: Path) -> 
 
 
 def test_a_crash_past_its_budget_ends_the_job_as_before(tmp_path: Path) -> None:
-    """max_crash_restarts = 0 (the default): the ranks are told to stop, leave with their
+    """max_crash_restarts = 0 (given): the ranks are told to stop, leave with their
     exception, and the job ends FAILED naming the rank, as without runtime.run."""
     code, fake, verdict, ledger = supervise(tmp_path, "inprocess", steps=[{"crash_at": 3}])
     assert (code, verdict["cause"], verdict["action"]) == (1, "user_crash", "finish")
@@ -220,6 +220,38 @@ def test_a_crash_past_its_budget_ends_the_job_as_before(tmp_path: Path) -> None:
     assert fake.started[-1].asked(p.RESUME)["action"] == "stop"
     assert not (p.state_dir(tmp_path, "42") / p.RESUME).exists()
     assert ledger == [] and len(asked(fake, "start_step")) == 1
+
+
+DEFAULT_CRASHES = replace(BUDGET, per_cause={c: n for c, n in BUDGET.per_cause.items()
+                                            if c != "user_crash"})   # the spec left it out
+
+
+def test_a_crash_under_runtime_run_is_restarted_by_default(tmp_path: Path) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess", steps=[{"crash_at": 3}],
+                                            budget=DEFAULT_CRASHES)
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert len(ledger) == 1 and "mode=inprocess" in ledger[0] and " crash=3:" in ledger[0]
+    assert len(asked(fake, "start_step")) == 1
+
+
+def test_a_plain_scripts_crash_is_not_restarted_by_default(tmp_path: Path) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", steps=[{"crash_at": 3}],
+                                            budget=DEFAULT_CRASHES)
+    assert (code, verdict["cause"], verdict["action"]) == (1, "user_crash", "finish")
+    assert ledger == [] and len(asked(fake, "start_step")) == 1
+
+
+def test_the_same_crash_at_the_same_step_twice_ends_the_job_as_not_transient(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess",
+                                            steps=[{"crash_at": 3, "every": True}],
+                                            budget=DEFAULT_CRASHES)
+    assert (code, verdict["cause"], verdict["action"]) == (1, "user_crash", "finish"), verdict
+    assert verdict["why"].startswith("crashed twice at step 3 with the same error: not "
+                                     "transient"), verdict
+    assert (verdict["rank"], verdict["error"]) == ("1", "RuntimeError: simulated crash")
+    assert len(ledger) == 1 and " crash=3:" in ledger[0]   # one restart, then the rule
+    assert "crashed twice at step 3 with the same error" in capsys.readouterr().err
 
 
 def test_a_hang_is_interrupted_and_restarted_in_its_processes(tmp_path: Path) -> None:

@@ -32,7 +32,12 @@ def test_config_from_the_rendered_scripts_exports() -> None:
     assert cfg.argv == ("srun", "python", "t.py") and cfg.key == "4242"
     assert (cfg.restart_count, cfg.cluster, cfg.base) == (0, "hpcdev", "/shared/ckpt")
     assert cfg.budget == Budget(5, {"preemption": 4, "time_limit": 5, "node_fail": 3,
-                                    "user_crash": 0, "storage": 3, "hang": 3})
+                                    "storage": 3, "hang": 3})
+    # a crash's limit left out: the default by the script's kind (hpctrain.runtime.run or not)
+    assert cfg.budget.limit_of("user_crash") == ("max_crash_restarts", 0)
+    assert cfg.budget.limit_of("user_crash", wrapped=True) == ("max_crash_restarts", 3)
+    given = Config.from_env(["srun"], {**ENV, "HPCTRAIN_MAX_CRASH_RESTARTS": "0"})
+    assert given.budget.limit_of("user_crash", wrapped=True) == ("max_crash_restarts", 0)
     # the watchdog: defaults for runtime jobs, plain scripts unwatched, 2 in-place restarts
     assert (cfg.limits.hang_s, cfg.limits.startup_s, cfg.limits.plain) == (300, 1800, False)
     assert (cfg.max_step_restarts, cfg.exclude_bad_nodes) == (2, True)

@@ -19,22 +19,24 @@ itself against a recorded stand-in of Slurm (tests/unit/test_supervisor_matrix.p
 from hpctrain.supervisor.decision.budget import (FREE_CAUSES, LIMIT_NAMES, REQUEUE_CAUSES,
                                                  Budget, budget_text, limit_text, over_limit)
 from hpctrain.supervisor.decision.facts import (CAUSE_OF_RUN_STATE, Caught, Decision, Facts,
-                                                InPlace, runtime_word, signal_name,
-                                                slurm_event, why_run_ended)
+                                                InPlace, crash_signature, runtime_word,
+                                                signal_name, slurm_event, why_run_ended)
 from hpctrain.supervisor.decision.running import (StopResponse, exclusion, health_check,
                                                   notice_cause, respond_to_stop, unhealthy,
                                                   why_bad)
 from hpctrain.supervisor.decision.start import (decide_before_start, missing_requeues,
                                                 needs_sacct, previous_cause, start_verdict,
                                                 warning_at, warning_due)
-from hpctrain.supervisor.decision.table import cause_of_run, death_at_exit, decide, requeued_cause
+from hpctrain.supervisor.decision.table import (cause_of_run, death_at_exit, decide,
+                                                repeated_crash, requeued_cause)
 
 __all__ = ["CAUSE_OF_RUN_STATE", "FREE_CAUSES", "LIMIT_NAMES", "REQUEUE_CAUSES", "Budget",
            "Caught", "Decision", "Facts", "InPlace", "StopResponse", "budget_text",
-           "cause_of_run", "death_at_exit", "decide", "decide_before_start", "exclusion",
+           "cause_of_run", "crash_signature", "death_at_exit", "decide",
+           "decide_before_start", "exclusion",
            "health_check",
            "limit_text", "missing_requeues", "needs_sacct", "notice_cause", "over_limit",
-           "previous_cause", "requeued_cause", "respond_to_stop", "runtime_word",
+           "previous_cause", "repeated_crash", "requeued_cause", "respond_to_stop", "runtime_word",
            "signal_name", "slurm_event", "start_verdict", "unhealthy", "warning_at",
            "warning_due",
            "why_bad", "why_run_ended"]

@@ -4,6 +4,7 @@ the small readings of raw facts every rule shares. Pure."""
 
 from __future__ import annotations
 
+import hashlib
 import signal as _signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,8 @@ class Facts:
     failure: Diagnosis | None = None            # the first failure, as the launcher told it
     memory: str | None = None                   # Slurm ended the step for memory: its words
     port: tuple[int, int] | None = None         # the rendezvous port was taken: (it, the next)
+    wrapped: bool = False                       # the ranks run under hpctrain.runtime.run
+    crashes: tuple[str, ...] = ()               # the job's earlier crashes (crash_signature)
 
 
 @dataclass(frozen=True)
@@ -176,3 +179,22 @@ def signal_name(status: int | None) -> str:
         except ValueError:
             pass
     return f"status {status}"
+
+
+def crash_step(record: Mapping[str, str]) -> str:
+    """The step a crash record places the crash at: the script's own (``step``), else the
+    runtime's count (``at_step``: the checkpoint step resumed from plus the boundaries
+    since); '' when neither is known."""
+    step = record.get("step", "")
+    return step if step.isdigit() else record.get("at_step", "") if \
+        record.get("at_step", "").isdigit() else ""
+
+
+def crash_signature(record: Mapping[str, str]) -> str | None:
+    """``20:3f2a9c01d4e7``: a crash's step and a digest of its error (the exception's type
+    and message, as the crash record has them), for the ledger and the repeated-crash rule;
+    None when the record is not a crash's or lacks either (a plain script's crash)."""
+    step, error = crash_step(record), record.get("error", "")
+    if record.get("cause") != "user_crash" or not step or not error:
+        return None
+    return f"{step}:{hashlib.sha256(error.encode()).hexdigest()[:12]}"

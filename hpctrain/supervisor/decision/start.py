@@ -56,7 +56,10 @@ def start_verdict(budget: Budget, ledger: Ledger, restart_count: int
         return None, None
     cause = ledger.last_cause or "node_fail"
     count = ledger.requeues.get(cause, 0)
-    limit = over_limit(budget, cause, count, counted(restart_count, ledger.requeues))
+    # only the supervisor requeues a crash, and only within the budget it judged then: a
+    # crash's default (larger under hpctrain.runtime.run) is taken as that run's
+    limit = over_limit(budget, cause, count, counted(restart_count, ledger.requeues),
+                       wrapped=cause == "user_crash")
     if limit is None:
         return cause, None
     return cause, Decision("stop", cause, 1, "not run again", limit=limit,

@@ -39,6 +39,12 @@ rows, in order (the first that matches decides):
                                                                        requeue
 ==  ================================================  ==============  =====================
 
+A crash's budget, ``max_crash_restarts``, defaults to CRASH_RESTARTS_RUN (3) when the
+ranks run under ``hpctrain.runtime.run`` (its user asked to survive a crash) and to 0
+otherwise (a bug is not run again). Under that default a crash at the same step with the
+same error as an earlier one of the job ends it (:func:`repeated_crash`): a deterministic
+bug is replayed, not retried. A number in the spec overrides both.
+
 Row 6 needs the runtime's word (:mod:`hpctrain.supervisor.finish`) *and* a death that is
 not the script's choice: a signal (torch's gloo group aborting in the C++ destructors), a
 stop the batch step passed on while they left (torchrun's agent dies of the TERM with exit
@@ -65,8 +71,9 @@ exit status is unknown.
 from __future__ import annotations
 
 from hpctrain.supervisor.decision.budget import budget_text, counted, limit_text, over_limit
-from hpctrain.supervisor.decision.facts import (Decision, Facts, runtime_word, signal_name,
-                                                slurm_event, why_run_ended)
+from hpctrain.supervisor.decision.facts import (Decision, Facts, crash_signature, crash_step,
+                                                runtime_word, signal_name, slurm_event,
+                                                why_run_ended)
 
 
 def requeued_cause(f: Facts) -> str | None:
@@ -141,6 +148,19 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     return "user_crash", f"the training step failed ({signal_name(f.status)})"
 
 
+def repeated_crash(f: Facts) -> str | None:
+    """The repeated-crash rule of the default crash budget (``max_crash_restarts`` left
+    out): this crash's step and error are those of an earlier crash of the job, so a
+    restart would replay the same bug. Its words, or None (a number in the spec
+    overrides the rule, and a crash without the runtime's record has no step to compare)."""
+    signature = crash_signature(f.record)
+    if not f.budget.crash_default or signature is None or signature not in f.crashes:
+        return None
+    return f"crashed twice at step {crash_step(f.record)} with the same error: not transient " \
+           "(the default crash budget stops there; set [requeue] max_crash_restarts to " \
+           "retry anyway)"
+
+
 IN_PLACE = ("hang", "user_crash", "node_fail")      # causes restarted in the allocation
 PORT_TRIES = 8       # a job's moves of its rendezvous port (row 10c)
 COUNTED_IN_PLACE = ("user_crash", "node_fail")     # ...whose limit counts those restarts
@@ -161,30 +181,37 @@ def decide(f: Facts) -> Decision:
     if cause == "port_taken":        # the allocation cannot take a restart: a crash's fate
         cause = "user_crash"
     if cause in ("cancelled", "unknown", "out_of_memory") or (cause == "user_crash" and
-                                             f.budget.limit_of(cause) == ("max_crash_restarts", 0)):
+                                 f.budget.limit_of(cause, f.wrapped) == ("max_crash_restarts", 0)):
         return Decision("finish", cause, step_code or 1, why)
+    repeated = repeated_crash(f) if cause == "user_crash" else None
+    if repeated is not None:
+        return Decision("finish", cause, step_code or 1, repeated)
     if cause in COUNTED_IN_PLACE:
         # a crash's (a lost node's) limit counts every recovery from it, in place or by
         # requeue: a crash loop, a node after node, ends at its limit either way
         count = f.requeues.get(cause, 0) + f.restarts.get(cause, 0) + 1
-        limit = over_limit(f.budget, cause, count, 0)
+        limit = over_limit(f.budget, cause, count, 0, f.wrapped)
         if limit is not None:
             return Decision("stop", cause, step_code or 1, why, limit=limit,
                             detail=limit_text(limit, cause, count, f.restart_count))
     if cause in IN_PLACE and f.inplace.allowed:
         spare = " on a spare node" if cause == "node_fail" else ""
+        # a crash's own budget too: its default depends on the script (runtime.run or not)
+        crash = f", crash recovery {f.restarts.get(cause, 0) + f.requeues.get(cause, 0) + 1} " \
+                f"of {'='.join(map(str, f.budget.limit_of(cause, f.wrapped) or ()))}" \
+            if cause == "user_crash" else ""
         return Decision("restart", cause, 0, why,
                         detail=f"in-place restart {f.inplace.used + 1} of "
-                               f"max_step_restarts={f.inplace.max}{spare}")
+                               f"max_step_restarts={f.inplace.max}{spare}{crash}")
     count = f.requeues.get(cause, 0) + 1
     if cause in COUNTED_IN_PLACE:
         count += f.restarts.get(cause, 0)
     restart = counted(f.restart_count + 1, f.requeues)
-    limit = over_limit(f.budget, cause, count, restart)
+    limit = over_limit(f.budget, cause, count, restart, f.wrapped)
     if limit is not None:
         return Decision("stop", cause, step_code or 1, why, limit=limit,
                         detail=limit_text(limit, cause, count, restart))
-    detail = budget_text(f.budget, cause, count, restart)
+    detail = budget_text(f.budget, cause, count, restart, f.wrapped)
     if cause in IN_PLACE and f.inplace.max:
         detail += f"; not in place: {f.inplace.why_not()}"
     return Decision("requeue", cause, 0, why, detail=detail)
