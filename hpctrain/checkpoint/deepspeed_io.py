@@ -16,6 +16,7 @@ from typing import Any
 from hpctrain.checkpoint.manifest import step_dirname
 from hpctrain.checkpoint.reader import StepReader
 from hpctrain.errors import CheckpointCorrupt, CheckpointError
+from hpctrain.runtime import progress
 
 TAG = "ds"
 
@@ -49,6 +50,7 @@ def load_deepspeed(manager: Any, engine: Any, step: int | None = None,
             raise CheckpointCorrupt(problem)
 
     found = manager.first_loadable(check, step)
+    progress.resumed(found)   # where the steps count from, for a crash's position
     if found is None:
         return None, {}
     _, client_state = engine.load_checkpoint(str(manager.root / step_dirname(found)), tag=TAG,

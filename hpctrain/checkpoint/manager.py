@@ -353,6 +353,7 @@ class CheckpointManager:
         self.wait()
         with progress.phase("loading"):
             self._say(self._load(step, state, verify, fit))
+        progress.resumed(step)
 
     @staticmethod
     def _fit(on_unexpected: str, on_missing: str) -> Any:

@@ -26,6 +26,7 @@ user's traceback, which the previous hook still prints.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -94,6 +95,8 @@ def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int
     repeated-crash rule, never shown as the script's step."""
     text = " ".join(str(exc).split())  # newlines and runs of blanks -> one space
     error = f"{exc_type.__name__}: {text}" if text else exc_type.__name__
+    # the whole error's digest: what tells two errors apart may lie past the cut below
+    digest = hashlib.sha256(error.encode("utf-8", "replace")).hexdigest()[:16]
     if len(error) > ERROR_MAX_CHARS:
         error = error[:ERROR_MAX_CHARS - 3] + "..."
     # an error that is not the training code's fault says which cause it is (duck-typed:
@@ -103,7 +106,7 @@ def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int
         "cause": cause, "exit_code": 1, "requeue": int(cause != "user_crash"),
         "step": "" if step is None else step, "restart_count": restart_count,
         "job_id": job_id or "", "run_id": run_id or "", "rank": rank, "node": node or "",
-        "error": error}
+        "error": error, "error_digest": digest}
     if step is None and at_step is not None:
         fields["at_step"] = at_step
     if timed_out(exc):

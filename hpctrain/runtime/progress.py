@@ -69,8 +69,10 @@ class Reporter:
                       "rank": rank, "node": node, "pid": os.getpid()}
         self.step: int | None = None
         self.boundaries = 0
-        self.resumed_at = self.boundaries_at = 0   # position(): where the steps count from
-        self.ever_passed = False                   # ...and whether this process counts them
+        # position(): where this attempt's steps count from, and whether that is known (the
+        # job's very first attempt starts at 0; any other from the checkpoint it loads)
+        self.resumed_at = self.boundaries_at = 0
+        self.anchored = restart_count == 0 and attempt == 0
         self.phase = "startup"
         self.changed_at = time.time()
         self.exit = ""      # how the script's work ended: return, crash, requeue (teardown)
@@ -105,22 +107,24 @@ class Reporter:
         """The attempt's state was loaded from checkpoint ``step`` (None: it starts fresh):
         the steps of :meth:`position` count from there."""
         self.resumed_at, self.boundaries_at = step or 0, self.boundaries
+        self.anchored = True
 
     def position(self) -> int | None:
         """The step in progress: the script's own (``ctx.step``), else the checkpoint step
-        this attempt resumed from plus the step boundaries passed since. None when the
-        script gives neither (it never said a step and this process never passed a
-        boundary): a crash's position is then unknown, not guessed."""
+        this attempt resumed from (a load through the checkpoint manager; the job's very
+        first attempt: 0) plus the step boundaries passed since (a script that never
+        calls ``stop_requested`` stays at the step it resumed from). None when neither is
+        known (an attempt that loaded nothing through the manager): a crash's position is
+        then unknown, never a count from some other origin."""
         if self.step is not None:
             return self.step
-        if not self.ever_passed:
+        if not self.anchored:
             return None
         return self.resumed_at + self.boundaries - self.boundaries_at
 
     def boundary(self) -> None:
         """A step boundary was reached (``stop_requested()`` was called)."""
         self.boundaries += 1
-        self.ever_passed = True
         self.changed_at = time.time()
         if self.phase == "startup":
             self.set_phase("training")
@@ -156,7 +160,8 @@ class Reporter:
         """An attempt starts again in this process (runtime.run): its progress from zero."""
         self.ident["attempt"] = attempt
         self.step, self.boundaries, self.failed, self.error = None, 0, "", ""
-        self.resumed_at = self.boundaries_at = 0   # (ever_passed stays: the same script)
+        self.resumed_at = self.boundaries_at = 0
+        self.anchored = False      # until it loads: its steps do not count from 0
         self.set_phase("startup")
         self.write(urgent=True)
 

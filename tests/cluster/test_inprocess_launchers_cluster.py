@@ -46,7 +46,8 @@ TOTAL, EVERY = 40, 5
 FAULTS = ("crash@20:2:0", "hang@23:1:1", "save-crash@30:0:2", "collective-hang@33:3:3")
 
 
-def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], **requeue: int | None) -> str:
+def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], step_restarts: int = 6,
+               **requeue: int | None) -> str:
     cmd = [sys.executable, str(PROGRAM), "--steps", str(TOTAL), "--save-every", str(EVERY),
            "--step-sleep", "0.05", "--ckpt-dir", str(root / "ckpt"), "--events",
            str(root / "events.jsonl"), "--final", str(root / "final"),
@@ -59,7 +60,8 @@ def plain_spec(root: Path, launcher: str, faults: tuple[str, ...], **requeue: in
         # a limit given as None is left out of the spec: its default applies
         requeue={k: v for k, v in {"max_requeues": 2, "max_crash_restarts": 3, "max_hangs": 3,
                                    **requeue}.items() if v is not None},
-        watchdog={"hang_timeout_s": 10, "collective_timeout_s": 5, "max_step_restarts": 6})
+        watchdog={"hang_timeout_s": 10, "collective_timeout_s": 5,
+                  "max_step_restarts": step_restarts})
 
 
 def final(directory: Path) -> list[dict[str, torch.Tensor]]:
@@ -153,3 +155,23 @@ def test_by_default_a_crash_is_restarted_once_and_the_same_crash_again_ends_the_
     assert (status["state"], status["cause"]) == ("FAILED", "user_crash"), status
     starts = [(e["attempt"], e["step"]) for e in events(root / "events.jsonl", "start")]
     assert starts == [(0, 0), (1, 20)], starts
+
+
+def test_a_requeued_run_that_crashes_as_it_resumes_is_told_from_a_transient_crash(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same bug across runs, where the processes are new: no in-place restarts
+    (``max_step_restarts = 0``), so the first crash is requeued; rank 1 raises before step
+    20 in every attempt of every run, in the requeued run before its first step boundary
+    (just after ``load_latest`` resumed step 20). The runtime places that crash at step 20
+    from the checkpoint it resumed, the ledger's requeue line keeps the first one's
+    signature, and the second run ends FAILED by the rule, not after 3 recoveries."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    job = submit_example(root, plain_spec(root, "srun", ("crash@20:1:*:*",), step_restarts=0,
+                                          max_crash_restarts=None))
+    log = root / f"job-{job}.out"
+    assert wait_done(job, 240) == "FAILED", log.read_text()[-4000:]
+    text = log.read_text()
+    assert "crashed twice at step 20 with the same error: not transient" in text, text[-4000:]
+    assert sacct_states(job) == ["REQUEUED", "FAILED"], sacct_states(job)
+    ledger = (protocol.state_dir(root / "ckpt", job) / protocol.LEDGER).read_text()
+    assert "requeue cause=user_crash restart_count=1 by=supervisor crash=20:" in ledger, ledger

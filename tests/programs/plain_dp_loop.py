@@ -46,7 +46,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--events", required=True)
     ap.add_argument("--final", default="")
-    ap.add_argument("--fault", action="append", default=[])
+    ap.add_argument("--fault", action="append", default=[],
+                    help="KIND@STEP:RANK:ATTEMPT[:RESTART]: that fault before that step on "
+                         "that rank, attempt and run (RESTART: 0 when left out); ATTEMPT and "
+                         "RESTART may be '*' (every one: a deterministic bug)")
     ap.add_argument("--init", action="store_true",
                     help="hpctrain.runtime.init() instead of run(): no restarts in these "
                          "processes (a failure restarts the step in new ones)")
@@ -55,11 +58,12 @@ def parse() -> argparse.Namespace:
 
 def faults_of(args: argparse.Namespace, ctx: hpctrain.runtime.Context) -> dict[str, int]:
     mine = {}
-    for spec in args.fault if ctx.restart_count == 0 else []:
+    for spec in args.fault:
         kind, _, where = spec.partition("@")
-        step, rank, attempt = (int(x) for x in where.split(":"))
-        if rank == ctx.rank and attempt == ctx.attempt:
-            mine[kind] = step
+        step, rank, attempt, *restart = where.split(":")
+        if int(rank) == ctx.rank and attempt in ("*", str(ctx.attempt)) and \
+                (restart or ["0"])[0] in ("*", str(ctx.restart_count)):
+            mine[kind] = int(step)
     return mine
 
 

@@ -191,3 +191,12 @@ def test_the_runtimes_count_of_the_step_is_recorded_apart_from_the_scripts_step(
     said = crash_fields(RuntimeError, exc, step=5, restart_count=0, job_id="1", rank=0,
                         at_step=20)
     assert said["step"] == 5 and "at_step" not in said
+
+
+def test_the_errors_digest_is_of_the_whole_error_not_the_cut_one() -> None:
+    def digest(message: str) -> object:
+        return crash_fields(RuntimeError, RuntimeError(message), step=3, restart_count=0,
+                            job_id="1", rank=0)["error_digest"]
+    head = "x" * 320
+    assert digest(head + " (1)") != digest(head + " (2)")   # the same first 300 characters
+    assert digest("boom") == digest("boom")

@@ -66,18 +66,25 @@ def test_news_names_real_fields_and_the_one_match_rule_compares_addresses() -> N
 
 def test_a_crashs_position_is_the_scripts_step_else_counted_from_its_checkpoint(tmp_path) -> None:
     """What the repeated-crash rule compares: ``ctx.step`` when the script says it; else
-    the checkpoint step the attempt resumed from plus the step boundaries since; unknown
-    (None) in a process that never passed a boundary, never a guess."""
+    the checkpoint step the attempt resumed from (the job's first attempt: 0) plus the step
+    boundaries since; unknown (None) in an attempt that loaded nothing through the
+    checkpoint manager, never a count from another origin."""
     reporter = Reporter(str(tmp_path), 0, run_id="r", restart_count=0, attempt=0)
-    assert reporter.position() is None                   # nothing said, nothing counted
-    reporter.resumed(None)                               # a fresh start
+    assert reporter.position() == 0                      # the job's first attempt: from 0
     for _ in range(20):
         reporter.boundary()
     assert reporter.position() == 20
     reporter.new_attempt(1)                              # runtime.run: the next attempt
+    assert reporter.position() is None                   # nothing loaded: no origin
+    reporter.boundary()
+    assert reporter.position() is None                   # ...however many boundaries
     reporter.resumed(20)                                 # loaded the step-20 save
     assert reporter.position() == 20                     # crashed before its first boundary
     reporter.boundary()
     assert reporter.position() == 21
     reporter.set_step(7)                                 # the script's own word wins
     assert reporter.position() == 7
+    requeued = Reporter(str(tmp_path / "b"), 0, run_id="r", restart_count=1, attempt=0)
+    assert requeued.position() is None                   # a new process of a later run
+    requeued.resumed(30)                                 # load_latest, load, load_deepspeed
+    assert requeued.position() == 30

@@ -429,3 +429,7 @@ def test_a_crash_signature_needs_the_runtimes_step_and_error() -> None:
     assert crash_signature(CRASH_20) != crash_signature({**CRASH_20, "error": "E: y"})
     # a script that never says its step: the runtime's count of it stands in
     assert crash_signature({**CRASH_20, "step": "", "at_step": "20"}) == crash_signature(CRASH_20)
+    # two errors the record cut to the same 300 characters: their whole digests differ
+    cut = {**CRASH_20, "error": "RuntimeError: " + "x" * 283 + "..."}
+    assert crash_signature({**cut, "error_digest": "aa" * 8}) != \
+        crash_signature({**cut, "error_digest": "bb" * 8})

@@ -83,5 +83,6 @@ def budget_text(budget: Budget, cause: str, count: int, restart: int,
     text = f"restart {restart} of max_requeues={budget.max_requeues}"
     limit = budget.limit_of(cause, wrapped)
     if limit is not None:
-        text += f", {cause} requeue {count} of {limit[0]}={limit[1]}"
+        what = "recovery (in place or requeue)" if cause == "user_crash" else "requeue"
+        text += f", {cause} {what} {count} of {limit[0]}={limit[1]}"
     return text

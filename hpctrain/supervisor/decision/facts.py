@@ -197,4 +197,6 @@ def crash_signature(record: Mapping[str, str]) -> str | None:
     step, error = crash_step(record), record.get("error", "")
     if record.get("cause") != "user_crash" or not step or not error:
         return None
-    return f"{step}:{hashlib.sha256(error.encode()).hexdigest()[:12]}"
+    # the runtime's digest of the whole error (the record's error is cut at 300 characters)
+    digest = record.get("error_digest") or hashlib.sha256(error.encode()).hexdigest()
+    return f"{step}:{digest[:12]}"
