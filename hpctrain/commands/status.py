@@ -36,15 +36,37 @@ class Row:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+WATCH_RANGE_S = (1.0, 3600.0)   # --watch: at least a second, at most an hour
+
+
+class _WatchSeconds(click.FloatRange):
+    """``--watch``'s SECONDS: a finite number of seconds in WATCH_RANGE_S. ``inf`` (or
+    ``1e400``) would overflow the sleep and ``nan`` passes every comparison (a watch that
+    never sleeps), so both are refused by name, as a value out of the range is."""
+
+    def __init__(self) -> None:
+        super().__init__(*WATCH_RANGE_S)
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        seconds = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(seconds):
+            lo, hi = WATCH_RANGE_S
+            self.fail(f"{value!r} is not a number of seconds from {lo:g} to {hi:g}.",
+                      param, ctx)
+        return super().convert(seconds, param, ctx)
+
+
 @click.command()
 @click.argument("job_ids", nargs=-1, metavar="[JOB_ID]...", callback=check_ids)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--expand", is_flag=True, help="Show every task of sweeps, not one row each.")
 @click.option("--limit", default=20, show_default=True,
               help="Without JOB_IDs: how many of the most recent submissions to show.")
-@click.option("--watch", "watch_s", type=float, default=None, is_flag=False, flag_value=5.0,
+@click.option("--watch", "watch_s", type=_WatchSeconds(), default=None, is_flag=False, flag_value=5.0,
               metavar="[SECONDS]",
-              help="Show the table again every SECONDS (default 5) until the jobs have ended "
+              help="Show the table again every SECONDS (default 5; 1 to 3600) until the jobs "
+                   "have ended "
                    "or Ctrl-C, less often (up to 10 s) while nothing changes; in place on a "
                    "terminal, where running jobs' steps are shown again every 2 s in between.")
 def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
@@ -58,7 +80,7 @@ def status(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,
     if watch_s is None:
         _show(collect(job_ids, expand, limit), job_ids, as_json)
         return 0
-    return _watch(job_ids, as_json, expand, limit, max(watch_s, 1.0))
+    return _watch(job_ids, as_json, expand, limit, watch_s)
 
 
 def _watch(job_ids: tuple[str, ...], as_json: bool, expand: bool, limit: int,

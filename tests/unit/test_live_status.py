@@ -296,6 +296,42 @@ def test_status_watch_backs_off_while_nothing_changes_and_says_when_it_looks_nex
                           "up to 10 s while nothing changes; Ctrl-C stops)")
 
 
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "NaN", "0.5", "0", "3601"])
+def test_status_watch_refuses_what_is_not_a_number_of_seconds_it_can_sleep(
+        monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """An adversarial run: --watch inf / 1e400 crashed with OverflowError (time.sleep), and
+    --watch nan asked Slurm without pause forever (nan passes every comparison). Now each
+    is a usage error that names the value and the range, before Slurm is asked."""
+    from click.testing import CliRunner
+
+    from hpctrain.commands import status as cmd
+
+    def watch(*_args: object) -> int:
+        raise AssertionError("the watch started")
+
+    monkeypatch.setattr(cmd, "_watch", watch)
+    res = CliRunner().invoke(cmd.status, ["--watch", value])
+    assert res.exit_code == 2, res.output
+    assert "Invalid value for '--watch'" in res.output and value in res.output
+    assert "1" in res.output and "3600" in res.output
+
+
+@pytest.mark.parametrize("args, every_s", [(["--watch"], 5.0), (["--watch", "1"], 1.0),
+                                           (["--watch=2.5"], 2.5),
+                                           (["--watch", "3600"], 3600.0)])
+def test_status_watch_takes_seconds_from_1_to_3600(monkeypatch: pytest.MonkeyPatch,
+                                                   args: list[str], every_s: float) -> None:
+    from click.testing import CliRunner
+
+    from hpctrain.commands import status as cmd
+
+    seen: list[float] = []
+    monkeypatch.setattr(cmd, "_watch", lambda *a: seen.append(a[-1]) or 0)
+    res = CliRunner().invoke(cmd.status, args)
+    assert res.exit_code == 0, res.output
+    assert seen == [every_s]
+
+
 def test_what_counts_as_a_change_for_status_watch() -> None:
     """Slurm's state or requeues of a line, not its elapsed time or step (which move every
     poll and would keep the watch at its shortest interval)."""
