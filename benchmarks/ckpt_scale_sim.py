@@ -893,6 +893,34 @@ def print_tables(results: list[dict]) -> None:
               f"{ld['whole_stat_s']:>8.3f}")
 
 
+def markdown_table(results: list[dict]) -> str:
+    """docs/scale.md's table of the figures above, ready to paste. Pure."""
+    def num(n: float) -> str:
+        return f"{n:,.0f}"
+
+    def mb(n: float) -> str:
+        return f"{n / 1e6:.1f}"
+
+    def sec(n: float) -> str:
+        return f"{n:.2f}" if n >= 0.1 else f"{n:.3f}"
+
+    lines = ["| ranks (dp) | plan CPU per rank, first / later save | received per rank for "
+             "planning, first / later | rank 0 (coordinator) CPU, first / later | rank 0 "
+             "receives, first / later | load per rank: its view + the reads it prepares "
+             "(median of the sum) | files a loading rank stats (of them, its own tensors') |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        f, lt, ld = r["first_save"], r["later_save"], r["load"]
+        lines.append(
+            f"| {num(r['ranks'])} ({r['dp']}) | {1e3 * f['plan_s']:.1f} / "
+            f"{1e3 * lt['plan_s']:.1f} ms | {f['bytes_in']:.0f} / {lt['bytes_in']:.0f} B | "
+            f"{sec(f['coordinator_s'])} / {sec(lt['coordinator_s'])} s | "
+            f"{mb(f['coordinator_bytes_in'])} / {mb(lt['coordinator_bytes_in'])} MB | "
+            f"{ld['view_s']:.3f} + {ld['prepare_s']:.3f} s ({ld['per_rank_s']:.3f} s) | "
+            f"{num(ld['files_read'])} ({num(ld['files_read_own'])}) |")
+    return "\n".join(lines)
+
+
 def print_growth(rows: list[dict], results: list[dict]) -> None:
     if len(results) < 2:
         return
@@ -989,6 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {line}")
     took = {"wall_s": time.perf_counter() - started[0], "cpu_s": clock() - started[1]}
     print(f"\nthe simulation took {took['wall_s']:.0f} s ({took['cpu_s']:.0f} s CPU)")
+    print("\nAs docs/scale.md's table (CPU time):\n")
+    print(markdown_table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"model": dataclasses.asdict(model), "tp": args.tp, "pp": args.pp,

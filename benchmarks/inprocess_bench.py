@@ -5,6 +5,8 @@ new processes in the same allocation, measured in one run; then the goodput of a
 as this benchmark counts it from the job's own step log.
 
     SLURM_CONF=/var/lib/hpctrain/devcluster/etc/slurm.conf .venv/bin/python benchmarks/inprocess_bench.py
+    # the per-launcher table alone (docs/fault-recovery.md), 3 jobs per cell:
+    .venv/bin/python benchmarks/inprocess_bench.py --launchers srun,torchrun,deepspeed --no-goodput
 
 The job is examples/train_gpt.py on 2 nodes x 2 fake GPUs, dp=4 under each of --launchers
 (srun, torchrun, deepspeed; the goodput run under the first), submitted with
@@ -19,23 +21,35 @@ restart. The two kinds differ only in ``--inprocess --snapshot-every 1``:
 - in-process: the ranks leave the failed attempt, meet again on a fresh store prefix and
   resume from the snapshot in memory.
 
-Figures (medians over --repeat jobs of each kind, interleaved): the *recovery*, from the
-last step before the failure to the first step after it (``hpctrain report``'s "back in");
-for the hang also from its detection (the ledger's detected_at) to the first step after it.
+Figures (medians over --repeat jobs of each kind, interleaved, with their range): the
+*recovery*, from the last step before the failure to the first step after it (``hpctrain
+report``'s "back in"); for the hang also from its detection (the ledger's detected_at) to
+the first step after it; and the job's first start (Slurm start -> first step, the cold
+start every restart in new processes repeats). They are printed as one markdown table, a
+row per launcher and figure, headed by the command, the date, the machine and N, ready to
+paste into docs/fault-recovery.md. The hang is found by ``hang_timeout_s`` alone (no
+``collective_timeout_s``): the hung rank is stopped in Python, its peers are freed from the
+all-reduce by the group's abort (in-process) or by the step's kill (cold).
 Goals: a crash <= 3 s, a hang <= detection + 3 s, goodput >= 90% with the report and this
 count within 2 points. Needs the devcluster (or a GPU partition: --partition, --shared,
---nodes, --gpus-per-node) and an idle queue; about 35 minutes with the defaults.
+--nodes, --gpus-per-node) and an idle queue; on the 2-core devcluster about 5 minutes per
+launcher with --repeat 3, and 20-25 minutes more for the goodput run (--no-goodput skips it).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.metadata
 import json
+import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,9 +187,20 @@ def goodput_job(where: Where, base: Path, name: str, total: int, inprocess: bool
     return r["goodput"], own_goodput(where, root, job, total), r
 
 
-def recovery_figures(where: Where, base: Path, launcher: str, repeat: int) -> None:
-    """The crash and hang recoveries under ``launcher``, in-process vs cold (medians of
-    ``repeat`` jobs of each kind, interleaved: the machine drifts between runs), printed."""
+Figures = Mapping[str, Mapping[str, Sequence[Mapping[str, float]]]]
+"""{launcher: {"cold" | "inprocess": [one job's recoveries(), ...]}}"""
+
+# (key in recoveries(), what the table's row says, the in-process goal in seconds or None)
+ROWS = (("crash", "a crash on one rank", 3.0),
+        ("hang", f"a Python hang, `hang_timeout_s = {HANG_S}` alone (no `collective_timeout_s`)",
+         None),
+        ("hang after detection", "the same hang, from its detection", 3.0))
+
+
+def recovery_figures(where: Where, base: Path, launcher: str,
+                     repeat: int) -> dict[str, list[dict[str, float]]]:
+    """The crash and hang recoveries under ``launcher``, in-process and cold, ``repeat`` jobs
+    of each kind, interleaved (the machine drifts between runs)."""
     figures: dict[str, list[dict[str, float]]] = {"cold": [], "inprocess": []}
     for i in range(repeat):
         for kind in figures:
@@ -184,18 +209,52 @@ def recovery_figures(where: Where, base: Path, launcher: str, repeat: int) -> No
                          launcher=launcher)
             wait_done(job, 900)
             figures[kind].append(recoveries(root, job))
-    cold, warm = ({k: statistics.median(f[k] for f in figures[kind]) for k in figures[kind][0]}
-                  for kind in ("cold", "inprocess"))
-    print(f"{launcher}: {where.nodes} nodes x {where.gpus_per_node} ranks (dp={where.gpus}), "
-          f"train_gpt, hang_timeout_s={HANG_S}, medians of {repeat} job(s) per kind; a cold "
-          f"start here (import torch, rendezvous, build, first step) takes "
-          f"{cold['start-up']:.1f} s")
-    for what, goal in (("crash", 3.0), ("hang", None), ("hang after detection", 3.0)):
-        ratio = cold[what] / warm[what] if warm[what] > 0 else float("inf")
-        aim = f" (goal <= {goal:.0f} s)" if goal else ""
-        print(f"  {what}: last step before -> first step after: in-process {warm[what]:.1f} s"
-              f"{aim}, cold in-place restart {cold[what]:.1f} s: cold / in-process = "
-              f"{ratio:.1f}x")
+            print(f"{launcher} {kind} {i + 1}/{repeat}: job {job}: " + ", ".join(
+                f"{k} {v:.1f} s" for k, v in figures[kind][-1].items()), file=sys.stderr,
+                flush=True)
+    return figures
+
+
+def _cell(values: Sequence[float]) -> str:
+    """'12.8 s (12.1-13.5)': the median and the range (the range only for 2 or more)."""
+    med = statistics.median(values)
+    if len(values) < 2:
+        return f"{med:.1f} s"
+    return f"{med:.1f} s ({min(values):.1f}-{max(values):.1f})"
+
+
+def recovery_table(figures: Figures) -> str:
+    """The per-launcher markdown table of ``figures``: a row per launcher and recovery
+    (in-process against cold, medians and ranges, their ratio), then the launcher's first
+    start (cold only: both kinds' jobs start the same way, so all of them count). Pure."""
+    lines = ["| launcher | from the last step before to the first step after | in-process: "
+             "median (range) | cold, new processes in the same allocation: median (range) | "
+             "cold / in-process |", "|---|---|---|---|---|"]
+    for launcher, kinds in figures.items():
+        cold, warm = kinds["cold"], kinds["inprocess"]
+        for key, what, goal in ROWS:
+            c = [f[key] for f in cold]
+            w = [f[key] for f in warm]
+            wm = statistics.median(w)
+            ratio = f"{statistics.median(c) / wm:.1f}x" if wm > 0 else "n/a"
+            aim = f" (goal <= {goal:.0f} s)" if goal is not None else ""
+            lines.append(f"| {launcher} | {what} | {_cell(w)}{aim} | {_cell(c)} | {ratio} |")
+        starts = [f["start-up"] for kind in (cold, warm) for f in kind]
+        lines.append(f"| {launcher} | not a recovery: the job's first start (Slurm start -> "
+                     f"first step; {len(starts)} jobs) | | {_cell(starts)} | |")
+    return "\n".join(lines)
+
+
+def caption(where: Where, argv: Sequence[str], repeat: int, today: datetime.date,
+            torch_version: str, cpus: int | None) -> str:
+    """The line above the table: the command, the date, the machine, N. Pure."""
+    command = shlex.join(["python", "benchmarks/inprocess_bench.py", *argv])
+    return (f"`{command}`, {today.isoformat()}, {cpus or '?'}-core machine, torch {torch_version}: "
+            f"examples/train_gpt.py on {where.nodes} nodes x {where.gpus_per_node} ranks "
+            f"(dp={where.gpus}), partition {where.partition}, a crash on rank 1 before step "
+            f"{CRASH_AT} and a Python hang of rank 2 before step {HANG_AT}, "
+            f"`hang_timeout_s = {HANG_S}`; medians of {repeat} job(s) per cell, each kind's "
+            f"jobs interleaved")
 
 
 def main() -> None:
@@ -220,8 +279,17 @@ def main() -> None:
     where = Where(args.partition, args.preempt_partition, args.shared, args.nodes,
                   args.gpus_per_node)
     base = Path(tempfile.mkdtemp(prefix="inprocess-bench-", dir=where.shared))
-    for launcher in launchers:
-        recovery_figures(where, base, launcher, args.repeat)
+    figures = {launcher: recovery_figures(where, base, launcher, args.repeat)
+               for launcher in launchers}
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "?"
+    print(caption(where, sys.argv[1:], args.repeat, datetime.date.today(), torch_version,
+                  os.cpu_count()))
+    print()
+    print(recovery_table(figures))
+    print(flush=True)
     if args.no_goodput:
         return
     done = steps(base / f"{launchers[0]}-cold-0")

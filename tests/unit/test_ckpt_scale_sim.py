@@ -155,6 +155,10 @@ def test_the_quick_tier_prints_its_tables_and_writes_the_figures(
     for heading in ("Save plan, per rank", "Commit (rank 0", "Load, per rank",
                     "Growth with the rank count", "Summary", "the simulation took"):
         assert heading in printed
+    table = printed.split("As docs/scale.md's table (CPU time):\n\n", 1)[1].splitlines()
+    rows = [line for line in table if line.startswith("|")]
+    assert rows[1] == "|---|---|---|---|---|---|---|" and len(rows) == 2 + 3
+    assert rows[4].startswith("| 1,024 (256) | ") and all(r.count("|") == 8 for r in rows)
     data = json.loads(out.read_text())
     assert [r["ranks"] for r in data["results"]] == [64, 256, 1024]
     for fields in data["by_ranks"].values():   # the names
