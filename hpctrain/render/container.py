@@ -46,6 +46,8 @@ CACHE = protocol.JOB_CACHE
 # ",SRC:SRC,..." made by the setup lines; empty (or unset: a site template without them)
 CACHE_MOUNTS = '"${HPCTRAIN_CACHE_MOUNTS-}"'
 SKOPEO_TIMEOUT_S = 60    # an offline compute node: the registry's silence ends the question
+SKOPEO_KILL_S = 5        # ... and a skopeo that ignores the TERM is killed this much later
+OWN_SIFS = '"$SLURM_SUBMIT_DIR/.hpctrain-sif"'   # the user's own SIFs (the default sif_dir)
 DIGEST_BASH_RE = "^sha256:[0-9a-f]{64}$"   # what skopeo must answer (spec.container.DIGEST_RE)
 
 
@@ -121,9 +123,12 @@ def _sif_lines(plan: ContainerPlan) -> list[str]:
     compute node, no skopeo) the SIF last run for the reference runs, and the job log says
     so and why: never silently; with none there, the tag is pulled as it is. Other
     transports (``oras://``, ``library://``) cannot be asked: their SIF is kept per
-    reference, and the job log says so whenever it is reused."""
+    reference, and the job log says so whenever it is reused. Each pull writes a temporary
+    file of the job's id (removed first: a requeued job keeps its id, and its earlier run
+    may have been killed in the pull) and renames it; a site's shared ``sif_dir`` gets SIFs
+    every user reads (:func:`_shared_sif_lines`)."""
     ref, tool = shq(plan.image), shq(plan.apptainer)
-    where = shq(plan.sif_dir) if plan.sif_dir else '"$SLURM_SUBMIT_DIR/.hpctrain-sif"'
+    where = shq(plan.sif_dir) if plan.sif_dir else OWN_SIFS
     tmp = '"$HPCTRAIN_SIF.$SLURM_JOB_ID.tmp.sif"'
     lines = [
         "# the image as one SIF per digest, on storage every node reads: `apptainer exec` of",
@@ -141,7 +146,8 @@ def _sif_lines(plan: ContainerPlan) -> list[str]:
             'HPCTRAIN_SIF=""',
             "if ! command -v skopeo >/dev/null 2>&1; then",
             '  hpctrain_why="skopeo is not installed here"',
-            f"elif hpctrain_why=$(timeout {SKOPEO_TIMEOUT_S} skopeo inspect --no-tags "
+            f"elif hpctrain_why=$(timeout -k {SKOPEO_KILL_S} {SKOPEO_TIMEOUT_S} skopeo inspect "
+            "--no-tags "
             f"--format '{{{{.Digest}}}}' {ref} 2>&1) \\",
             "    && hpctrain_why=${hpctrain_why##*$'\\n'} && [[ $hpctrain_why =~ "
             f"{DIGEST_BASH_RE} ]]; then",
@@ -154,7 +160,7 @@ def _sif_lines(plan: ContainerPlan) -> list[str]:
             'if [[ -z $HPCTRAIN_SIF ]]; then',
             '  export HPCTRAIN_SIF=$hpctrain_last',
             f"  hpctrain_from={ref}",
-            "  if [[ -s $HPCTRAIN_SIF ]]; then",
+            "  if [[ -s $HPCTRAIN_SIF && -r $HPCTRAIN_SIF ]]; then",
             f'    echo {why}: running the SIF last run for it, '
             '$(readlink -- "$HPCTRAIN_SIF" || echo "$HPCTRAIN_SIF"); a moved tag is not '
             'noticed until the registry answers" >&2',
@@ -166,15 +172,27 @@ def _sif_lines(plan: ContainerPlan) -> list[str]:
         lines += [
             'export HPCTRAIN_SIF=$hpctrain_last',
             f"hpctrain_from={ref}",
-            "if [[ -s $HPCTRAIN_SIF ]]; then",
+            "if [[ -s $HPCTRAIN_SIF && -r $HPCTRAIN_SIF ]]; then",
             f'  echo "hpctrain: running the SIF pulled before for "{ref}" (only docker:// '
             'tags are asked for a newer image): remove $HPCTRAIN_SIF to pull it again" >&2',
             "fi"]
+    if plan.sif_dir:
+        lines += _shared_sif_lines()
+    # a requeued job keeps its id: a temporary SIF its earlier run left (killed in the
+    # pull) is removed first, as `apptainer pull` refuses a file that exists
+    pull = [f'mkdir -p -- "$hpctrain_sifs" && rm -f -- {tmp} && {tool} pull {tmp} '
+            '"$hpctrain_from" \\']
+    if plan.sif_dir:   # the site's shared directory: a SIF every user reads
+        pull = ["( if (( hpctrain_shared )); then umask 022; fi",
+                f"  {pull[0]}",
+                f"    && {{ (( ! hpctrain_shared )) || chmod a+r -- {tmp}; }} "
+                f"&& mv -f -- {tmp} {SIF} ) \\"]
+    else:
+        pull.append(f"    && mv -f -- {tmp} {SIF} \\")
     lines += [
-        'if [[ ! -s $HPCTRAIN_SIF ]]; then',
+        'if [[ ! -s $HPCTRAIN_SIF || ! -r $HPCTRAIN_SIF ]]; then',
         '  echo "hpctrain: pulling $hpctrain_from into $HPCTRAIN_SIF" >&2',
-        f'  mkdir -p -- "$hpctrain_sifs" && {tool} pull {tmp} "$hpctrain_from" '
-        f"&& mv -f -- {tmp} {SIF} \\",
+        *("  " + line for line in pull),
         f'    || {{ rm -f -- {tmp}; echo "hpctrain: "{tool}" pull $hpctrain_from failed" >&2; '
         "exit 1; }",
         "fi"]
@@ -189,6 +207,37 @@ def _sif_lines(plan: ContainerPlan) -> list[str]:
     return lines
 
 
+def _shared_sif_lines() -> list[str]:
+    """The site's ``sif_dir`` is shared by every user of the partition: its SIFs are pulled
+    world-readable (umask 022, ``chmod a+r``), so the next user's job runs them. Where it
+    cannot serve this user (a SIF there this user cannot read, an earlier hpctrain's 0600
+    one say, or a directory this user cannot write a missing SIF into) the job uses the
+    user's own ``<submit dir>/.hpctrain-sif`` instead, pulled with the job's umask, and
+    the job log says why."""
+    own = OWN_SIFS
+    return [
+        "# the site's sif_dir is shared: SIFs pulled there are every user's (world-readable);",
+        "# where it cannot serve this user, the user's own directory does, and the log says why",
+        "hpctrain_shared=1",
+        'hpctrain_cannot=""',
+        "if [[ -e $HPCTRAIN_SIF && ! -r $HPCTRAIN_SIF ]]; then",
+        '  hpctrain_cannot="$HPCTRAIN_SIF is there but $(id -un) cannot read it ($(stat -L -c '
+        "'owner %U, mode %a' -- \"$HPCTRAIN_SIF\" 2>/dev/null)): its owner can chmod a+r it\"",
+        'elif [[ ! -e $HPCTRAIN_SIF && -d $hpctrain_sifs && ! ( -w $hpctrain_sifs && -x '
+        "$hpctrain_sifs ) ]]; then",
+        '  hpctrain_cannot="$(id -un) cannot write $hpctrain_sifs (owner $(stat -c %U -- '
+        '"$hpctrain_sifs" 2>/dev/null)): the site makes it writable by the users who share it '
+        '(a group directory, chmod 2775)"',
+        "fi",
+        "if [[ -n $hpctrain_cannot ]]; then",
+        f"  hpctrain_sifs={own}; hpctrain_shared=0",
+        '  hpctrain_last="$hpctrain_sifs/${hpctrain_last##*/}"',
+        '  export HPCTRAIN_SIF="$hpctrain_sifs/${HPCTRAIN_SIF##*/}"',
+        '  echo "hpctrain: warning: the site\'s sif_dir cannot serve this job: $hpctrain_cannot;'
+        ' using this user\'s own $HPCTRAIN_SIF instead" >&2',
+        "fi"]
+
+
 def _cache_lines(plan: ContainerPlan) -> list[str]:
     """The caches, mounted into the container at their own paths (``$HPCTRAIN_CACHE_MOUNTS``).
 
@@ -199,14 +248,22 @@ def _cache_lines(plan: ContainerPlan) -> list[str]:
     found. Where the runtime mounts no home, the scratch written under it (compiled
     kernels, pip's downloads) goes to a job-private directory that the supervisor removes
     when the job ends for good (:mod:`hpctrain.supervisor.caches`; this script, if it
-    ends before the hand-over), kept across requeues. A path no mount list can hold (``,``
-    or ``:`` in it) is not mounted, and the job log says so."""
+    ends before the hand-over), kept across requeues. A path no mount list can hold (``,``,
+    ``:`` or whitespace in it) is not mounted, and the job log says so; so is a model cache
+    with no default (neither HOME nor XDG_CACHE_HOME set)."""
     lines = ["# caches: the user's models (per user, kept), the job's scratch (per job)",
              'HPCTRAIN_CACHE_MOUNTS=""']
     if not plan.home:
         lines += ["# no home in the container: the user's model caches where the libraries "
                   "would put them"]
-        lines += [f': "${{{v}:=${{XDG_CACHE_HOME:-$HOME/.cache}}/{d}}}"; export {v}'
+        # HOME may be unset too (set -u): then there is no default, and the log says so
+        lines += ['hpctrain_user_cache=${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}']
+        lines += [f'if [[ -n ${{{v}:-}} ]]; then export {v}; '
+                  'elif [[ -n $hpctrain_user_cache ]]; then '
+                  f'export {v}="$hpctrain_user_cache/{d}"; '
+                  f'else echo "hpctrain: warning: {v} is not mounted into the container: it is '
+                  f'unset and so are HOME and XDG_CACHE_HOME (set {v} to keep these caches '
+                  'across jobs)" >&2; fi'
                   for v, d in MODEL_CACHES]
         lines += [
             "# ... and the job's scratch in a job-private directory, removed when the job",
@@ -220,9 +277,9 @@ def _cache_lines(plan: ContainerPlan) -> list[str]:
     names = " ".join(f'${{{v}:+"${v}"}}' for v, _ in MODEL_CACHES)
     lines += [
         f'for hpctrain_dir in {names} ${{HF_TOKEN_PATH:+"$HF_TOKEN_PATH"}}; do',
-        '  if [[ $hpctrain_dir != /* || $hpctrain_dir == *[,:]* ]]; then',
+        "  if [[ $hpctrain_dir != /* || $hpctrain_dir == *[,:[:space:]]* ]]; then",
         '    echo "hpctrain: warning: $hpctrain_dir is not mounted into the container: a mount '
-        'list takes only absolute paths without , or :" >&2',
+        'list takes only absolute paths without , : or whitespace" >&2',
         '  elif [[ $hpctrain_dir == "${HF_TOKEN_PATH:-}" ]]; then',
         '    if [[ -f $hpctrain_dir ]]; then',
         '      HPCTRAIN_CACHE_MOUNTS+=",$hpctrain_dir:$hpctrain_dir:ro"   # the token: read-only',

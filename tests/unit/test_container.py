@@ -360,6 +360,202 @@ def test_an_image_no_registry_can_be_asked_about_is_reused_and_the_log_says_so(
     assert not again.read("skopeo.calls")
 
 
+def test_a_requeued_job_whose_earlier_run_was_killed_mid_pull_pulls_again(
+        tmp_path: Path) -> None:
+    """An adversarial run: a requeue keeps the job id, so the temporary SIF of a run killed
+    in the pull was there again, `apptainer pull` refused it, and the job ended at start."""
+    image = "docker://ghcr.io/lab/train:1.0"
+    sif = tmp_path / ".hpctrain-sif" / f"sha256-{'a' * 64}.sif"
+    sif.parent.mkdir()
+    left = Path(f"{sif}.4242.tmp.sif")
+    left.write_text("half a SIF\n")                # the killed pull's
+    run = stood_in(tmp_path, "c-apptainer", {"image": image}, STANDIN_REGISTRY_DIGEST=DIGEST_A)
+    assert run.returncode == 0, run.stderr
+    assert pulls(run) == [f"docker://ghcr.io/lab/train@{DIGEST_A}"]
+    assert image_run(run) == str(sif) and sif.read_text().startswith("SIF of ")
+    assert not left.exists()
+
+
+def test_a_shared_sif_dir_gets_sifs_every_user_can_read(tmp_path: Path) -> None:
+    """The job's umask is 077 (private records): a SIF pulled with it into the site's
+    shared sif_dir was 0600 (its new directory 0700), and no other user could run it."""
+    sifs = tmp_path / "lustre" / "apptainer-sifs"
+    FACTS["shared"] = f'runtime = "apptainer"\nsif_dir = "{sifs}"\n'
+    try:
+        run = stood_in(tmp_path, "c-shared", {"image": "docker://ghcr.io/lab/train:1.0"},
+                       STANDIN_REGISTRY_DIGEST=DIGEST_A)
+    finally:
+        del FACTS["shared"]
+    assert run.returncode == 0, run.stderr
+    sif = sifs / f"sha256-{'a' * 64}.sif"
+    assert image_run(run) == str(sif)
+    assert sif.stat().st_mode & 0o777 == 0o644
+    assert sifs.stat().st_mode & 0o777 == 0o755
+    # ... and only there: the user's own SIFs (no sif_dir) keep the job's umask
+    (run.log / "apptainer.args").unlink()
+    own = stood_in(tmp_path, "c-apptainer", {"image": "docker://ghcr.io/lab/train:1.0"},
+                   STANDIN_REGISTRY_DIGEST=DIGEST_A)
+    assert own.returncode == 0, own.stderr
+    assert Path(image_run(own)).stat().st_mode & 0o077 == 0
+
+
+def setup_lines_run(root: Path, plan: Any, other_user: bool = False, unset: tuple[str, ...] = (),
+                    path_first: Path | None = None, **env: str) -> Any:
+    """Only the container's setup lines (the SIF, the caches) under the script's `set -u`
+    and umask 077, through the stand-ins; they print HPCTRAIN_SIF and the cache mounts.
+    ``other_user``: run as another user (nobody, where the tests run as root)."""
+    import subprocess
+
+    from hpctrain.render.container import container_setup
+    from helpers.standins import script_env
+
+    script = root / "setup.sh"
+    script.write_text("set -uo pipefail\numask 077\n" + "\n".join(container_setup(plan))
+                      + '\nprintf "%s\\n" "${HPCTRAIN_SIF:-}" "$HPCTRAIN_CACHE_MOUNTS"\n')
+    full = script_env(root, **env)
+    if path_first is not None:
+        full["PATH"] = f"{path_first}:{full['PATH']}"
+    for name in unset:
+        full.pop(name, None)
+    argv = ["/bin/bash", str(script)]
+    if other_user and os.geteuid() == 0:
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    proc = subprocess.run(argv, cwd=root, env=full, capture_output=True, text=True, timeout=30)
+    return proc
+
+
+@pytest.fixture
+def two_users(tmp_path: Path) -> Any:
+    """A directory both users can reach: user A's shared sif_dir, user B's submit dir.
+    Where the tests run as root, B is nobody; else B is this user, and A's SIF is made
+    unreadable (and A's directory unwritable) by its mode."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="hpctrain-users-"))
+    root.chmod(0o755)
+    own = root / "b-submit"
+    own.mkdir()
+    (root / "standin-log").mkdir()
+    (root / "standin-log").chmod(0o777)
+    if os.geteuid() == 0:
+        os.chown(own, 65534, 65534)
+    try:
+        yield root, own
+    finally:
+        shutil.rmtree(root)
+
+
+def test_a_shared_sif_another_user_cannot_read_is_pulled_into_ones_own_and_said(
+        two_users: tuple[Path, Path]) -> None:
+    from hpctrain.spec.container import ContainerPlan
+
+    root, own = two_users
+    sifs = root / "apptainer-sifs"
+    sifs.mkdir(mode=0o755)
+    theirs = sifs / f"sha256-{'a' * 64}.sif"
+    theirs.write_text("A's SIF\n")
+    theirs.chmod(0o600)                 # pulled by an hpctrain before the fix
+    plan = ContainerPlan("apptainer", "docker://ghcr.io/lab/train:1.0", (), None, (), None,
+                         sif_dir=str(sifs))
+    run = setup_lines_run(root, plan, other_user=True, SLURM_SUBMIT_DIR=str(own),
+                          HOME=str(own), STANDIN_REGISTRY_DIGEST=DIGEST_A)
+    assert run.returncode == 0, run.stderr
+    mine = own / ".hpctrain-sif" / theirs.name
+    assert run.stdout.splitlines()[0] == str(mine) and mine.read_text().startswith("SIF of ")
+    said = [ln for ln in run.stderr.splitlines() if "sif_dir cannot serve" in ln]
+    assert len(said) == 1 and f"{theirs} is there but" in said[0], run.stderr
+    assert "cannot read it (owner" in said[0] and f"own {mine} instead" in said[0]
+    assert theirs.read_text() == "A's SIF\n"
+
+
+def test_a_shared_sif_dir_another_user_cannot_write_is_said_and_ones_own_used(
+        two_users: tuple[Path, Path]) -> None:
+    from hpctrain.spec.container import ContainerPlan
+
+    root, own = two_users
+    sifs = root / "apptainer-sifs"
+    sifs.mkdir(mode=0o755)
+    if os.geteuid() != 0:
+        sifs.chmod(0o555)
+    plan = ContainerPlan("apptainer", "docker://ghcr.io/lab/train:1.0", (), None, (), None,
+                         sif_dir=str(sifs))
+    run = setup_lines_run(root, plan, other_user=True, SLURM_SUBMIT_DIR=str(own),
+                          HOME=str(own), STANDIN_REGISTRY_DIGEST=DIGEST_B)
+    sifs.chmod(0o755)
+    assert run.returncode == 0, run.stderr
+    mine = own / ".hpctrain-sif" / f"sha256-{'b' * 64}.sif"
+    assert run.stdout.splitlines()[0] == str(mine) and mine.exists()
+    assert f"cannot write {sifs}" in run.stderr and "a group directory" in run.stderr
+    # the user's own SIFs keep the job's umask: private
+    assert mine.stat().st_mode & 0o077 == 0
+
+
+def test_an_unanswering_skopeo_is_killed_after_its_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`timeout 60 skopeo` sent TERM only: a skopeo that ignores it kept the job waiting."""
+    from hpctrain.render import container as render_container
+    from hpctrain.spec.container import ContainerPlan
+
+    monkeypatch.setattr(render_container, "SKOPEO_TIMEOUT_S", 1)
+    monkeypatch.setattr(render_container, "SKOPEO_KILL_S", 1)
+    deaf = tmp_path / "deaf-bin"
+    deaf.mkdir()
+    (deaf / "skopeo").write_text("#!/bin/bash\ntrap '' TERM\nsleep 60\n")
+    (deaf / "skopeo").chmod(0o755)
+    plan = ContainerPlan("apptainer", "docker://ghcr.io/lab/train:1.0", (), None, (), None)
+    run = setup_lines_run(tmp_path, plan, path_first=deaf)
+    assert run.returncode == 0, run.stderr
+    assert "cannot ask the registry" in run.stderr and "pulling the tag as it is" in run.stderr
+    monkeypatch.undo()
+    assert "timeout -k 5 60 skopeo inspect" in "\n".join(render_container.container_setup(plan))
+
+
+def test_no_home_anywhere_leaves_the_model_caches_unmounted_and_the_log_says_so(
+        tmp_path: Path) -> None:
+    """An adversarial run: with no home in the container and HOME unset,
+    ${XDG_CACHE_HOME:-$HOME/.cache} ended the script (set -u) before the hand-over."""
+    from hpctrain.spec.container import ContainerPlan
+
+    plan = ContainerPlan("pyxis", "/i.sqsh", (), None, (), False, home=False)
+    cache = tmp_path / ".hpctrain-cache" / "4242"
+    run = setup_lines_run(tmp_path, plan, unset=("HOME",))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[1] == f",{cache}:{cache}"     # the job's scratch only
+    for name in ("HF_HOME", "TORCH_HOME"):
+        assert (f"warning: {name} is not mounted into the container: it is unset and so are "
+                "HOME and XDG_CACHE_HOME") in run.stderr
+    # the user's own value is still mounted, and XDG_CACHE_HOME is still a default
+    hf = tmp_path / "hf"
+    mine = setup_lines_run(tmp_path, plan, unset=("HOME",), HF_HOME=str(hf),
+                           XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    assert mine.returncode == 0, mine.stderr
+    torch_home = tmp_path / "xdg" / "torch"
+    assert mine.stdout.splitlines()[1] == (f",{cache}:{cache},{hf}:{hf},"
+                                           f"{torch_home}:{torch_home}")
+    assert "not mounted" not in mine.stderr
+
+
+@pytest.mark.parametrize("name", ["HF_HOME", "TORCH_HOME", "HF_TOKEN_PATH"])
+@pytest.mark.parametrize("blank", [" ", "\t", "\n"], ids=["space", "tab", "newline"])
+def test_a_cache_path_with_whitespace_is_not_mounted_and_the_log_says_so(
+        tmp_path: Path, name: str, blank: str) -> None:
+    """A mount list is split on whitespace too (apptainer's --bind, pyxis's words): a path
+    with a space, tab or newline is refused as one with , or : is."""
+    from hpctrain.spec.container import ContainerPlan
+
+    path = tmp_path / f"my{blank}cache"
+    if name == "HF_TOKEN_PATH":
+        path.write_text("hf_secret\n")
+    plan = ContainerPlan("pyxis", "/i.sqsh", (), None, (), False)
+    run = setup_lines_run(tmp_path, plan, **{name: str(path)})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "\n\n"                        # no SIF, no mount
+    assert f"warning: {path} is not mounted into the container" in run.stderr
+    assert "without , : or whitespace" in run.stderr
+    assert name == "HF_TOKEN_PATH" or not path.exists()
+
+
 def test_image_names_for_the_digest() -> None:
     from hpctrain.spec.container import ContainerPlan
 
