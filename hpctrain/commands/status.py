@@ -63,7 +63,8 @@ class _WatchSeconds(click.FloatRange):
 @click.option("--expand", is_flag=True, help="Show every task of sweeps, not one row each.")
 @click.option("--limit", default=20, show_default=True,
               help="Without JOB_IDs: how many of the most recent submissions to show.")
-@click.option("--watch", "watch_s", type=_WatchSeconds(), default=None, is_flag=False, flag_value=5.0,
+@click.option("--watch", "watch_s", type=_WatchSeconds(), default=None, is_flag=False,
+              flag_value=5.0,
               metavar="[SECONDS]",
               help="Show the table again every SECONDS (default 5; 1 to 3600) until the jobs "
                    "have ended "
