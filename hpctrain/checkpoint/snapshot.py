@@ -8,7 +8,7 @@ copied (host memory only, no disk: cheap enough to take more often than a durabl
 One per checkpoint root, the newest; it outlives the manager that made it, since each
 attempt of ``main`` builds its own. A restore is used only when every rank holds the same
 step, as new as the newest durable one, laid out as the state asks (else the manager reads
-storage, as always).
+storage, the one copy every rank can reach).
 """
 
 from __future__ import annotations
@@ -31,16 +31,17 @@ class Snapshot:
     step: int
     payload: RankPayload
 
-    def decode(self, state: dict) -> dict | None:
+    def decode(self, state: dict) -> dict | str:
         """This snapshot's extras, unpickled, when ``state`` is laid out as the snapshot
-        is; else None. Nothing is written (:meth:`apply` does, once every rank agrees)."""
+        is; else why not (for the job log). Nothing is written (:meth:`apply` does, once
+        every rank agrees)."""
         chunks, _ = flatten(state)
         if [_shape(c) for c in chunks] != [_shape(c) for c in self.payload.chunks]:
-            return None
+            return differs(chunks, self.payload.chunks)
         try:
             return pickle.loads(self.payload.extras)
-        except Exception:  # noqa: BLE001 - (this process pickled them: not expected)
-            return None
+        except Exception as exc:  # noqa: BLE001 - (this process pickled them: not expected)
+            return f"its extras do not unpickle ({type(exc).__name__}: {exc})"[:300]
 
     def apply(self, extras: dict, state: dict) -> None:
         """Copy this snapshot into ``state``'s tensors in place and set its ``extras``
@@ -58,6 +59,39 @@ class Snapshot:
 
 def _shape(c: Chunk) -> tuple:
     return (c.path, c.offsets, c.shape, c.dtype, c.global_shape)
+
+
+def differs(state: list[Chunk], kept: list[Chunk]) -> str:
+    """How the state's tensors (``state``: its chunks) differ from a snapshot's (``kept``),
+    in a few words: ``model.l1 in the snapshot, not in the state``."""
+    from hpctrain.checkpoint.fit import names
+
+    mine, theirs = {c.path for c in state}, {c.path for c in kept}
+    parts = []
+    if theirs - mine:
+        parts.append(f"{names(sorted(theirs - mine, key=repr))} in the snapshot, not in "
+                     "the state")
+    if mine - theirs:
+        parts.append(f"{names(sorted(mine - theirs, key=repr))} in the state, not in "
+                     "the snapshot")
+    if not parts:
+        at = {c.path: c for c in kept}
+        other = [c for c in state if _shape(at[c.path]) != _shape(c)]
+        if other:
+            c, k = other[0], at[other[0].path]
+            parts.append(f"{names([c.path])}: {_said(c)} in the state, {_said(k)} in the "
+                         "snapshot" + (f", and {len(other) - 1} more" if len(other) > 1 else ""))
+        else:
+            parts.append("the tensors in another order")
+    return "; ".join(parts)
+
+
+def _said(c: Chunk) -> str:
+    """``float32 [4, 3]`` (``at [2, 0] of [8, 3]`` for a shard)."""
+    what = f"{str(c.dtype).removeprefix('torch.')} {list(c.shape)}"
+    if tuple(c.shape) != tuple(c.global_shape) or any(c.offsets):
+        what += f" at {list(c.offsets)} of {list(c.global_shape)}"
+    return what
 
 
 _KEPT: dict[Path, Snapshot] = {}   # checkpoint root -> its newest snapshot in this process

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpctrain.protocol.records import Verdict
 from hpctrain.slurm.states import Outcome
 
 
@@ -24,27 +25,29 @@ def format_requeues(requeues: dict[str, int]) -> str:
     return " ".join(f"{k}:{v}" for k, v in sorted(requeues.items())) or "-"
 
 
-def format_cause(verdict: dict[str, str]) -> str:
+def format_cause(verdict: Verdict | None) -> str:
     """The supervisor's verdict on the last run in one short cell: ``user_crash@7
     ValueError: boom (rank 1, n2)`` for a crash, ``last requeue: preemption@40`` while a
     requeued job goes on, ``requeue limit max_preemptions=1 reached``; ``-`` without one."""
-    cause, action = verdict.get("cause"), verdict.get("action")
-    if cause == "completed" and verdict.get("detail"):
-        return f"finished; {verdict['detail']}"   # a rank died at exit, nothing was lost
+    if verdict is None:
+        return "-"
+    cause, action = verdict.cause, verdict.action
+    if cause == "completed" and verdict.detail:
+        return f"finished; {verdict.detail}"   # a rank died at exit, nothing was lost
     if not cause or cause == "completed":
         return "-"
-    at = f"@{verdict['step']}" if verdict.get("step") else ""
+    at = f"@{verdict.step}" if verdict.step is not None else ""
     if action in ("requeue", "leave"):
         return f"last requeue: {cause}{at}"
-    if action == "stop" and verdict.get("limit"):
-        return f"requeue limit {verdict['limit']} reached"
+    if action == "stop" and verdict.limit:
+        return f"requeue limit {verdict.limit} reached"
     if action == "requeue_failed":
         return f"{cause}{at}: the requeue failed"
     if action == "restart":
         return f"restarted in place after a {cause}{at}"
-    where = ", ".join(x for x in (f"rank {verdict['rank']}" if verdict.get("rank") else "",
-                                  verdict.get("node", "")) if x)
-    error = verdict.get("error") or ""
+    where = ", ".join(x for x in (f"rank {verdict.rank}" if verdict.rank is not None else "",
+                                  verdict.node) if x)
+    error = verdict.error
     text = f"{cause}{at} {error}".strip()
     return f"{text} ({where})" if where else text
 

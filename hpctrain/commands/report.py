@@ -18,17 +18,18 @@ from pathlib import Path
 import click
 
 from hpctrain import protocol
-from hpctrain.commands.options import job_ids as check_ids
+from hpctrain.commands.options import job_ids as check_ids, json_option
 from hpctrain.errors import ReportError
 from hpctrain.jobs import index, statedir
 from hpctrain.commands.report_efficiency import efficiency, text_lines
 from hpctrain.jobs.accounting import job_runs
+from hpctrain.protocol.records import Verdict
 from hpctrain.report.build import CATEGORIES, Report, RunFacts, build
 
 
 @click.command()
 @click.argument("job_id", required=False, callback=check_ids)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 @click.option("--html", "html", type=click.Path(dir_okay=False), default=None,
               help="Also write a self-contained HTML page with the timeline to FILE.")
 @click.option("--dir", "base", type=click.Path(file_okay=False), default=None,
@@ -80,11 +81,10 @@ def job_report(key: str, state: Path, runs: list[RunFacts] | None = None,
     state directory (``history``: rank 0's, already read)."""
     if runs is None:
         runs = job_runs(key).get(key, [])
-    verdict = protocol.read_record(state / protocol.OUTCOME)
-    cause = verdict.get("cause", "")
+    verdict = Verdict.parse(protocol.read_record(state / protocol.OUTCOME)) or Verdict()
     return build(key, runs, statedir.ledger_lines(state),
-                 protocol.read_history(state) if history is None else history, cause,
-                 verdict.get("detail", "") if cause == "completed" else "")
+                 protocol.read_history(state) if history is None else history, verdict.cause,
+                 verdict.detail if verdict.cause == "completed" else "")
 
 
 def sweep_report(sweep_id: str, as_json: bool) -> int:

@@ -11,7 +11,7 @@ does not answer): no torch, no extra Slurm call.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -23,6 +23,7 @@ from hpctrain.jobs.statedir import state_dirs
 from hpctrain.protocol import live
 from hpctrain.protocol.ledger import Ledger, requeues_by_cause
 from hpctrain.protocol.progress import Progress
+from hpctrain.protocol.records import Verdict
 from hpctrain.slurm.states import by_name
 
 
@@ -45,7 +46,7 @@ class JobStatus:
     entry: JobEntry
     info: JobInfo
     ledger: Ledger | None = None
-    verdict: dict[str, str] = field(default_factory=dict)   # the supervisor's outcome record
+    verdict: Verdict | None = None                           # the supervisor's outcome record
     last_step: int | None = None
     live: str = ""            # rank 0's progress line (the last one once it stopped)
     progress_source: str = ""    # where it came from: "supervisor" (asked now), "summary"
@@ -84,8 +85,8 @@ class JobStatus:
                "excluded_nodes": self.excluded_nodes, "progress": self.live,
                "progress_source": self.progress_source, "progress_step": self.progress_step,
                "hangs": self.hangs, "last_checkpoint_step": self.last_step,
-               "folder": self.entry.folder, "cause": self.verdict.get("cause"),
-               "verdict": self.verdict, "run_id": self.run_id,
+               "folder": self.entry.folder, "cause": self.verdict.cause if self.verdict else None,
+               "verdict": self.verdict.fields() if self.verdict else {}, "run_id": self.run_id,
                "snapshot": self.entry.extra.get("snapshot", "")}
         if self.point is not None:
             out["point"] = self.point
@@ -122,7 +123,8 @@ def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = 
     if not details:
         return JobStatus(job_id, entry, info, ledger)
     view = JobStatus(job_id, entry, info, ledger,
-                     verdict=protocol.find_record(job_id, protocol.OUTCOME, *dirs),
+                     verdict=Verdict.parse(protocol.find_record(job_id, protocol.OUTCOME,
+                                                                *dirs)),
                      run_id=protocol.find_record(job_id, protocol.IDENTITY, *dirs).get(
                          "run_id", ""),
                      last_step=last_checkpoint_step(entry.checkpoint_dir))

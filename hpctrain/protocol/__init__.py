@@ -38,10 +38,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 from hpctrain.files import atomic_write
+
+_D = TypeVar("_D")   # env_int's default: an int, or None for "not given"
 
 # ---- environment: set by the rendered script or the supervisor, read by the others ------
 STATE_DIR = "HPCTRAIN_STATE_DIR"              # the job's state directory (this module)
@@ -55,6 +58,21 @@ EARLY_SIGNALS = "HPCTRAIN_EARLY_SIGNALS"      # caught by the batch shell before
 SUBMISSION_ID = "HPCTRAIN_SUBMISSION_ID"      # set by `hpctrain submit` in sbatch's environment
 SNAPSHOT_ID = "HPCTRAIN_SNAPSHOT_ID"          # the code snapshot the job runs ([run] snapshot)
 SNAPSHOT_DIR = "HPCTRAIN_SNAPSHOT_DIR"        # where that copy is (the job's working directory)
+# the job's shape, as the rendered script exports it (docs/spec.md): read by the runtime
+# (the layout) and the supervisor (the step's size)
+JOB_NAME = "HPCTRAIN_JOB_NAME"
+PARTITION = "HPCTRAIN_PARTITION"
+NODES = "HPCTRAIN_NODES"
+GPUS_PER_NODE = "HPCTRAIN_GPUS_PER_NODE"
+WORLD_SIZE = "HPCTRAIN_WORLD_SIZE"
+TP, PP, DP = "HPCTRAIN_TP", "HPCTRAIN_PP", "HPCTRAIN_DP"
+# a function job's rank's coordinates in that layout (hpctrain.runtime.function)
+TP_RANK, PP_RANK, DP_RANK = "HPCTRAIN_TP_RANK", "HPCTRAIN_PP_RANK", "HPCTRAIN_DP_RANK"
+TIME_LIMIT_S = "HPCTRAIN_TIME_LIMIT_S"        # the job's time limit in seconds (0: none)
+# how `hpctrain --host` starts hpctrain on the cluster (the CLI's option, remote/ssh.py)
+REMOTE_COMMAND = "HPCTRAIN_REMOTE_COMMAND"
+# "0": every --host command over plain ssh, no warm server (hpctrain.remote.warm, .server)
+REMOTE_SERVER = "HPCTRAIN_REMOTE_SERVER"
 # [checkpoint], for CheckpointManager()'s defaults (hpctrain.checkpoint.settings)
 CKPT_DIR = "HPCTRAIN_CKPT_DIR"
 CKPT_ACCESS = "HPCTRAIN_CKPT_ACCESS"
@@ -96,6 +114,26 @@ CONTAINER = "HPCTRAIN_CONTAINER"              # the step's container (JSON), for
 # supervisor removes it once the job ends for good (hpctrain.supervisor.caches)
 JOB_CACHE = "HPCTRAIN_CONTAINER_CACHE"
 JOB_CACHE_DIR = ".hpctrain-cache"                # under the submit directory
+
+
+def env_int(env: Mapping[str, str], name: str, default: _D, *,
+            error: Callable[[str], Exception] | None = ValueError,
+            fix: str = "unset it or give a whole number") -> int | _D:
+    """``$name`` of ``env`` as a whole number, ``default`` when it is unset or blank: the
+    one reader of the integers the script and the supervisor export (the supervisor's
+    settings, the runtime's layout, the checkpoint manager's defaults). A value that is not
+    a whole number raises ``error`` with a message naming the variable and ``fix``; with
+    ``error=None`` it counts as unset (a reader that must never fail)."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        if error is None:
+            return default
+        raise error(f"{name}={raw!r} is not a whole number: {fix}") from None
+
 
 # ---- the rendezvous port: one rule for the template, the runtime and function jobs ---------
 # 25000-28999 from the job id: clear of Slurm's own ports, of the ephemeral range (32768+),
@@ -147,6 +185,8 @@ def state_dir(base: str | os.PathLike[str], key: str) -> Path:
 
 
 # ---- key=value records (identity, stop, exit, outcome) ---------------------------------------
+# (the wire form; the stop notice, exit record and verdict are typed in
+# :mod:`hpctrain.protocol.records`, and read through their parsers only)
 def format_record(fields: Mapping[str, object]) -> str:
     """``key=value`` lines; a value must be one line (grep-able, and no record injection)."""
     lines = []
@@ -183,14 +223,6 @@ def read_record(path: str | os.PathLike[str] | None) -> dict[str, str]:
         return parse_record(Path(path).read_text())
     except (OSError, UnicodeDecodeError):
         return {}
-
-
-def belongs(record: Mapping[str, str], run_id: str | None, restart_count: int | None = None
-            ) -> bool:
-    """Was ``record`` written by this job (its run_id) and, if given, by this run?"""
-    if run_id and record.get("run_id") != run_id:
-        return False
-    return restart_count is None or record.get("restart_count") == str(restart_count)
 
 
 def find_state_dir(key: str, *bases: str) -> Path | None:

@@ -15,7 +15,7 @@ so the login node shows nothing that the supervisor did not say.
 One UDP datagram each way, like the progress channel (:mod:`hpctrain.protocol.channel`):
 a lost one is asked again once, and a supervisor that does not answer within ASK_S (gone,
 or a site's firewall between login and compute nodes) leaves ``status`` to the summary
-file it has always read.
+file, which the supervisor writes whether or not it can be asked.
 """
 
 from __future__ import annotations

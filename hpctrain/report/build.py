@@ -170,6 +170,13 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
                                      if k == "restart" and f.get("cause") == "node_fail"))
 
 
+def _of_run(fields: Mapping[str, str], restart: int) -> bool:
+    """Is a ledger line about run ``restart``? Its count compared as a number: the ledger
+    is text, and a count written another way (``01``) is still the same run."""
+    count = fields.get("restart_count", "")
+    return count.isdigit() and int(count) == restart
+
+
 def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mapping[str, str]]],
          final_cause: str) -> RunReport:
     """A run's report without its step accounting: attempts, queue wait, cause."""
@@ -180,7 +187,7 @@ def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Ma
     restarts = sorted((int(f.get("attempt", "0")), float(f.get("at", "0")), f.get("cause", ""),
                        "inprocess" if f.get("mode") == "inprocess" else "new")
                       for k, f in ledger if k == "restart"
-                      and f.get("restart_count") == str(run.restart))
+                      and _of_run(f, run.restart))
     begins = [(0, run.start or end, "", "")] + restarts
     attempts = []
     for i, (number, begin, _, mode) in enumerate(begins):
@@ -188,11 +195,11 @@ def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Ma
         cause = begins[i + 1][2] if i + 1 < len(begins) else ""
         attempts.append(Attempt(run.restart, number, begin, stop, cause, mode))
     requeue = next((f.get("cause", "") for k, f in ledger if k == "requeue"
-                    and f.get("restart_count") == str(run.restart + 1)), "")
+                    and _of_run(f, run.restart + 1)), "")
     cause = requeue or (final_cause if run is runs[-1] else "") or run.state.lower()
     attempts[-1].cause = cause
     step_gpus = next((int(f["gpus"]) for k, f in ledger if k == "step"
-                      and f.get("restart_count") == str(run.restart)
+                      and _of_run(f, run.restart)
                       and f.get("gpus", "").isdigit()), 0)
     return RunReport(run.restart, run.state, queue_s, run.elapsed_s, run.nodes, run.gpus,
                      cause, attempts, step_gpus)

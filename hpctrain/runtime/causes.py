@@ -20,8 +20,9 @@ to Slurm's facts, which decide.
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
 from dataclasses import dataclass
+
+from hpctrain.protocol.records import StopNotice, of_run
 
 EXIT_COMPLETED = 0
 EXIT_REQUEUE_PREEMPTION = 75
@@ -72,16 +73,15 @@ def cause_of_signal(signum: int, *, now: float | None = None, end_time: float | 
     return CAUSES["time_limit" if signum == signal.SIGUSR2 else "preemption"]
 
 
-def cause_of_stop(signum: int, notice: Mapping[str, str], restart_count: int, *,
+def cause_of_stop(signum: int, notice: StopNotice | None, restart_count: int, *,
                   now: float | None = None, end_time: float | None = None,
                   lead_s: float | None = None, run_id: str | None = None) -> ExitCause:
     """Why a stop signal came: the supervisor's stop notice for this run when it left
     one (it asked Slurm whether the job is being preempted before passing the signal on),
     else :func:`cause_of_signal` (a signal Slurm sent the step directly)."""
-    if (notice.get("restart_count") == str(restart_count)
-            and (not run_id or notice.get("run_id") == run_id)
-            and notice.get("cause") in ("preemption", "time_limit")):
-        return CAUSES[notice["cause"]]
+    if (of_run(notice, run_id, restart_count)
+            and notice is not None and notice.cause in ("preemption", "time_limit")):
+        return CAUSES[notice.cause]
     return cause_of_signal(signum, now=now, end_time=end_time, lead_s=lead_s)
 
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from hpctrain.protocol import COLLECTIVE_TIMEOUT_S, STEP_ATTEMPT
+from hpctrain.protocol import COLLECTIVE_TIMEOUT_S, STEP_ATTEMPT, STOP_SIGNALS, env_int
 from hpctrain.runtime import groups, progress, teardown
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
-from hpctrain.runtime.exitrecord import previous_cause, read_record, write_record
+from hpctrain.protocol.records import StopNotice
+from hpctrain.runtime.exitrecord import ExitRecord, previous_cause, read_record, write_record
 from hpctrain.runtime.progress import Reporter
 from hpctrain.runtime.signals import DEFAULT_SIGNALS, StopFlag, parse_signals
 from hpctrain.runtime.work import make_work
@@ -56,7 +57,8 @@ class Context:
         self._step: int | None = None
         self._exit = exit   # what close(), exit_for_requeue() and the process's exit run
         self.last_exit_cause: str | None = (
-            env.last_exit_cause or previous_cause(read_record(env.exit_file), env.restart_count))
+            env.last_exit_cause or previous_cause(ExitRecord.parse(read_record(env.exit_file)),
+                                                  env.restart_count))
 
     # -- where am I ---------------------------------------------------------------------
     rank = property(lambda self: self.env.rank)
@@ -123,8 +125,8 @@ class Context:
             self.reporter.boundary()   # before the collective: a rank that never gets here
         local = 0                      # is the one the others wait for
         if self.flag:
-            local = cause_of_stop(self.flag.signum, read_record(self.env.stop_file),
-                                  self.env.restart_count, now=self.flag.received_at,
+            notice = StopNotice.parse(read_record(self.env.stop_file))
+            local = cause_of_stop(self.flag.signum, notice, self.env.restart_count, now=self.flag.received_at,
                                   end_time=self.env.job_end_time,
                                   lead_s=self.env.signal_lead_s, run_id=self.env.run_id).code
         code = local
@@ -167,11 +169,10 @@ class Context:
         if dist.is_initialized():
             dist.barrier()
         if self.is_main and self.env.exit_file:
-            write_record(self.env.exit_file, {
-                "cause": row.name, "exit_code": row.exit_code, "requeue": 1,
-                "step": "" if step is None else step, "restart_count": self.env.restart_count,
-                "job_id": self.env.job_id or "", "run_id": self.env.run_id or "",
-                "node": self.env.node or ""})
+            write_record(self.env.exit_file, ExitRecord(
+                cause=row.name, exit_code=row.exit_code, requeue=True, step=step,
+                restart_count=self.env.restart_count, job_id=self.env.job_id or "",
+                run_id=self.env.run_id or "", node=self.env.node or "").fields())
         self.close()
         _exit_with(row.exit_code)
 
@@ -238,7 +239,7 @@ class Setup:
         environ = os.environ if env is None else env
         parsed = Environment.from_env(environ)
         if signals is None:
-            raw = environ.get("HPCTRAIN_STOP_SIGNALS")
+            raw = environ.get(STOP_SIGNALS)
             signals = parse_signals(raw) if raw else DEFAULT_SIGNALS
         # Install first: a signal arriving during the (slow) rendezvous is kept, not fatal.
         flag = StopFlag().install(signals)
@@ -312,7 +313,7 @@ def init(*, backend: str | None = None, signals: Iterable[int] | None = None,
         dist.init_process_group(setup.backend, init_method=method, rank=parsed.rank,
                                 world_size=parsed.world_size,
                                 timeout=setup.collective_timeout(timeout_s))
-    return setup.context(owns, attempt=_int(environ.get(STEP_ATTEMPT)))
+    return setup.context(owns, attempt=_attempt(environ))
 
 
 def attach(*, signals: Iterable[int] | None = None,
@@ -334,9 +335,10 @@ def attach(*, signals: Iterable[int] | None = None,
                            "begun), or use hpctrain.runtime.init()")
     exit = teardown.install(setup.reporter, setup.env.rank, owns_process_group=False)
     setup.current = Context(setup.env, setup.device, None, setup.flag, exit, setup.reporter,
-                            _int(setup.environ.get(STEP_ATTEMPT)))
+                            _attempt(setup.environ))
     return setup.current
 
 
-def _int(raw: str | None) -> int:
-    return int(raw) if raw and raw.isdigit() else 0
+def _attempt(environ: Mapping[str, str]) -> int:
+    """This run's in-allocation attempt (the supervisor's count; 0 when unset or garbled)."""
+    return max(0, env_int(environ, STEP_ATTEMPT, 0, error=None))

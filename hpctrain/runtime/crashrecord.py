@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from hpctrain.protocol import read_record, write_record
+from hpctrain.protocol.records import ExitRecord
 
 ERROR_MAX_CHARS = 300  # one short line: status tables and grep stay readable
 # how torch says a collective gave up waiting: gloo's transport, NCCL's watchdog, a store
@@ -114,11 +115,11 @@ def crash_fields(exc_type: type[BaseException], exc: BaseException, *, step: int
     return fields
 
 
-def should_write(existing: dict[str, str], restart_count: int, job_id: str | None) -> bool:
+def should_write(existing: ExitRecord | None, restart_count: int, job_id: str | None) -> bool:
     """False when this run (same job id and restart count) already left a record:
     a requeue record must survive, and the first crashing rank names the cause."""
-    same_run = (existing.get("restart_count") == str(restart_count)
-                and existing.get("job_id", "") == (job_id or ""))
+    same_run = (existing is not None and existing.restart_count == restart_count
+                and existing.job_id == (job_id or ""))
     return not same_run
 
 
@@ -131,7 +132,7 @@ def write_crash_record(path: str | None, exc_type: type[BaseException], exc: Bas
     if not path or issubclass(exc_type, KeyboardInterrupt):
         return False
     try:
-        if not should_write(read_record(path), restart_count, job_id):
+        if not should_write(ExitRecord.parse(read_record(path)), restart_count, job_id):
             return False
         write_record(path, crash_fields(exc_type, exc, step=step, restart_count=restart_count,
                                         job_id=job_id, rank=rank, node=node, run_id=run_id,

@@ -18,14 +18,13 @@ and an uncaught exception leaves a ``cause=user_crash`` record (crashrecord.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from hpctrain.protocol import read_record, write_record
+from hpctrain.protocol.records import ExitRecord
 
-__all__ = ["previous_cause", "read_record", "write_record"]
+__all__ = ["ExitRecord", "previous_cause", "read_record", "write_record"]
 
 
-def previous_cause(record: Mapping[str, str], restart_count: int) -> str | None:
+def previous_cause(record: ExitRecord | None, restart_count: int) -> str | None:
     """The cause the previous run left with, inferred from its record (used only without
     a supervisor: the supervisor passes the cause in ``HPCTRAIN_LAST_EXIT_CAUSE``).
 
@@ -37,7 +36,7 @@ def previous_cause(record: Mapping[str, str], restart_count: int) -> str | None:
     """
     if restart_count == 0:
         return None
-    if (record.get("restart_count") == str(restart_count - 1) and record.get("cause")
-            and record.get("requeue") != "0"):
-        return record["cause"]
+    if (record is not None and record.restart_count == restart_count - 1 and record.cause
+            and record.requeue is not False):
+        return record.cause
     return "node_fail"

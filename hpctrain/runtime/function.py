@@ -59,7 +59,8 @@ class CheckpointableRankCall(RankCall):
 
 
 class _Tee:
-    """A text stream writing to the job log (as before) and to this rank's own file."""
+    """A text stream writing to the job log (where every rank's output meets) and to this
+    rank's own file (its output alone)."""
 
     def __init__(self, first: Any, second: Any) -> None:
         self._first, self._second = first, second
@@ -111,6 +112,7 @@ def set_rank_environment(env: Any, layout: Mapping[str, int]) -> None:
     tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
     dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
     coords = rank_to_coords(rank, tp, dp, pp)
-    for key, value in (("TP", tp), ("DP", dp), ("PP", pp), ("TP_RANK", coords.tp),
-                       ("DP_RANK", coords.dp), ("PP_RANK", coords.pp)):
-        env.setdefault(f"HPCTRAIN_{key}", str(value))
+    for name, value in ((protocol.TP, tp), (protocol.DP, dp), (protocol.PP, pp),
+                        (protocol.TP_RANK, coords.tp), (protocol.DP_RANK, coords.dp),
+                        (protocol.PP_RANK, coords.pp)):
+        env.setdefault(name, str(value))

@@ -32,6 +32,7 @@ from hpctrain import access
 from hpctrain import protocol as p
 from hpctrain.protocol import channel
 from hpctrain.protocol.progress import NEWS
+from hpctrain.protocol.records import Sign
 
 LOCK = "relay.lock"
 REQUEST_NAMES = (p.DUMP, p.INTERRUPT, p.RESUME)
@@ -195,9 +196,8 @@ class Relay:
         supervisor reads it when none of it arrives (hpctrain.supervisor.silence)."""
         sign, self.sign = self.sign, None
         try:
-            p.write_record(sign, {"node": self.node, "host": self.addr[0],
-                                  "port": self.addr[1], "pid": self.pid,
-                                  "beat_s": f"{self.beat_s:g}", "error": error})
+            p.write_record(sign, Sign(self.node, self.addr[0], self.addr[1], self.pid,
+                                      f"{self.beat_s:g}", error).fields())
         except (OSError, ValueError):
             pass    # shared storage hiccups: only the silence would go unexplained
 

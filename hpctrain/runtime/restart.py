@@ -24,7 +24,7 @@ fresh prefix of the one store that outlives the attempts) or ``stop`` (the excep
 on as it would have without :func:`run`: the process ends, and the supervisor falls back
 to a restart in new processes, or to a requeue). A rank that cannot leave its attempt
 (frozen, stuck in C, killed) never says it is restarting: the supervisor kills the step
-and restarts it in new processes, as before. Without a supervisor (a script run by hand)
+and restarts it in new processes, the path every script has. Without a supervisor (a script run by hand)
 a failure is not restarted.
 
 The store: torchrun's agent's (``TORCHELASTIC_USE_AGENT_STORE``), which lives in the

@@ -7,10 +7,13 @@ ranks. Every verdict and ledger line goes through the one
 
 from __future__ import annotations
 
+import os
+
 from hpctrain import protocol as p
 from hpctrain.errors import SlurmError
 from hpctrain.protocol.dialog import Attempt, Resume
 from hpctrain.slurm.view import JobView
+from hpctrain.supervisor import caches
 from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Decision, Facts, crash_signature
@@ -18,11 +21,17 @@ from hpctrain.supervisor.diagnosis import Diagnosis
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.recorder import Recorder
+from hpctrain.supervisor.runstate import RunState
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess, answered
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.watchdog import Hang
 
 REQUEUE_DEADLINE_S = 300.0   # keep asking an unreachable controller to requeue (failover)
+
+
+def run_step(facts: Facts) -> int | None:
+    """The step the runtime's exit record says the run reached, for the verdict."""
+    return facts.record.step if facts.record is not None else None
 
 
 def crash_of(d: Decision, facts: Facts | None) -> str | None:
@@ -33,10 +42,20 @@ def crash_of(d: Decision, facts: Facts | None) -> str | None:
 class Actor:
     """Acts on one run's decisions."""
 
-    def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, books: Recorder,
-                 bad: BadNodes, board: Board) -> None:
-        self.cfg, self.slurm, self.state, self.books, self.bad = cfg, slurm, state, books, bad
-        self.board = board
+    def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, run: RunState,
+                 board: Board) -> None:
+        self.cfg, self.slurm, self.state, self.board = cfg, slurm, state, board
+        self.books = Recorder(state, cfg.key, cfg.restart_count, slurm.time)
+        # excluded when the job is requeued; it needs what it started with, never fewer
+        self.bad = BadNodes(slurm, cfg.key, cfg.nodelist, cfg.exclude_bad_nodes,
+                            max(cfg.nodes, cfg.job_nodes), found=run.bad)
+
+    def tidy(self) -> None:
+        """The run is over: where its verdict ended the job for good, the job's cache
+        directory goes (a requeued job keeps it; :mod:`hpctrain.supervisor.caches`)."""
+        verdict = self.state.verdict(self.cfg.restart_count)
+        if note := caches.drop(os.environ, verdict.action if verdict is not None else ""):
+            say(note)
 
     def act(self, d: Decision, facts: Facts | None, diagnosis: Diagnosis | None = None,
             leave_out: dict[str, str] | None = None, hang: Hang | None = None,
@@ -46,7 +65,7 @@ class Actor:
         the bad nodes to exclude, when already asked; ``hang``: what the watchdog found."""
         cfg = self.cfg
         view = facts.view if facts is not None else None
-        step = facts.record.get("step", "") if facts is not None else ""
+        step = facts.record.step if facts is not None and facts.record is not None else None
         status = facts.status if facts is not None else None
         self.books.verdict(d, status=status, step=step, diagnosis=diagnosis, **extra)
         if d.action == "requeue":
@@ -85,7 +104,7 @@ class Actor:
         say(f"restarting the training step in this allocation after a {d.cause} "
             f"({d.detail}): {d.why}{failure}")
         self.books.restarted(d.cause, attempt, hang, crash=crash_of(d, facts))
-        self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
+        self.books.verdict(d, status=facts.status, step=run_step(facts),
                            attempt=attempt)
         self.state.clear(p.EXIT, p.STOP)
         self.board.clear(p.DUMP)
@@ -97,7 +116,7 @@ class Actor:
             f"({d.detail}): {d.why}")
         self.books.restarted(d.cause, attempt, hang, mode="inprocess",
                              crash=crash_of(d, facts))
-        self.books.verdict(d, status=facts.status, step=facts.record.get("step", ""),
+        self.books.verdict(d, status=facts.status, step=run_step(facts),
                            attempt=attempt, mode="inprocess")
         self.state.clear(p.EXIT, p.STOP)
         self.board.clear(p.DUMP, p.INTERRUPT)

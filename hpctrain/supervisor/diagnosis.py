@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import re
 import signal as _signal
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from hpctrain.protocol.records import ExitRecord
 
 MAX_SEGMENT = 4 << 20   # bytes of this run's log read at most: the first failure is early
 
@@ -185,14 +186,14 @@ def srun_first_failure(text: str) -> dict[str, str]:
     return failures[0] if failures else {}
 
 
-def diagnose(segment: str, launcher: str, record: Mapping[str, str]) -> Diagnosis | None:
-    """The first failure of a run from the runtime's crash ``record`` (this run's, or {}),
-    then the launcher's report and the exceptions in the log ``segment``."""
-    if record.get("cause") == "user_crash" and record.get("error"):
-        rank = record.get("rank", "")
-        return Diagnosis(int(rank) if rank.isdigit() else None, record.get("node") or None,
-                         f"exit code {record['exit_code']}" if record.get("exit_code") else None,
-                         record["error"], "runtime")
+def diagnose(segment: str, launcher: str, record: ExitRecord | None) -> Diagnosis | None:
+    """The first failure of a run from the runtime's crash ``record`` (this run's, or
+    None), then the launcher's report and the exceptions in the log ``segment``."""
+    if record is not None and record.cause == "user_crash" and record.error:
+        rank = record.rank if record.rank is not None and record.rank >= 0 else None
+        return Diagnosis(rank, record.node or None,
+                         None if record.exit_code is None else f"exit code {record.exit_code}",
+                         record.error, "runtime")
     raised = exceptions(segment)
     root = torchrun_root_cause(segment) if launcher == "torchrun" else {}
     srun = srun_first_failure(segment)

@@ -122,7 +122,7 @@ class Watch:
                 pass      # status then shows the previous line; training goes on
 
     def finish(self) -> Finish:
-        """What the ranks said as they left (the decision's row 6)."""
+        """What the ranks said as they left (the decision's row died-at-exit)."""
         return Finish.from_records(self.records(), self.world)
 
     def exiting(self) -> bool:
@@ -184,7 +184,7 @@ class Watch:
         """The step ended failed because a rank gave up waiting in a collective (without
         in-process restarts): the hang of the ranks it waited for, said in the job log.
         None for any other end."""
-        hang = gave_up(self.state.read(p.EXIT, self.restart_count), self.records(),
+        hang = gave_up(self.state.exit_record(self.restart_count), self.records(),
                        self.world, self.slurm.time(), self.limits.beat_s,
                        self.limits.collective_s)
         if hang is not None:

@@ -105,7 +105,7 @@ def _bound(host: str) -> socket.socket:
 def start(state: StateDir, key: str, restart_count: int, board: Board,
           node: str = "") -> tuple[LiveServer | None, str]:
     """The server, or None and what to tell the job log (``status`` then reads the summary
-    file, as before the live query)."""
+    file, which the supervisor keeps whether or not anyone can ask it)."""
     try:
         return LiveServer(state, key, restart_count, board, node), ""
     except OSError as exc:

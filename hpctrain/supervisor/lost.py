@@ -10,10 +10,11 @@ connections too. Either way the survivors' only evidence is a lost peer ("Connec
 by peer"), and the first failure the launcher names is one of those consequences.
 
 Such a failure is not called a crash until the node where ranks died without a word has
-been asked for its own (:func:`suspects` names those nodes; the supervisor then launches a
+been asked for its own (:func:`suspect_nodes` names those nodes; the supervisor then launches a
 step there through its slurmd: a node that answers is alive, and the failure a crash of
 its own; one that does not is lost). A failure some rank raised of its own (an exception
-that is not a lost peer, Slurm's memory kill) is a crash as before, and asks nothing.
+that is not a lost peer, Slurm's memory kill) is a crash, and asks nothing: its own
+rank's word already says where it failed.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def wordless_nodes(records: Mapping[int, Progress], nodes: Sequence[str]) -> lis
     return quiet if spoke else []
 
 
-def suspects(failure: Diagnosis | None, records: Mapping[int, Progress], segment: str,
+def suspect_nodes(failure: Diagnosis | None, records: Mapping[int, Progress], segment: str,
              nodes: Sequence[str]) -> tuple[str, ...]:
     """The nodes to ask before a failed step is called a crash: where ranks died without a
     word (srun saw their tasks killed, or none of their ranks said a last word), when no

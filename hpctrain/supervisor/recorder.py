@@ -11,9 +11,11 @@ in-place restart its attempt, a failed health check its nodes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from hpctrain import protocol as p
 from hpctrain.protocol.ledger import line
+from hpctrain.protocol.records import Verdict
 from hpctrain.supervisor.decision import Decision
 from hpctrain.supervisor.diagnosis import Diagnosis
 from hpctrain.supervisor.statedir import StateDir
@@ -75,19 +77,18 @@ class Recorder:
 
     # ---- the verdict ---------------------------------------------------------------------
     def verdict(self, d: Decision, *, action: str | None = None, status: int | None = None,
-                step: str = "", diagnosis: Diagnosis | None = None,
-                **extra: object) -> None:
+                step: int | None = None, diagnosis: Diagnosis | None = None,
+                attempt: int | None = None, mode: str = "", node: str = "") -> None:
         """The outcome record of this run: decision ``d`` (``action`` when what was done
         differs from what was decided: ``requeue_failed``), the step's exit status, the
-        step the runtime said it reached, the first failure, and ``extra`` fields."""
-        fields: dict[str, object] = {
-            "cause": d.cause, "action": action or d.action,
-            "restart_count": self.restart_count, "job": self.key,
-            "status": "" if status is None else status, "step": step,
-            "limit": d.limit or "", "why": d.why, "detail": d.detail, **extra,
-            "at": f"{self.clock():.0f}"}
+        step the runtime said it reached, the first failure; an in-place restart's
+        ``attempt`` and ``mode``, a failed health check's ``node`` list."""
+        verdict = Verdict(
+            cause=d.cause, action=action or d.action, run_id=self.state.run_id,
+            restart_count=self.restart_count, job=self.key, status=status, step=step,
+            limit=d.limit or "", why=d.why, detail=d.detail, attempt=attempt, mode=mode,
+            at=self.clock(), node=node)
         if diagnosis is not None:
-            fields.update(rank="" if diagnosis.rank is None else diagnosis.rank,
-                          node=diagnosis.node or "", error=diagnosis.error or "",
-                          failure=diagnosis.text())
-        self.state.write(p.OUTCOME, fields)
+            verdict = replace(verdict, failure=diagnosis.text(), rank=diagnosis.rank,
+                              node=diagnosis.node or "", error=diagnosis.error or "")
+        self.state.write(p.OUTCOME, verdict.fields())

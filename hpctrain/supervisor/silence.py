@@ -4,8 +4,8 @@ compute nodes drops UDP or the ranks send to an address that is not this node's.
 
 Each node's relay signs once, on shared storage, that its ranks send and where to
 (:func:`hpctrain.protocol.channel.sign_path`); a script that sends nothing leaves no sign, so
-the two are never confused. A node whose sign has stood for SILENT_BEATS heartbeats (at
-least SILENT_MIN_S) without one datagram of its ranks reaching the board is silent: the job
+the two are never confused. A node whose sign has stood for UNHEARD_BEATS heartbeats (at
+least UNHEARD_MIN_S) without one datagram of its ranks reaching the board is silent: the job
 log says so once (the nodes, where they send, this node and its UDP port, the port range
 to allow) and hang detection falls back to what still works: the records the ranks of
 *this* node (the batch node runs ranks of its own) keep on its local disk beside the
@@ -27,30 +27,31 @@ from hpctrain import protocol as p
 from hpctrain.protocol import channel
 from hpctrain.protocol.dialog import Attempt
 from hpctrain.protocol.progress import Progress
+from hpctrain.protocol.records import Sign
 
-SILENT_BEATS = 5        # a node signed this many beats ago and none of its datagrams came
-SILENT_MIN_S = 10.0     # ...nor in this long
+UNHEARD_BEATS = 5        # a node signed this many beats ago and none of its datagrams came
+UNHEARD_MIN_S = 10.0     # ...nor in this long
 EARLY_S, LATE_S = 120.0, 30.0     # how long to look every beat, then how often
 PORT_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 
 
-def silent_nodes(first_seen: Mapping[str, float], heard: Iterable[str], now: float,
+def unheard_nodes(first_seen: Mapping[str, float], heard: Iterable[str], now: float,
                  beat_s: float) -> tuple[str, ...]:
     """The nodes whose sign was first seen (``first_seen``, a monotonic time each) at least
-    SILENT_BEATS beats (SILENT_MIN_S) before ``now`` and none of whose ranks was heard."""
-    quiet = max(SILENT_BEATS * beat_s, SILENT_MIN_S)
+    UNHEARD_BEATS beats (UNHEARD_MIN_S) before ``now`` and none of whose ranks was heard."""
+    quiet = max(UNHEARD_BEATS * beat_s, UNHEARD_MIN_S)
     got = set(heard)
     return tuple(sorted(n for n, at in first_seen.items() if n not in got and now - at >= quiet))
 
 
-def message(nodes: tuple[str, ...], signs: Mapping[str, Mapping[str, str]], here: str,
+def message(nodes: tuple[str, ...], signs: Mapping[str, Sign], here: str,
             port: int, ports: str, waited_s: float, fallback: str) -> str:
     """The job log's line about ``nodes`` gone silent (their ``signs``), for the board on
     node ``here``, UDP ``port`` (taken from the ephemeral range ``ports``)."""
-    sent = sorted({f"{s.get('host', '?')}:{s.get('port', '?')}" for n, s in signs.items()
-                   if n in nodes})
-    errors = sorted({s["error"] for n, s in signs.items() if n in nodes and s.get("error")})
-    beat = next((s.get("beat_s") for n, s in signs.items() if n in nodes), "") or "?"
+    sent = sorted({f"{s.host or '?'}:{'?' if s.port is None else s.port}"
+                   for n, s in signs.items() if n in nodes})
+    errors = sorted({s.error for n, s in signs.items() if n in nodes and s.error})
+    beat = next((s.beat_s for n, s in signs.items() if n in nodes), "") or "?"
     failed = f"; sending failed: {'; '.join(errors)}" if errors else ""
     return (f"no progress datagram from the ranks on {','.join(nodes)} has reached the "
             f"supervisor on {here or 'this node'} (UDP port {port}) in {waited_s:.0f} s, "
@@ -71,7 +72,7 @@ class Silence:
         self.started: float | None = None         # the first look (a monotonic time)
         self._next = 0.0
         self.first_seen: dict[str, float] = {}     # node -> when its sign was first seen
-        self.signs: dict[str, dict[str, str]] = {}
+        self.signs: dict[str, Sign] = {}
         self.heard: set[str] = set()               # nodes whose ranks' datagrams arrived
         self.silent: tuple[str, ...] = ()          # said in the job log already
         self._forget_earlier_runs()
@@ -93,7 +94,7 @@ class Silence:
         for node, sign in self._signs().items():
             self.first_seen.setdefault(node, now)
             self.signs[node] = sign
-        new = tuple(n for n in silent_nodes(self.first_seen, self.heard, now, self.beat_s)
+        new = tuple(n for n in unheard_nodes(self.first_seen, self.heard, now, self.beat_s)
                     if n not in self.silent)
         if not new:
             return ""
@@ -131,7 +132,7 @@ class Silence:
                 records[record.rank] = record
         return records
 
-    def _signs(self) -> dict[str, dict[str, str]]:
+    def _signs(self) -> dict[str, Sign]:
         prefix = f"r{self.restart_count}-"
         try:
             paths = list((self.state_dir / channel.SIGNS).iterdir())
@@ -140,9 +141,9 @@ class Silence:
         out = {}
         for path in paths:
             if path.name.startswith(prefix):
-                sign = p.read_record(path)
-                if sign.get("node"):
-                    out[sign["node"]] = sign
+                sign = Sign.parse(p.read_record(path))
+                if sign is not None and sign.node:
+                    out[sign.node] = sign
         return out
 
     def _forget_earlier_runs(self) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpctrain import access, protocol
 from hpctrain.errors import SupervisorError
 from hpctrain.protocol.ledger import Ledger, parse_ledger
+from hpctrain.protocol.records import ExitRecord, StopNotice, Verdict, of_run
 
 
 def check_own(base: Path, path: Path) -> None:
@@ -83,12 +84,23 @@ class StateDir:
             os.fsync(fh.fileno())
 
     # ---- records -----------------------------------------------------------------------
-    def read(self, name: str, restart_count: int | None = None) -> dict[str, str]:
-        """Record ``name`` when this job wrote it (and, if given, that run); else {}."""
-        record = protocol.read_record(self.file(name))
-        return record if protocol.belongs(record, self.run_id, restart_count) else {}
+    def exit_record(self, restart_count: int | None = None) -> ExitRecord | None:
+        """The runtime's exit record when this job wrote it (and, if given, that run)."""
+        record = ExitRecord.parse(protocol.read_record(self.file(protocol.EXIT)))
+        return record if of_run(record, self.run_id, restart_count) else None
+
+    def verdict(self, restart_count: int | None = None) -> Verdict | None:
+        """The supervisor's verdict when this job wrote it (and, if given, on that run)."""
+        record = Verdict.parse(protocol.read_record(self.file(protocol.OUTCOME)))
+        return record if of_run(record, self.run_id, restart_count) else None
+
+    def stop_notice(self, restart_count: int | None = None) -> StopNotice | None:
+        """The stop notice when this job wrote it (and, if given, in that run)."""
+        record = StopNotice.parse(protocol.read_record(self.file(protocol.STOP)))
+        return record if of_run(record, self.run_id, restart_count) else None
 
     def write(self, name: str, fields: dict[str, object]) -> None:
+        """Write record ``name`` (a typed record's ``fields()``) under this job's run_id."""
         protocol.write_record(self.file(name), {"run_id": self.run_id, **fields})
 
     def clear(self, *names: str) -> None:

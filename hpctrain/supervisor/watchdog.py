@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from hpctrain import protocol as p
 from hpctrain.protocol.progress import Progress
+from hpctrain.protocol.records import ExitRecord
 
 # the runtime is used and the spec says nothing: these defaults
 AUTO_HANG_S, AUTO_STARTUP_S, AUTO_SAVE_S = p.DEFAULT_HANG_S, p.DEFAULT_STARTUP_S, p.DEFAULT_SAVE_S
@@ -208,7 +209,7 @@ def assess(progress: Mapping[int, Progress], world: int, started_at: float, now:
     idle, first = max(overdue)
     rec = progress.get(first)
     phase = rec.phase if rec else "startup"
-    ranks, why = suspects(progress, world, now, limits.beat_s, judged)
+    ranks, why = suspect_ranks(progress, world, now, limits.beat_s, judged)
     nodes = tuple(dict.fromkeys(progress[r].node for r in ranks if r in progress
                                 and progress[r].node))
     frozen = tuple(dict.fromkeys(progress[r].node for r in ranks
@@ -242,13 +243,13 @@ def waited_for(records: Mapping[int, Progress], world: int, now: float,
                       beat_s, collective_s)
 
 
-def gave_up(record: Mapping[str, str], records: Mapping[int, Progress], world: int,
+def gave_up(record: ExitRecord | None, records: Mapping[int, Progress], world: int,
             now: float, beat_s: float, collective_s: float | None = None) -> Hang | None:
     """The step ended because a rank gave up waiting in a collective (the crash record
     says ``waited=1``: ``hpctrain.runtime.init``, no in-process restart): a hang of the
     ranks that never said their work ended (their launcher stopped them), as far as the
     records tell. None for any other end."""
-    if record.get("waited") != "1":
+    if record is None or not record.waited:
         return None
     ranks = tuple(r for r in range(world) if r not in records or not records[r].exit)
     return _waited_on(ranks if len(ranks) < world else (), records, now, beat_s, collective_s)
@@ -283,7 +284,7 @@ def _stale(rec: Progress, now: float, beat_s: float) -> bool:
     return now - rec.beat_at > max(STALE_BEATS * beat_s, 10.0)
 
 
-def suspects(progress: Mapping[int, Progress], world: int, now: float,
+def suspect_ranks(progress: Mapping[int, Progress], world: int, now: float,
              beat_s: float, judged: Iterable[int] | None = None
              ) -> tuple[tuple[int, ...], str]:
     """(ranks, how told apart) of the rank(s) that stopped progressing first, from the

@@ -14,6 +14,7 @@ import pytest
 from hpctrain import protocol
 from hpctrain.commands.jobview import format_cause
 from hpctrain.protocol import read_record, write_record
+from hpctrain.protocol.records import ExitRecord, Verdict
 from hpctrain.runtime.crashrecord import (crash_fields, device_lost, lost_peer, timed_out,
                                           write_crash_record)
 from hpctrain.runtime.exitrecord import previous_cause
@@ -143,20 +144,20 @@ def test_excepthook_writes_the_record_and_keeps_the_traceback(tmp_path: Path) ->
 
 def test_format_cause() -> None:
     """The supervisor's verdict in the status table's CAUSE cell."""
-    assert format_cause({}) == "-"
-    assert format_cause({"cause": "completed", "action": "finish"}) == "-"
+    assert format_cause(None) == "-"
+    assert format_cause(Verdict.parse({"cause": "completed", "action": "finish"})) == "-"
     crash = {"cause": "user_crash", "action": "finish", "step": "7", "rank": "1",
              "node": "n2", "error": "RuntimeError: x"}
-    assert format_cause(crash) == "user_crash@7 RuntimeError: x (rank 1, n2)"
-    assert format_cause({"cause": "preemption", "action": "requeue", "step": "40"}) \
+    assert format_cause(Verdict.parse(crash)) == "user_crash@7 RuntimeError: x (rank 1, n2)"
+    assert format_cause(Verdict.parse({"cause": "preemption", "action": "requeue", "step": "40"})) \
         == "last requeue: preemption@40"
-    assert format_cause({"cause": "node_fail", "action": "leave"}) == "last requeue: node_fail"
-    assert format_cause({"cause": "preemption", "action": "stop",
-                         "limit": "max_preemptions=1"}) == "requeue limit max_preemptions=1 reached"
-    assert format_cause({"cause": "cancelled", "action": "finish"}) == "cancelled"
+    assert format_cause(Verdict.parse({"cause": "node_fail", "action": "leave"})) == "last requeue: node_fail"
+    assert format_cause(Verdict.parse({"cause": "preemption", "action": "stop",
+                         "limit": "max_preemptions=1"})) == "requeue limit max_preemptions=1 reached"
+    assert format_cause(Verdict.parse({"cause": "cancelled", "action": "finish"})) == "cancelled"
     # every rank finished, then one died at exit: finished, and the death named (issue 31)
-    assert format_cause({"cause": "completed", "action": "finish",
-                         "detail": "rank 1 then died at exit (SIGABRT)"}) \
+    assert format_cause(Verdict.parse({"cause": "completed", "action": "finish",
+                         "detail": "rank 1 then died at exit (SIGABRT)"})) \
         == "finished; rank 1 then died at exit (SIGABRT)"
 
 
@@ -179,8 +180,8 @@ def test_a_crash_record_followed_by_a_requeue_means_node_failure() -> None:
     node loss die of the lost peers and write a crash record (requeue=0); Slurm requeues
     the job anyway, so the next run reports node_fail."""
     crash = {"cause": "user_crash", "requeue": "0", "restart_count": "0", "step": "13"}
-    assert previous_cause(crash, 1) == "node_fail"
-    assert previous_cause({**crash, "cause": "preemption", "requeue": "1"}, 1) == "preemption"
+    assert previous_cause(ExitRecord.parse(crash), 1) == "node_fail"
+    assert previous_cause(ExitRecord.parse({**crash, "cause": "preemption", "requeue": "1"}), 1) == "preemption"
 
 
 def test_the_runtimes_count_of_the_step_is_recorded_apart_from_the_scripts_step() -> None:

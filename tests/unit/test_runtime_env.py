@@ -10,6 +10,7 @@ from hpctrain.errors import LayoutError, SpecError
 from hpctrain.runtime import CAUSES, REQUEUE_EXIT_CODES, Environment, cause_of_exit_code
 from hpctrain.runtime.causes import cause_of_signal, cause_of_stop
 from hpctrain.protocol import format_record, parse_record, read_record, write_record
+from hpctrain.protocol.records import ExitRecord, StopNotice
 from hpctrain.runtime.environment import rank_to_coords
 from hpctrain.runtime.exitrecord import previous_cause
 
@@ -123,25 +124,25 @@ def test_the_supervisors_stop_notice_beats_the_time_left() -> None:
     (run_id), or a cause the notice may not give, leaves the clock to decide."""
     far = dict(now=1000, end_time=9000, lead_s=90)
     notice = {"cause": "time_limit", "restart_count": "1", "run_id": "r1"}
-    assert cause_of_stop(signal.SIGTERM, notice, 1, **far).name == "time_limit"
-    assert cause_of_stop(signal.SIGTERM, notice, 1, run_id="r1", **far).name == "time_limit"
-    assert cause_of_stop(signal.SIGTERM, notice, 1, run_id="r2", **far).name == "preemption"
-    assert cause_of_stop(signal.SIGTERM, notice, 2, **far).name == "preemption"
-    assert cause_of_stop(signal.SIGTERM, {}, 1, **far).name == "preemption"
+    assert cause_of_stop(signal.SIGTERM, StopNotice.parse(notice), 1, **far).name == "time_limit"
+    assert cause_of_stop(signal.SIGTERM, StopNotice.parse(notice), 1, run_id="r1", **far).name == "time_limit"
+    assert cause_of_stop(signal.SIGTERM, StopNotice.parse(notice), 1, run_id="r2", **far).name == "preemption"
+    assert cause_of_stop(signal.SIGTERM, StopNotice.parse(notice), 2, **far).name == "preemption"
+    assert cause_of_stop(signal.SIGTERM, StopNotice.parse({}), 1, **far).name == "preemption"
     bad = {"cause": "user_crash", "restart_count": "1"}
-    assert cause_of_stop(signal.SIGUSR2, bad, 1).name == "time_limit"
+    assert cause_of_stop(signal.SIGUSR2, StopNotice.parse(bad), 1).name == "time_limit"
     near = dict(now=1000, end_time=1090, lead_s=90)
-    assert cause_of_stop(signal.SIGUSR2, {"cause": "preemption", "restart_count": "0"}, 0,
+    assert cause_of_stop(signal.SIGUSR2, StopNotice.parse({"cause": "preemption", "restart_count": "0"}), 0,
                          **near).name == "preemption"
 
 
 def test_previous_cause() -> None:
     record = {"cause": "time_limit", "restart_count": "1"}
-    assert previous_cause(record, 0) is None  # first run
-    assert previous_cause(record, 2) == "time_limit"
+    assert previous_cause(ExitRecord.parse(record), 0) is None  # first run
+    assert previous_cause(ExitRecord.parse(record), 2) == "time_limit"
     # the record is from an older run: the last one left without writing (node failure)
-    assert previous_cause(record, 3) == "node_fail"
-    assert previous_cause({}, 1) == "node_fail"
+    assert previous_cause(ExitRecord.parse(record), 3) == "node_fail"
+    assert previous_cause(ExitRecord.parse({}), 1) == "node_fail"
 
 
 def test_what_the_supervisor_exports_reaches_the_environment() -> None:

@@ -12,9 +12,10 @@ from pathlib import Path
 from hpctrain import protocol as p
 from hpctrain.protocol import channel
 from hpctrain.protocol.dialog import Attempt
+from hpctrain.protocol.records import Sign
 from hpctrain.runtime.relay import from_env
 from hpctrain.supervisor.board import Board
-from hpctrain.supervisor.silence import SILENT_MIN_S, Silence, message, silent_nodes
+from hpctrain.supervisor.silence import UNHEARD_MIN_S, Silence, message, unheard_nodes
 
 
 def record(rank: int, node: str, attempt: int = 0) -> dict[str, object]:
@@ -25,11 +26,11 @@ def record(rank: int, node: str, attempt: int = 0) -> dict[str, object]:
 
 def test_a_node_is_silent_once_its_sign_stood_some_beats_and_nothing_came() -> None:
     seen = {"n1": 100.0, "n2": 100.0, "n3": 108.0}
-    assert silent_nodes(seen, {"n2"}, 100.0 + SILENT_MIN_S, 1.0) == ("n1",)
-    assert silent_nodes(seen, {"n2"}, 100.0 + SILENT_MIN_S - 1, 1.0) == ()
-    assert silent_nodes(seen, set(), 100.0 + 5 * 4.0, 4.0) == ("n1", "n2")   # 5 beats of 4 s
-    signs = {"n1": {"host": "10.0.0.9", "port": "41234", "beat_s": "2",
-                    "error": "[Errno 101] Network is unreachable"}}
+    assert unheard_nodes(seen, {"n2"}, 100.0 + UNHEARD_MIN_S, 1.0) == ("n1",)
+    assert unheard_nodes(seen, {"n2"}, 100.0 + UNHEARD_MIN_S - 1, 1.0) == ()
+    assert unheard_nodes(seen, set(), 100.0 + 5 * 4.0, 4.0) == ("n1", "n2")   # 5 beats of 4 s
+    signs = {"n1": Sign.parse({"host": "10.0.0.9", "port": "41234", "beat_s": "2",
+                               "error": "[Errno 101] Network is unreachable"})}
     assert message(("n1",), signs, "n2", 41234, "32768-60999", 10.4, "the job log") == (
         "no progress datagram from the ranks on n1 has reached the supervisor on n2 (UDP "
         "port 41234) in 10 s, though they send one every 2 s (to 10.0.0.9:41234; sending "
@@ -68,7 +69,7 @@ def test_datagrams_that_never_arrive_are_told_from_a_script_that_sends_none(
         env = {channel.LOCAL_DIR: str(tmp_path / "shm")}
         silence = Silence(state, "r1", 0, 1.0, "n1", board.port, env)
         assert silence.look(heard, 2, now=50.0) == "" and not silence.on
-        said = silence.look(heard, 2, now=50.0 + SILENT_MIN_S)
+        said = silence.look(heard, 2, now=50.0 + UNHEARD_MIN_S)
         assert said.startswith("no progress datagram from the ranks on n1 has reached the "
                                f"supervisor on n1 (UDP port {board.port}) in 10 s, though "
                                f"they send one every 1 s (to 127.0.0.1:"

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from hpctrain.protocol.records import ExitRecord, Verdict
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import (Budget, Caught, Facts, InPlace, budget_text,
                                           crash_signature,
@@ -49,14 +50,14 @@ def facts(**kw: Any) -> Facts:
 
 
 ROWS = [
-    # --- row 1: Slurm requeued the run itself ---------------------------------------------
+    # --- row slurm-requeued: Slurm requeued the run itself ---------------------------------------------
     ("node lost: Slurm requeued the job, the surviving ranks failed",
      dict(view=REQUEUED, status=1, run_state="NODE_FAIL"), ("leave", "node_fail", 1)),
     ("submitit's own requeue after the warning (the stop notice said time_limit)",
      dict(view=REQUEUED, status=0, caught=caught("USR2"), run_state="REQUEUED",
           notice="time_limit"),
      ("leave", "time_limit", 0)),
-    # --- row 2: preemption is preemption, whatever the step did ----------------------------
+    # --- row preempted: preemption is preemption, whatever the step did ----------------------------
     ("plain torchrun DDP preempted on 2 nodes: srun 143", dict(view=PREEMPTING, status=143),
      ("requeue", "preemption", 0)),
     ("plain torchrun preempted on 1 node: torchrun exits 1", dict(view=PREEMPTING, status=1),
@@ -67,7 +68,7 @@ ROWS = [
      ("requeue", "preemption", 0)),
     ("send_user_signal: USR2 to the batch step, the runtime saved (75)",
      dict(view=PREEMPTING, caught=caught("USR2"), status=75), ("requeue", "preemption", 0)),
-    # --- row 3: a cancellation is never undone ---------------------------------------------
+    # --- row cancelled: a cancellation is never undone ---------------------------------------------
     ("scancel: TERM to the batch step, the ranks died of it", dict(view=CANCELLED, status=143,
                                                                    caught=caught("TERM")),
      ("finish", "cancelled", 143)),
@@ -76,11 +77,11 @@ ROWS = [
      ("finish", "cancelled", 1)),
     ("scancel after the time-limit warning was caught",
      dict(view=CANCELLED, status=76, caught=caught("USR2", "TERM")), ("finish", "cancelled", 76)),
-    # --- row 4: exit 0 without preemption is never requeued --------------------------------
+    # --- row exit-0: exit 0 without preemption is never requeued --------------------------------
     ("the step finished", dict(status=0), ("finish", "completed", 0)),
     ("the step finished right after a caught time-limit warning",
      dict(status=0, caught=caught("USR2")), ("finish", "completed", 0)),
-    # --- rows 5 and 7: the time limit --------------------------------------------------------
+    # --- rows time-limit and warned: the time limit --------------------------------------------------------
     ("the time limit itself: TIMEOUT, TERM to everyone",
      dict(view=TIMED_OUT, status=143, caught=caught("TERM")), ("requeue", "time_limit", 0)),
     ("the warning, then the limit's TERM before the save ended (not cancelled)",
@@ -98,13 +99,13 @@ ROWS = [
     ("the warning during setup: the step never started", dict(caught=(Caught("USR2", NOW,
                                                                              True),)),
      ("requeue", "time_limit", 0)),
-    # --- row 8: a TERM Slurm does not explain ------------------------------------------------
+    # --- row stopped: a TERM Slurm does not explain ------------------------------------------------
     ("TERM to the batch step, Slurm saw no preemption, limit or cancel",
      dict(status=75, caught=caught("TERM")), ("finish", "cancelled", 75)),
     ("TERM and the controller cannot be asked", dict(view=None, status=143,
                                                      caught=caught("TERM")),
      ("finish", "unknown", 143)),
-    # --- row 6: every rank finished (its own word), then one died at exit --------------------
+    # --- row died-at-exit: every rank finished (its own word), then one died at exit --------------------
     ("torch's gloo group aborts rank 1 at exit; srun reports it (134)",
      dict(status=134, finish=FINISHED, failure=ABORTED), ("finish", "completed", 0)),
     ("the same under torchrun: status 1, its root cause names the signal",
@@ -140,20 +141,20 @@ ROWS = [
         status=1, caught=caught("USR2"), finish=FINISHED,
         failure=Diagnosis(0, "n1", "exited with exit code 1", None, "srun")),
      ("finish", "completed", 0)),
-    # --- row 10: the runtime's word ---------------------------------------------------------
+    # --- row runtime-requeue: the runtime's word ---------------------------------------------------------
     ("the runtime asked for a requeue on its own (exit 76)", dict(status=76),
      ("requeue", "time_limit", 0)),
     ("the runtime's requeue record, its 75 hidden by torchrun", dict(
-        status=1, record={"cause": "preemption", "requeue": "1", "restart_count": "0"}),
+        status=1, record=ExitRecord.parse({"cause": "preemption", "requeue": "1", "restart_count": "0"})),
      ("requeue", "preemption", 0)),
     ("the checkpoint storage was unavailable (a dead node's lock): its record",
-     dict(status=1, record={"cause": "storage", "requeue": "1", "restart_count": "0"}),
+     dict(status=1, record=ExitRecord.parse({"cause": "storage", "requeue": "1", "restart_count": "0"})),
      ("requeue", "storage", 0)),
     ("storage trouble past max_storage_retries=3", dict(
         status=1, requeues={"storage": 3},
-        record={"cause": "storage", "requeue": "1", "restart_count": "0"}),
+        record=ExitRecord.parse({"cause": "storage", "requeue": "1", "restart_count": "0"})),
      ("stop", "storage", 1)),
-    # --- row 10b: Slurm ended the step for memory ------------------------------------------
+    # --- row out-of-memory: Slurm ended the step for memory ------------------------------------------
     ("Slurm killed the step over its memory: its words, not a crash", dict(
         status=137, memory="n2: StepId=3015014.0 exceeded memory limit (214884352 > "
                            "106954752), being killed"), ("finish", "out_of_memory", 137)),
@@ -163,10 +164,10 @@ ROWS = [
      ("finish", "out_of_memory", 137)),
     ("...a preemption is still Slurm's first fact", dict(
         view=PREEMPTING, status=137, memory="oom-kill event"), ("requeue", "preemption", 0)),
-    # --- row 10c: the rendezvous port was taken at start-up ---------------------------------
+    # --- row port-taken: the rendezvous port was taken at start-up ---------------------------------
     ("rank 0's store could not bind its port, still taken: another port, not a crash",
      dict(status=1, port=(27001, 27002), inplace=InPlace(max=2),
-          record={"cause": "user_crash", "requeue": "0"}), ("restart", "port_taken", 0)),
+          record=ExitRecord.parse({"cause": "user_crash", "requeue": "0"})), ("restart", "port_taken", 0)),
     ("...even with max_step_restarts spent: it counts against no limit",
      dict(status=1, port=(27001, 27002), inplace=InPlace(max=2, used=2)),
      ("restart", "port_taken", 0)),
@@ -178,10 +179,10 @@ ROWS = [
      ("finish", "user_crash", 1)),
     ("...and a preemption is still Slurm's first fact", dict(
         view=PREEMPTING, status=1, port=(27001, 27002)), ("requeue", "preemption", 0)),
-    # --- row 11: crashes ------------------------------------------------------------------
+    # --- row crash: crashes ------------------------------------------------------------------
     ("a rank raised", dict(status=1), ("finish", "user_crash", 1)),
-    ("a rank raised; its crash record", dict(status=1, record={"cause": "user_crash",
-                                                               "requeue": "0"}),
+    ("a rank raised; its crash record", dict(status=1, record=ExitRecord.parse({"cause": "user_crash",
+                                                               "requeue": "0"})),
      ("finish", "user_crash", 1)),
     ("the OOM killer (SIGKILL)", dict(status=137), ("finish", "user_crash", 137)),
     ("a crash with max_crash_restarts=2", dict(status=1, budget=replace(
@@ -218,17 +219,17 @@ def test_a_death_at_exit_after_the_work_names_the_rank_and_the_signal() -> None:
 
 def test_one_order_for_why_a_run_ended() -> None:
     """The verdict, sacct's specific state, the stop notice, the runtime's request, sacct's
-    bare REQUEUED: for row 1 and for the next run's start alike."""
+    bare REQUEUED: for row slurm-requeued and for the next run's start alike."""
     from hpctrain.supervisor.decision import why_run_ended
 
     requeue = {"cause": "preemption", "requeue": "1"}
-    assert why_run_ended(verdict={"action": "requeue", "cause": "hang"},
+    assert why_run_ended(verdict=Verdict.parse({"action": "requeue", "cause": "hang"}),
                          run_state="NODE_FAIL", notice="time_limit") == "hang"
-    assert why_run_ended(verdict={"action": "finish", "cause": "user_crash"},
+    assert why_run_ended(verdict=Verdict.parse({"action": "finish", "cause": "user_crash"}),
                          run_state="NODE_FAIL", notice="time_limit") == "node_fail"
-    assert why_run_ended(run_state="REQUEUED", notice="time_limit", record=requeue) \
+    assert why_run_ended(run_state="REQUEUED", notice="time_limit", record=ExitRecord.parse(requeue)) \
         == "time_limit"
-    assert why_run_ended(run_state="REQUEUED", notice="cancelled", record=requeue) \
+    assert why_run_ended(run_state="REQUEUED", notice="cancelled", record=ExitRecord.parse(requeue)) \
         == "preemption"
     assert why_run_ended(run_state="REQUEUED", status=76) == "time_limit"
     assert why_run_ended(run_state="REQUEUED") == "requeued"
@@ -358,7 +359,7 @@ DEATHS = {   # the step's status, the first failure's signal (srun: 128 + signal
 def test_a_job_is_completed_only_when_every_rank_returned_with_its_saves_durable(
         word: str, death: str) -> None:
     """Rank 1's last word x the step's death; rank 0 returned. COMPLETED only when rank 1
-    returned too and the death was a signal after the work (row 6); a word that is not a
+    returned too and the death was a signal after the work (row died-at-exit); a word that is not a
     return is a failure of the run, whatever the death looks like."""
     record, finished = LAST_WORDS[word]
     status, died_of = DEATHS[death]
@@ -380,42 +381,42 @@ ROOM = InPlace(max=2)
 
 
 def test_a_runtime_run_crash_is_restarted_by_default_a_plain_scripts_is_not() -> None:
-    wrapped = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+    wrapped = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=ExitRecord.parse(CRASH_20),
                            inplace=ROOM))
     assert (wrapped.action, wrapped.cause) == ("restart", "user_crash"), wrapped
-    plain = decide(facts(status=1, budget=DEFAULT, record=CRASH_20, inplace=ROOM))
+    plain = decide(facts(status=1, budget=DEFAULT, record=ExitRecord.parse(CRASH_20), inplace=ROOM))
     assert (plain.action, plain.cause, plain.exit_code) == ("finish", "user_crash", 1)
 
 
 def test_the_default_crash_budget_is_three_recoveries_in_place_then_by_requeue() -> None:
     def after(restarts: int, requeues: int) -> str:
-        return decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+        return decide(facts(status=1, budget=DEFAULT, wrapped=True, record=ExitRecord.parse(CRASH_20),
                             restarts={"user_crash": restarts}, requeues={"user_crash": requeues},
                             inplace=InPlace(max=2, used=restarts))).action
     assert [after(0, 0), after(1, 0), after(2, 0), after(2, 1)] == \
         ["restart", "restart", "requeue", "stop"]
-    spent = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+    spent = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=ExitRecord.parse(CRASH_20),
                          restarts={"user_crash": 2}, requeues={"user_crash": 1}))
     assert spent.limit == "max_crash_restarts=3", spent
 
 
 def test_the_same_error_at_the_same_step_twice_ends_the_job_as_not_transient() -> None:
-    first = crash_signature(CRASH_20)
+    first = crash_signature(ExitRecord.parse(CRASH_20))
     assert first is not None and first.startswith("20:")
-    d = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=CRASH_20,
+    d = decide(facts(status=1, budget=DEFAULT, wrapped=True, record=ExitRecord.parse(CRASH_20),
                      crashes=(first,), restarts={"user_crash": 1}, inplace=ROOM))
     assert (d.action, d.cause, d.exit_code) == ("finish", "user_crash", 1)
     assert d.why.startswith("crashed twice at step 20 with the same error: not transient")
     # another step, or another error at the same step: still transient as far as is known
     other_step = decide(facts(status=1, budget=DEFAULT, wrapped=True,
-                              record={**CRASH_20, "step": "21"}, crashes=(first,),
+                              record=ExitRecord.parse({**CRASH_20, "step": "21"}), crashes=(first,),
                               restarts={"user_crash": 1}, inplace=ROOM))
     other_error = decide(facts(status=1, budget=DEFAULT, wrapped=True,
-                               record={**CRASH_20, "error": "OSError: [Errno 5] EIO"},
+                               record=ExitRecord.parse({**CRASH_20, "error": "OSError: [Errno 5] EIO"}),
                                crashes=(first,), restarts={"user_crash": 1}, inplace=ROOM))
     assert other_step.action == other_error.action == "restart"
     # a number in the spec overrides the rule: the user asked for the retries
-    given = decide(facts(status=1, wrapped=True, record=CRASH_20, crashes=(first,),
+    given = decide(facts(status=1, wrapped=True, record=ExitRecord.parse(CRASH_20), crashes=(first,),
                          budget=replace(DEFAULT, per_cause={**DEFAULT.per_cause,
                                                             "user_crash": 5}),
                          restarts={"user_crash": 1}, inplace=ROOM))
@@ -423,13 +424,26 @@ def test_the_same_error_at_the_same_step_twice_ends_the_job_as_not_transient() -
 
 
 def test_a_crash_signature_needs_the_runtimes_step_and_error() -> None:
-    assert crash_signature({"cause": "user_crash", "error": "E: x"}) is None     # no step
-    assert crash_signature({**CRASH_20, "cause": "preemption"}) is None
-    assert crash_signature({**CRASH_20, "error": ""}) is None
-    assert crash_signature(CRASH_20) != crash_signature({**CRASH_20, "error": "E: y"})
+    assert crash_signature(ExitRecord.parse({"cause": "user_crash", "error": "E: x"})) is None     # no step
+    assert crash_signature(ExitRecord.parse({**CRASH_20, "cause": "preemption"})) is None
+    assert crash_signature(ExitRecord.parse({**CRASH_20, "error": ""})) is None
+    assert crash_signature(ExitRecord.parse(CRASH_20)) != crash_signature(ExitRecord.parse({**CRASH_20, "error": "E: y"}))
     # a script that never says its step: the runtime's count of it stands in
-    assert crash_signature({**CRASH_20, "step": "", "at_step": "20"}) == crash_signature(CRASH_20)
+    assert crash_signature(ExitRecord.parse({**CRASH_20, "step": "", "at_step": "20"})) == crash_signature(ExitRecord.parse(CRASH_20))
     # two errors the record cut to the same 300 characters: their whole digests differ
     cut = {**CRASH_20, "error": "RuntimeError: " + "x" * 283 + "..."}
-    assert crash_signature({**cut, "error_digest": "aa" * 8}) != \
-        crash_signature({**cut, "error_digest": "bb" * 8})
+    assert crash_signature(ExitRecord.parse({**cut, "error_digest": "aa" * 8})) != \
+        crash_signature(ExitRecord.parse({**cut, "error_digest": "bb" * 8}))
+
+
+def test_ranks_killed_wordless_on_a_node_that_answers_are_its_fault_not_a_crash() -> None:
+    """Issue 55, item 6: no exception, no crash record, the node answers a step: node_fail
+    (max_node_failures), restarted in place, on a spare when there is one."""
+    spare = decide(facts(status=1, faulty=("n2",), inplace=InPlace(max=2, healthy=3, needed=2)))
+    assert (spare.action, spare.cause) == ("restart", "node_fail"), spare
+    assert spare.detail.endswith("on a spare node") and "n2" in spare.why
+    same = decide(facts(status=1, faulty=("n2",), inplace=InPlace(max=2)))
+    assert (same.action, same.cause) == ("restart", "node_fail") and "spare" not in same.detail
+    again = decide(facts(status=1, faulty=("n2",),
+                         inplace=InPlace(max=2, unhealthy={"n2": "its ranks died again"})))
+    assert (again.action, again.cause) == ("requeue", "node_fail"), again

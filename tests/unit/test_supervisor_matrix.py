@@ -399,7 +399,7 @@ def test_a_second_loss_without_a_spare_is_requeued_and_the_lost_nodes_never_retu
 def test_without_a_heartbeat_a_lost_node_is_slurms_node_fail_as_without_spares(
         tmp_path: Path) -> None:
     """A plain torchrun script reports no progress: nothing is silent, Slurm marks n2 DOWN
-    26 s later and requeues the job itself (row 1), as it would without spares."""
+    26 s later and requeues the job itself (row slurm-requeued), as it would without spares."""
     code, fake, verdict, ledger = supervise(tmp_path, "torchrun",
                                             events=[(5.0, "lose:n2")],
                                             steps=[{"steps": 60}], **SPARES)

@@ -7,12 +7,14 @@ The Slurm and launcher texts below were recorded on the devcluster (Slurm 22.05,
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from hpctrain import protocol
 from hpctrain.errors import SupervisorError
+from hpctrain.protocol.records import ExitRecord
 from hpctrain.slurm.parse import parse_kv_line
 from hpctrain.slurm.view import job_view, slurm_time
 from hpctrain.supervisor.config import Config, parse_early
@@ -146,11 +148,11 @@ def test_whose_directory_it_is(identity: dict, restart: int, cluster_name: str,
 def test_records_of_another_job_or_run_are_not_read(tmp_path: Path) -> None:
     state, _ = StateDir.claim(str(tmp_path), "9", 0, "", "")
     state.write("exit", {"cause": "preemption", "requeue": 1, "restart_count": 0})
-    assert state.read("exit", 0)["cause"] == "preemption"
-    assert state.read("exit", 1) == {}                       # another run's
+    assert state.exit_record(0).cause == "preemption"
+    assert state.exit_record(1) is None                      # another run's
     protocol.write_record(state.file("exit"), {"cause": "preemption", "restart_count": 0,
                                                "run_id": "someone-else"})
-    assert state.read("exit", 0) == {}                       # another job's
+    assert state.exit_record(0) is None                      # another job's
     assert oct(state.path.stat().st_mode & 0o777) == "0o700"
 
 
@@ -202,7 +204,7 @@ srun: Force Terminated StepId=19.0
 
 def test_torchruns_root_cause_names_rank_node_and_the_ranks_exception() -> None:
     assert torchrun_root_cause(TORCHRUN)["host"] == "n2"
-    d = diagnose(TORCHRUN, "torchrun", {})
+    d = diagnose(TORCHRUN, "torchrun", None)
     assert (d.rank, d.node, d.exit_code, d.source) == (3, "n2", "exit code 1", "torchrun")
     assert d.error == "ValueError: boom on rank 1"   # rank 3 printed none: the first one
     assert d.text() == "rank 3 on n2 (exit code 1): ValueError: boom on rank 1"
@@ -211,20 +213,20 @@ def test_torchruns_root_cause_names_rank_node_and_the_ranks_exception() -> None:
 def test_sruns_first_failing_task_is_the_rank() -> None:
     assert srun_first_failure(SRUN) == {"node": "n2", "tasks": "3",
                                         "what": "Exited with exit code 1"}
-    d = diagnose(SRUN, "srun", {})
+    d = diagnose(SRUN, "srun", None)
     assert (d.rank, d.node, d.exit_code, d.error) == (3, "n2", "exited with exit code 1",
                                                       "KeyError: 'missing shard 7'")
-    assert diagnose(SRUN, "torchrun", {}).rank is None   # under torchrun a task is a node
+    assert diagnose(SRUN, "torchrun", None).rank is None   # under torchrun a task is a node
 
 
 def test_the_runtimes_crash_record_comes_first_and_bare_logs_still_help() -> None:
     record = {"cause": "user_crash", "rank": "2", "node": "n2", "step": "7",
               "error": "RuntimeError: simulated"}
-    d = diagnose(SRUN, "srun", record)
+    d = diagnose(SRUN, "srun", ExitRecord.parse(record))
     assert (d.rank, d.node, d.error, d.source) == (2, "n2", "RuntimeError: simulated", "runtime")
     assert exceptions("x\n[rank0]: Traceback (most recent call last):\n[rank0]:   File\n"
                       "[rank0]: OSError: disk full\n") == [(0, "OSError: disk full")]
-    assert diagnose("all good\n", "srun", {}) is None
+    assert diagnose("all good\n", "srun", None) is None
 
 
 # torch 2.13's gloo group torn down by the interpreter's exit (issue 31), as each launcher
@@ -265,19 +267,19 @@ srun: error: n2: task 0: Terminated
 
 
 def test_an_abort_at_exit_names_its_signal_the_likely_cause_and_the_fix() -> None:
-    d = diagnose(ABORT_TORCHRUN, "torchrun", {})
+    d = diagnose(ABORT_TORCHRUN, "torchrun", None)
     assert (d.rank, d.exit_code, d.signal) == (1, "exit code -6", "SIGABRT")
     assert d.error == ABORT_AT_EXIT_FIX and "destroy_process_group()" in d.error
-    d = diagnose(ABORT_SRUN, "srun", {})
+    d = diagnose(ABORT_SRUN, "srun", None)
     assert (d.rank, d.node, d.signal, d.error) == (1, "n2", "SIGABRT", ABORT_AT_EXIT_FIX)
     # a death by signal without those words: the signal, no guess at the cause
-    d = diagnose("srun: error: n1: task 0: Segmentation fault (core dumped)\n", "srun", {})
+    d = diagnose("srun: error: n1: task 0: Segmentation fault (core dumped)\n", "srun", None)
     assert (d.signal, d.error) == ("SIGSEGV", None)
     # an exit code is the script's own: no signal
-    assert diagnose(SRUN, "srun", {}).signal is None
-    assert diagnose(TORCHRUN, "torchrun", {}).signal is None
+    assert diagnose(SRUN, "srun", None).signal is None
+    assert diagnose(TORCHRUN, "torchrun", None).signal is None
     # a launcher that says nothing: the words alone
-    d = diagnose("terminate called without an active exception\n", "deepspeed", {})
+    d = diagnose("terminate called without an active exception\n", "deepspeed", None)
     assert (d.signal, d.error, d.source) == ("SIGABRT", ABORT_AT_EXIT_FIX, "log")
 
 
@@ -345,9 +347,37 @@ srun: error: n1: task 0: Exited with exit code 1
 
 
 def test_a_rank_that_only_lost_its_peer_is_not_named_for_the_crash() -> None:
-    d = diagnose(PEER_LOST, "torchrun", {})
+    d = diagnose(PEER_LOST, "torchrun", None)
     assert (d.rank, d.node, d.error) == (1, "n1", "RuntimeError: bad batch in epoch 2")
     # a root cause that printed its own error, or none at all, stays torchrun's word
-    assert diagnose(TORCHRUN, "torchrun", {}).rank == 3
+    assert diagnose(TORCHRUN, "torchrun", None).rank == 3
     own = PEER_LOST.replace("Connection closed by peer", "CUDA error: an illegal memory access")
-    assert diagnose(own, "torchrun", {}).rank == 0
+    assert diagnose(own, "torchrun", None).rank == 0
+
+
+# ---- the step loop's states: its docstring, docs/architecture.md and its handlers agree ---------
+def _states_in_docstring() -> list[tuple[str, str, str]]:
+    from hpctrain.supervisor.steploop import StepLoop
+    doc = StepLoop.watch.__doc__ or ""
+    rows = []
+    for line in doc.splitlines():
+        words = line.strip()
+        if not words or words.startswith("=") or words.startswith("state "):
+            continue
+        parts = [p for p in re.split(r"\s{2,}", words) if p]
+        if len(parts) == 3 and parts[0].isalpha() and parts[0].islower():
+            rows.append((parts[0], parts[1], parts[2]))
+    return rows
+
+
+def test_the_step_loops_states_are_its_handlers_and_the_architecture_docs_table() -> None:
+    from hpctrain.supervisor.steploop import StepLoop
+    code = _states_in_docstring()
+    assert [r[0] for r in code] == ["running", "settling", "naming", "arriving", "leaving",
+                                    "killing"], code
+    assert all(callable(getattr(StepLoop, f"_{state}", None)) for state, _, _ in code)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    table = doc.split("## The step loop's states", 1)[1].split("\n## ", 1)[0]
+    rows = [tuple(c.strip() for c in line.strip().strip("|").split("|"))
+            for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows[1:] == code, (rows, code)      # (the first row is the header)

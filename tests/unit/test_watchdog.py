@@ -17,13 +17,14 @@ from hpctrain import protocol as p
 from hpctrain.protocol.dialog import Attempt
 from hpctrain.protocol.ledger import parse_ledger
 from hpctrain.protocol.progress import Progress
+from hpctrain.protocol.records import ExitRecord
 from hpctrain.runtime.progress import Reporter, phase
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import Budget, Facts, InPlace, decide
 from hpctrain.supervisor.watchdog import (AUTO_HANG_S, AUTO_SAVE_S, EXIT_GRACE_S, HANG_FLOOR_S,
                                           Limits, StepClock, assess, culprits,
                                           in_collective, innermost, main_stack, node_of,
-                                          suspects, WAITED, gave_up, waited_for)
+                                          suspect_ranks, WAITED, gave_up, waited_for)
 from helpers.progress import by_rank
 
 NOW = 1_800_000_000.0
@@ -128,7 +129,7 @@ def test_zero_turns_a_timeout_off() -> None:
 
 
 def test_suspects_say_nothing_when_every_rank_stands_at_the_same_place() -> None:
-    assert suspects({r: rank(r) for r in range(4)}, 4, NOW, 2.0) == ((), "")
+    assert suspect_ranks({r: rank(r) for r in range(4)}, 4, NOW, 2.0) == ((), "")
 
 
 # ---- a hang timeout derived from the step time ----------------------------------------------
@@ -192,10 +193,10 @@ def test_ranks_that_gave_up_in_a_collective_name_the_rank_they_waited_for() -> N
     # ranks that never said their work ended are the ones waited for
     ended = {0: {**rec(0, "exited"), "exit": "crash"}, 1: rec(1, node="n2"),
              2: {**rec(2, "exited"), "exit": "crash"}}
-    hang = gave_up({"waited": "1"}, by_rank(ended), 3, NOW, 2.0, 10.0)
+    hang = gave_up(ExitRecord.parse({"waited": "1"}), by_rank(ended), 3, NOW, 2.0, 10.0)
     assert hang is not None and (hang.ranks, hang.nodes, hang.why) == ((1,), ("n2",), WAITED)
-    assert gave_up({"error": "RuntimeError: boom"}, by_rank(ended), 3, NOW, 2.0) is None
-    silent = gave_up({"waited": "1"}, by_rank({r: rec(r) for r in range(3)}), 3, NOW, 2.0)
+    assert gave_up(ExitRecord.parse({"error": "RuntimeError: boom"}), by_rank(ended), 3, NOW, 2.0) is None
+    silent = gave_up(ExitRecord.parse({"waited": "1"}), by_rank({r: rec(r) for r in range(3)}), 3, NOW, 2.0)
     assert silent is not None and silent.ranks == ()     # nothing to tell them apart
 
 

@@ -9,6 +9,7 @@ import signal as _signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hpctrain.protocol.records import ExitRecord, Verdict
 from hpctrain.runtime.causes import EXIT_REQUEUE_PREEMPTION, EXIT_REQUEUE_TIME_LIMIT
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision.budget import REQUEUE_CAUSES, Budget
@@ -89,7 +90,7 @@ class Facts:
     now: float
     status: int | None = None                   # the step's exit status (128+N: signal N)
     caught: Sequence[Caught] = ()
-    record: Mapping[str, str] = field(default_factory=dict)  # the runtime's, this run's
+    record: ExitRecord | None = None            # the runtime's exit record, this run's
     run_state: str | None = None                # sacct's end state of this run (requeued)
     notice: str | None = None                   # the stop notice's cause, this run's
     hang: str | None = None                     # the watchdog stopped the step: what it saw
@@ -98,6 +99,7 @@ class Facts:
     inplace: InPlace = InPlace()
     finish: Finish | None = None                # the ranks' own last word (runtime scripts)
     lost: tuple[str, ...] = ()                  # the step's nodes lost
+    faulty: tuple[str, ...] = ()                # ...whose ranks died wordless, node answering
     failure: Diagnosis | None = None            # the first failure, as the launcher told it
     memory: str | None = None                   # Slurm ended the step for memory: its words
     port: tuple[int, int] | None = None         # the rendezvous port was taken: (it, the next)
@@ -117,13 +119,13 @@ class Decision:
     why: str
     limit: str | None = None
     # requeue: "restart 1 of max_requeues=10, ..."; stop: "max_preemptions=1 reached (...)";
-    # completed: "rank 1 then died at exit (SIGABRT)" (row 6)
+    # completed: "rank 1 then died at exit (SIGABRT)" (row died-at-exit)
     detail: str = ""
 
     @property
     def about_a_failure(self) -> bool:
         """Does the verdict name the run's first failure: a crash, a run that ended for no
-        known reason, or a rank that died at exit after the work was done (row 6)?"""
+        known reason, or a rank that died at exit after the work was done (row died-at-exit)?"""
         return self.cause in ("user_crash", "out_of_memory", "unknown") or \
             (self.cause == "completed" and bool(self.detail))
 
@@ -141,34 +143,31 @@ def slurm_event(view: JobView | None, restart_count: int) -> str:
     return "ended" if view.ending else "running"
 
 
-def runtime_word(record: Mapping[str, str], status: int | None) -> str | None:
+def runtime_word(record: ExitRecord | None, status: int | None) -> str | None:
     """The requeue the training process asked for: exit code 75/76, or its exit record
     (which may also say ``storage``: the checkpoint storage was unavailable)."""
     if status in RUNTIME_CODES:
         return RUNTIME_CODES[status]
-    if record.get("requeue") == "1" and record.get("cause") in ("preemption", "time_limit",
-                                                                 "storage"):
-        return record["cause"]
-    return None
+    return record.asks_requeue if record is not None else None
 
 
-def why_run_ended(*, verdict: Mapping[str, str] | None = None, run_state: str | None = None,
-                  notice: str | None = None, record: Mapping[str, str] | None = None,
+def why_run_ended(*, verdict: Verdict | None = None, run_state: str | None = None,
+                  notice: str | None = None, record: ExitRecord | None = None,
                   status: int | None = None) -> str | None:
     """Why a requeued run ended, as a requeue cause; None when nobody says. One order for
     every question of it: the run's supervisor's verdict (when it requeued or saw Slurm
     do it), then sacct's specific end state (PREEMPTED, TIMEOUT, NODE_FAIL), then the stop
     notice the ranks were given, then the runtime's own request, then sacct's bare
     REQUEUED (somebody's ``scontrol requeue``)."""
-    verdict = verdict or {}
-    if verdict.get("action") in ("requeue", "leave") and verdict.get("cause") in REQUEUE_CAUSES:
-        return verdict["cause"]
+    if verdict is not None and verdict.action in ("requeue", "leave") and \
+            verdict.cause in REQUEUE_CAUSES:
+        return verdict.cause
     seen = CAUSE_OF_RUN_STATE.get(run_state or "")
     if seen not in (None, "requeued"):
         return seen
     if notice in ("preemption", "time_limit"):
         return notice
-    return runtime_word(record or {}, status) or seen
+    return runtime_word(record, status) or seen
 
 
 def signal_name(status: int | None) -> str:
@@ -181,22 +180,20 @@ def signal_name(status: int | None) -> str:
     return f"status {status}"
 
 
-def crash_step(record: Mapping[str, str]) -> str:
-    """The step a crash record places the crash at: the script's own (``step``), else the
-    runtime's count (``at_step``: the checkpoint step resumed from plus the boundaries
-    since); '' when neither is known."""
-    step = record.get("step", "")
-    return step if step.isdigit() else record.get("at_step", "") if \
-        record.get("at_step", "").isdigit() else ""
+def crash_step(record: ExitRecord | None) -> int | None:
+    """The step a crash record places the crash at (:attr:`ExitRecord.crash_step`); None
+    when neither the script nor the runtime knew it, or there is no record."""
+    return record.crash_step if record is not None else None
 
 
-def crash_signature(record: Mapping[str, str]) -> str | None:
+def crash_signature(record: ExitRecord | None) -> str | None:
     """``20:3f2a9c01d4e7``: a crash's step and a digest of its error (the exception's type
     and message, as the crash record has them), for the ledger and the repeated-crash rule;
     None when the record is not a crash's or lacks either (a plain script's crash)."""
-    step, error = crash_step(record), record.get("error", "")
-    if record.get("cause") != "user_crash" or not step or not error:
+    if record is None or record.cause != "user_crash" or record.crash_step is None or \
+            not record.error:
         return None
+    step, error = record.crash_step, record.error
     # the runtime's digest of the whole error (the record's error is cut at 300 characters)
-    digest = record.get("error_digest") or hashlib.sha256(error.encode()).hexdigest()
+    digest = record.error_digest or hashlib.sha256(error.encode()).hexdigest()
     return f"{step}:{digest[:12]}"

@@ -9,15 +9,16 @@ previous run's own word when there is one, else from ``sacct``'s run states.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from hpctrain.protocol.ledger import Ledger
+from hpctrain.protocol.records import ExitRecord, Verdict
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision.budget import Budget, counted, limit_text, over_limit
 from hpctrain.supervisor.decision.facts import Caught, Decision, slurm_event, why_run_ended
 
 
-def previous_cause(verdict: Mapping[str, str], record: Mapping[str, str],
+def previous_cause(verdict: Verdict | None, record: ExitRecord | None,
                    notice: str | None) -> str | None:
     """Why the previous run ended, in its own words (:func:`why_run_ended`: its verdict,
     its stop notice, the runtime's request); None when none says, and only then is sacct

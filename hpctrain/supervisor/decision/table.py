@@ -3,41 +3,41 @@
 The scheduler is the source of truth; the training process's word only adds detail. Its
 rows, in order (the first that matches decides):
 
-==  ================================================  ==============  =====================
-#   facts                                             cause           action
-==  ================================================  ==============  =====================
-1   Slurm already requeued this run (Restarts > ours)  as Slurm saw it  leave it to Slurm
-2   Slurm is preempting it (PreemptTime set)           preemption      requeue, any exit code
-3   Slurm ended the run (scancel, an admin), even if   cancelled       finish, never undone
-    the step then exited 0 (it stopped early)
-4   the step exited 0                                  completed       finish (exit 0)
-5   Slurm's time limit was reached (Reason=TimeLimit)  time_limit      requeue
-6   every rank's script returned and its saves are     completed       finish (exit 0), the
-    durable (its own word), then a rank died of a                      death named
-    signal at exit, a stop passed on ended them, or
-    the exit hung
-7   the batch step caught the requeue signal           time_limit      requeue
-8   it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
-    (Slurm unreachable: cause ``unknown``, finish)
-8b  a node of the step was lost (its ranks went        node_fail       restart in place on a
-    silent, and it was taken from the job; or its                      spare, else requeue
-    ranks died without a word and it answered no                       (max_node_failures)
-    step)
-9   the watchdog stopped a hung step                   hang            restart in place, else
-                                                                       requeue (max_hangs)
-10  the runtime asked for a requeue (75/76, record;    its cause       requeue
-    storage trouble)
-10b Slurm ended the step for memory (slurmstepd's     out_of_memory   finish: the same
-    words in its output)                                               request fails again
-10c its rendezvous could not bind its port at start-   port_taken      restart in place on
-    up, and this node (the first) still cannot bind                    the next free port
-    it: taken by another process since the script                      (counted against no
-    checked it (:mod:`~hpctrain.supervisor.rendezvous`)                limit; PORT_TRIES)
-11  the step failed                                    user_crash      finish, or (within
-                                                                       max_crash_restarts)
-                                                                       restart in place, else
-                                                                       requeue
-==  ================================================  ==============  =====================
+===============  ================================================  ==============  =====================
+row              facts                                             cause           action
+===============  ================================================  ==============  =====================
+slurm-requeued   Slurm already requeued this run (Restarts > ours)  as Slurm saw it  leave it to Slurm
+preempted        Slurm is preempting it (PreemptTime set)           preemption      requeue, any exit code
+cancelled        Slurm ended the run (scancel, an admin), even if   cancelled       finish, never undone
+                 the step then exited 0 (it stopped early)
+exit-0           the step exited 0                                  completed       finish (exit 0)
+time-limit       Slurm's time limit was reached (Reason=TimeLimit)  time_limit      requeue
+died-at-exit     every rank's script returned and its saves are     completed       finish (exit 0), the
+                 durable (its own word), then a rank died of a                      death named
+                 signal at exit, a stop passed on ended them, or
+                 the exit hung
+warned           the batch step caught the requeue signal           time_limit      requeue
+stopped          it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
+                 (Slurm unreachable: cause ``unknown``, finish)
+node-lost        a node of the step was lost (its ranks went        node_fail       restart in place on a
+                 silent, and it was taken from the job; or its                      spare, else requeue
+                 ranks died without a word and it answered no                       (max_node_failures)
+                 step)
+hang             the watchdog stopped a hung step                   hang            restart in place, else
+                                                                                    requeue (max_hangs)
+runtime-requeue  the runtime asked for a requeue (75/76, record;    its cause       requeue
+                 storage trouble)
+out-of-memory    Slurm ended the step for memory (slurmstepd's     out_of_memory   finish: the same
+                 words in its output)                                               request fails again
+port-taken       its rendezvous could not bind its port at start-   port_taken      restart in place on
+                 up, and this node (the first) still cannot bind                    the next free port
+                 it: taken by another process since the script                      (counted against no
+                 checked it (:mod:`~hpctrain.supervisor.rendezvous`)                limit; PORT_TRIES)
+crash            the step failed                                    user_crash      finish, or (within
+                                                                                    max_crash_restarts)
+                                                                                    restart in place, else
+                                                                                    requeue
+===============  ================================================  ==============  =====================
 
 A crash's budget, ``max_crash_restarts``, defaults to CRASH_RESTARTS_RUN (3) when the
 ranks run under ``hpctrain.runtime.run`` (its user asked to survive a crash) and to 0
@@ -45,7 +45,7 @@ otherwise (a bug is not run again). Under that default a crash at the same step 
 same error as an earlier one of the job ends it (:func:`repeated_crash`): a deterministic
 bug is replayed, not retried. A number in the spec overrides both.
 
-Row 6 needs the runtime's word (:mod:`hpctrain.supervisor.finish`) *and* a death that is
+Row died-at-exit needs the runtime's word (:mod:`hpctrain.supervisor.finish`) *and* a death that is
 not the script's choice: a signal (torch's gloo group aborting in the C++ destructors), a
 stop the batch step passed on while they left (torchrun's agent dies of the TERM with exit
 code 1 and takes the ranks along), or a teardown the watchdog found hung. It comes after
@@ -77,14 +77,14 @@ from hpctrain.supervisor.decision.facts import (Decision, Facts, crash_signature
 
 
 def requeued_cause(f: Facts) -> str | None:
-    """Row 1: why Slurm requeued this run (:func:`why_run_ended`: no verdict yet, sacct's
+    """Row slurm-requeued: why Slurm requeued this run (:func:`why_run_ended`: no verdict yet, sacct's
     end state of this run, its stop notice, the runtime's request); None when nobody says."""
     return why_run_ended(run_state=f.run_state, notice=f.notice, record=f.record,
                          status=f.status)
 
 
 def death_at_exit(f: Facts) -> str | None:
-    """Row 6: ``rank 1 then died at exit (SIGABRT)`` when the step failed only after every
+    """Row died-at-exit: ``rank 1 then died at exit (SIGABRT)`` when the step failed only after every
     rank's work ended with its saves durable; None when that is not what happened."""
     if f.finish is None or not f.finish.done or not f.status:
         return None
@@ -105,7 +105,7 @@ def death_at_exit(f: Facts) -> str | None:
 
 
 def cause_of_run(f: Facts) -> tuple[str, str]:
-    """Rows 2-11 of the table: (cause, why)."""
+    """The rows after ``slurm-requeued``: (cause, why)."""
     event = slurm_event(f.view, f.restart_count)
     names = [c.name for c in f.caught]
     if event == "preemption":
@@ -132,6 +132,10 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
         return "node_fail", f"node(s) {','.join(f.lost)} of the step were lost (its ranks " \
                             "went silent or died without a word, and it answered no step " \
                             "or left the job)"
+    if f.faulty:
+        return "node_fail", f"the ranks on {','.join(f.faulty)} died without a word of " \
+                            "their own (no exception, no crash record: killed) while the " \
+                            "node answers a step: a fault of the node, not of the script"
     if f.hang:
         return "hang", f"the watchdog stopped the hung step: {f.hang}"
     word = runtime_word(f.record, f.status)
@@ -162,7 +166,7 @@ def repeated_crash(f: Facts) -> str | None:
 
 
 IN_PLACE = ("hang", "user_crash", "node_fail")      # causes restarted in the allocation
-PORT_TRIES = 8       # a job's moves of its rendezvous port (row 10c)
+PORT_TRIES = 8       # a job's moves of its rendezvous port (row port-taken)
 COUNTED_IN_PLACE = ("user_crash", "node_fail")     # ...whose limit counts those restarts
 
 
@@ -195,7 +199,8 @@ def decide(f: Facts) -> Decision:
             return Decision("stop", cause, step_code or 1, why, limit=limit,
                             detail=limit_text(limit, cause, count, f.restart_count))
     if cause in IN_PLACE and f.inplace.allowed:
-        spare = " on a spare node" if cause == "node_fail" else ""
+        spare = " on a spare node" if cause == "node_fail" and f.inplace.healthy is not None \
+            else ""
         # a crash's own budget too: its default depends on the script (runtime.run or not)
         crash = f", crash recovery {f.restarts.get(cause, 0) + f.requeues.get(cause, 0) + 1} " \
                 f"of {'='.join(map(str, f.budget.limit_of(cause, f.wrapped) or ()))}" \
