@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import click
 
 from hpctrain import __version__
-from hpctrain.commands.registry import COMMANDS, HIDDEN, HOST_ENV, REMOTE_COMMANDS
+from hpctrain.commands.registry import (COMMANDS, HIDDEN, HOST_ENV, REMOTE_COMMAND_ENV,
+                                        REMOTE_COMMANDS)
 from hpctrain.errors import HpctrainError
 
 
@@ -68,9 +69,9 @@ def _exit_codes() -> str:
 @click.option("--host", envvar=HOST_ENV, metavar="[USER@]HOST[:PORT]",
               help="Run submit, sweep, status, logs, cancel and report on this cluster over "
                    f"SSH (your ~/.ssh/config, keys and agent) [env: {HOST_ENV}].")
-@click.option("--remote-command", envvar="HPCTRAIN_REMOTE_COMMAND", metavar="COMMAND",
+@click.option("--remote-command", envvar=REMOTE_COMMAND_ENV, metavar="COMMAND",
               help="How to start hpctrain on the --host cluster, e.g. ~/venv/bin/hpctrain "
-                   "[default: hpctrain; env: HPCTRAIN_REMOTE_COMMAND].")
+                   f"[default: hpctrain; env: {REMOTE_COMMAND_ENV}].")
 @click.option("--client-version", hidden=True,
               help="Set by a --host client: refuse to serve a client of another version.")
 def cli(host: str | None, remote_command: str | None, client_version: str | None) -> None:

@@ -17,6 +17,7 @@ from hpctrain.checkpoint.manifest import LATEST, step_dirname
 from hpctrain.checkpoint.reader import StepReader
 from hpctrain.checkpoint.retention import select_deletions
 from hpctrain.errors import CheckpointError
+from hpctrain.protocol.ckptlayout import latest_text
 
 
 @dataclass
@@ -60,7 +61,7 @@ def list_steps(root: str | os.PathLike[str], verify: bool = False) -> list[StepI
 
 def write_latest(root: Path, step: int, mode: int | None = None) -> None:
     """Atomically point ``root/latest`` at ``step`` (only after its commit is durable)."""
-    storage.atomic_write(root / LATEST, f"{step_dirname(step)}\n".encode(), mode)
+    storage.atomic_write(root / LATEST, latest_text(step).encode(), mode)
 
 
 def prune(root: Path, keep_last: int, keep_every: int | None = None,

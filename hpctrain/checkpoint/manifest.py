@@ -47,12 +47,14 @@ Every block's third number and every tensor's ``sum`` is a checksum of the algor
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain.checkpoint.checksum import KNOWN, LEGACY
 from hpctrain.errors import CheckpointError
+# the root's layout (step directories, `latest`), shared with the login side
+from hpctrain.protocol.ckptlayout import (LATEST, STEP_RE, parse_step_dirname,  # noqa: F401
+                                         step_dirname)
 
 FORMAT = "hpctrain-checkpoint"
 VERSION = 5                         # what this hpctrain writes, whatever the step holds
@@ -60,23 +62,8 @@ READABLE_VERSIONS = (1, 2, 3, 4, 5)
 _SUM_KEY = {1: "crc32", 2: "crc32", 3: "crc32", 4: "sum", 5: "sum"}  # a tensor's sum key
 MANIFEST = "manifest.json"
 RANKS = "manifest.ranks"            # version 5: every rank's record
-LATEST = "latest"
-STEP_RE = re.compile(r"^step_(\d{9,})$")
 
 Block = tuple[int, int, int]        # (offset, length, sum) of a file's bytes
-
-
-def step_dirname(step: int) -> str:
-    """``step_000001200``: zero padded so names sort like numbers."""
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise CheckpointError(f"step={step!r} is not a non-negative int: pass the training step")
-    return f"step_{step:09d}"
-
-
-def parse_step_dirname(name: str) -> int | None:
-    """The step of a committed directory name, or None for anything else (tmp, trash)."""
-    m = STEP_RE.match(name)
-    return int(m.group(1)) if m else None
 
 
 def _need(cond: bool, what: str) -> None:

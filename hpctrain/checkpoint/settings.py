@@ -61,15 +61,9 @@ def _given(value: int | None, env: Mapping[str, str], name: str,
     """``value`` if given, else the job's ``$name``, else ``default``."""
     if value is not None:
         return value
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise CheckpointError(f"${name}={raw!r} is not a whole number: the rendered script "
-                              f"sets it from the spec's [checkpoint] table; unset it or "
-                              f"pass the value to CheckpointManager") from None
+    return protocol.env_int(env, name, default, error=CheckpointError,
+                            fix="the rendered script sets it from the spec's [checkpoint] "
+                                "table; unset it or pass the value to CheckpointManager")
 
 
 def _no_root(env: Mapping[str, str]) -> str:

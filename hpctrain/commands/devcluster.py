@@ -7,6 +7,7 @@ import os
 
 import click
 
+from hpctrain.commands.options import json_option
 from hpctrain.devcluster import strict
 from hpctrain.devcluster.cluster import DevCluster
 from hpctrain.devcluster.config import MAX_INSTANCES, SITES, Shape
@@ -107,7 +108,7 @@ def _sudo_user() -> list[str]:
 
 
 @devcluster.command()
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@json_option
 @state_dir_option
 @instance_option
 def status(as_json: bool, state_dir: str | None, instance: int | None) -> int:

@@ -31,6 +31,20 @@ sets_option = click.option(
     "--set", "sets", multiple=True, metavar="KEY=VALUE",
     help="Override a spec field (repeatable, TOML values), e.g. --set layout.tp=4 --set nodes=2.")
 
+# the job spec a command submits (submit, sweep; here and over --host)
+spec_argument = click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+grid_option = click.option(
+    "--grid", "grids", multiple=True, required=True, metavar="KEY=V1,V2",
+    help="A spec key and its values (repeatable; the sweep is their product).")
+
+# where the job folders go, on this machine
+folder_option = click.option(
+    "--folder", type=click.Path(file_okay=False), default=None,
+    help="Root of job folders [default: $HPCTRAIN_JOBS_DIR or ~/hpctrain-jobs].")
+
 
 def visible(text: str) -> str:
     """``text`` with every character a terminal would act on instead of show (ESC, CR,

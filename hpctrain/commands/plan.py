@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from hpctrain.commands.options import json_option
 from hpctrain.errors import PlanError
 from hpctrain.planner import Hardware, Recommendation, Request, Workload, recommend, resolve_arch
 from hpctrain.planner.memory import MODES
@@ -74,7 +75,7 @@ def _hardware(partition: str | None, gpus_per_node: int | None, gpu_mem: str | N
 @click.option("--price-per-gpu-hour", type=float, help="Price of one GPU-hour, for cost.")
 @click.option("--mfu", type=float, default=0.40, show_default=True,
               help="Model-FLOPs utilisation assumed for GPU-hours.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@json_option
 @click.option("--all", "show_all", is_flag=True, help="List every candidate layout.")
 @click.option("--write-spec", type=click.Path(dir_okay=False),
               help="Write a job spec for the recommended layout (needs --partition).")

@@ -5,6 +5,8 @@ cheap to import) and by :mod:`hpctrain.commands.remote`.
 
 from __future__ import annotations
 
+from hpctrain.protocol import REMOTE_COMMAND
+
 # name -> ("module:attribute", one-line help shown by `hpctrain --help`)
 COMMANDS: dict[str, tuple[str, str]] = {
     "devcluster": ("hpctrain.commands.devcluster:devcluster", "Run a real SLURM cluster on this machine."),
@@ -25,3 +27,5 @@ REMOTE_COMMANDS = ("submit", "sweep", "status", "logs", "cancel", "report")
 HIDDEN = {"_serve": "hpctrain.commands.serve:serve"}
 # the environment variable that sets --host
 HOST_ENV = "HPCTRAIN_HOST"
+# ...and --remote-command (its name shared with hpctrain.remote.ssh, which reads it too)
+REMOTE_COMMAND_ENV = REMOTE_COMMAND

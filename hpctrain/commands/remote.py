@@ -15,7 +15,8 @@ from typing import Any
 
 import click
 
-from hpctrain.commands.options import load_spec, sets_option
+from hpctrain.commands.options import (grid_option, json_option, load_spec, sets_option,
+                                       spec_argument)
 from hpctrain.commands.registry import REMOTE_COMMANDS
 from hpctrain.errors import RemoteError
 
@@ -67,7 +68,7 @@ def _request(conn: Any, spec: Any, **fields: Any) -> dict[str, Any]:
 
 def _submit_command(conn: Any) -> click.Command:
     @click.command(name="submit")
-    @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
+    @spec_argument
     @sets_option
     @templates_option
     @click.option("--folder", default=None,
@@ -75,7 +76,7 @@ def _submit_command(conn: Any) -> click.Command:
                        "or ~/hpctrain-jobs].")
     @click.option("--dry-run", is_flag=True, help="Print the cluster's plan and script.")
     @click.option("--wait", is_flag=True, help="Show progress until the job ends.")
-    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+    @json_option
     def submit(spec_file: str, sets: tuple[str, ...], template_dirs: tuple[str, ...],
                folder: str | None, dry_run: bool, wait: bool, as_json: bool) -> int:
         """Send SPEC and this directory's code to the --host cluster and submit it there."""
@@ -89,16 +90,15 @@ def _sweep_command(conn: Any) -> click.Command:
     from hpctrain.jobs.sweep import parse_grid
 
     @click.command(name="sweep")
-    @click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
-    @click.option("--grid", "grids", multiple=True, required=True, metavar="KEY=V1,V2",
-                  help="A spec key and its values (repeatable; the sweep is their product).")
+    @spec_argument
+    @grid_option
     @click.option("--max-parallel", type=int, default=None,
                   help="At most this many grid points run at once.")
     @sets_option
     @templates_option
     @click.option("--folder", default=None, help="Root of job folders on the cluster.")
     @click.option("--dry-run", is_flag=True, help="List the points; submit nothing.")
-    @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+    @json_option
     def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
               sets: tuple[str, ...], template_dirs: tuple[str, ...], folder: str | None,
               dry_run: bool, as_json: bool) -> int:

@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from hpctrain.commands.jobview import exit_code_for, format_elapsed, job_json, progress_line
-from hpctrain.commands.options import (about_spec, load_spec, sets_option, show_script,
+from hpctrain.commands.options import (about_spec, folder_option, json_option, load_spec,
+                                       sets_option, show_script, spec_argument,
                                        templates_option)
 from hpctrain.commands.table import table
 from hpctrain.jobs.view import info_json
@@ -19,15 +20,14 @@ from hpctrain.spec.model import JobSpec
 
 
 @click.command()
-@click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
+@spec_argument
 @sets_option
 @templates_option
-@click.option("--folder", type=click.Path(file_okay=False), default=None,
-              help="Root of job folders [default: $HPCTRAIN_JOBS_DIR or ~/hpctrain-jobs].")
+@folder_option
 @click.option("--dry-run", is_flag=True, help="Print the plan and the script; submit nothing.")
 @click.option("--wait", is_flag=True,
               help="Show progress until the job ends; exit non-zero unless it COMPLETED.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 def submit(spec_file: str, sets: tuple[str, ...], template_dirs: list[Any],
            folder: str | None, dry_run: bool, wait: bool, as_json: bool) -> int:
     """Render SPEC with the partition's templates and submit it to Slurm."""

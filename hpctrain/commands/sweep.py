@@ -8,23 +8,23 @@ from typing import Any
 
 import click
 
-from hpctrain.commands.options import about_spec, load_spec, sets_option, templates_option
+from hpctrain.commands.options import (about_spec, folder_option, grid_option, json_option,
+                                       load_spec, sets_option, spec_argument,
+                                       templates_option)
 from hpctrain.jobs.sweep import parse_grid, point_label
 from hpctrain.spec.model import JobSpec
 
 
 @click.command()
-@click.argument("spec_file", metavar="SPEC", type=click.Path(dir_okay=False))
-@click.option("--grid", "grids", multiple=True, required=True, metavar="KEY=V1,V2",
-              help="A spec key and its values (repeatable; the sweep is their product).")
+@spec_argument
+@grid_option
 @click.option("--max-parallel", type=int, default=None,
               help="At most this many grid points run at once (--array=...%K).")
 @sets_option
 @templates_option
-@click.option("--folder", type=click.Path(file_okay=False), default=None,
-              help="Root of job folders [default: $HPCTRAIN_JOBS_DIR or ~/hpctrain-jobs].")
+@folder_option
 @click.option("--dry-run", is_flag=True, help="List the points and arrays; submit nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option
 def sweep(spec_file: str, grids: tuple[str, ...], max_parallel: int | None,
           sets: tuple[str, ...], template_dirs: list[Any], folder: str | None,
           dry_run: bool, as_json: bool) -> int:

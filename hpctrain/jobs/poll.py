@@ -10,13 +10,13 @@ Every Slurm state goes through :func:`hpctrain.slurm.states.from_slurm`.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from hpctrain.errors import SlurmError, SlurmNotFound
+from hpctrain.protocol.ckptlayout import read_latest
 from hpctrain.slurm import client
 from hpctrain.slurm.parse import (SQUEUE_FORMAT, parse_elapsed, parse_sacct_parsable2,
                                   parse_squeue, resized)
@@ -199,48 +199,7 @@ def ended_without_accounting(job_id: str, folder: str | None) -> JobInfo:
 
 
 def last_checkpoint_step(checkpoint_dir: str) -> int | None:
-    """The newest checkpoint step in a checkpoint dir, read from plain files (no torch).
-
-    Understands a ``latest`` pointer (JSON with "step", a step number, or the name of a
-    step directory) and a ``manifest.json`` in the directory it points to.
-    """
-    if not checkpoint_dir:
-        return None
-    root = Path(checkpoint_dir)
-    pointer = root / "latest"
-    try:
-        text = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
-    except OSError:
-        return None
-    if not text:
-        return None
-    step = _step_from(text)
-    if step is not None:
-        return step
-    manifest = root / text / "manifest.json"
-    try:
-        return _step_from(manifest.read_text(encoding="utf-8"))
-    except OSError:
-        return _digits(text)
-
-
-def _step_from(text: str) -> int | None:
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    if isinstance(data, int):
-        return data
-    if isinstance(data, dict):
-        for key in ("step", "global_step"):
-            if isinstance(data.get(key), int):
-                return data[key]
-        for key in ("latest", "path", "dir", "name"):
-            if isinstance(data.get(key), str):
-                return _digits(data[key])
-    return None
-
-
-def _digits(text: str) -> int | None:
-    m = re.search(r"(\d+)\D*$", text)
-    return int(m.group(1)) if m else None
+    """The newest checkpoint step in a checkpoint dir, read from plain files (no torch):
+    the step its ``latest`` pointer names, in the layout hpctrain.checkpoint writes
+    (:mod:`hpctrain.protocol.ckptlayout`); None without one."""
+    return read_latest(checkpoint_dir) if checkpoint_dir else None

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__, access
+from hpctrain import __version__, access, protocol
 from hpctrain.errors import HpctrainError, RemoteError
 from hpctrain.remote import frames
 
@@ -60,7 +60,7 @@ def socket_dir() -> Path:
         reasons.append(f"{path}: {why}")
     raise RemoteError("no private directory for the warm server's socket ("
                       + "; ".join(reasons) + "): remove or fix it, or set "
-                      "HPCTRAIN_REMOTE_SERVER=0 on the client to use plain ssh")
+                      f"{protocol.REMOTE_SERVER}=0 on the client to use plain ssh")
 
 
 def code_signature(root: Path | None = None) -> str:

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterator, Sequence
 
-from hpctrain import __version__
+from hpctrain import __version__, protocol
 from hpctrain.errors import RemoteError
 from hpctrain.remote.controldir import control_dir
 from hpctrain.remote.warm import WarmPath, relay
 
-REMOTE_COMMAND_ENV = "HPCTRAIN_REMOTE_COMMAND"
+REMOTE_COMMAND_ENV = protocol.REMOTE_COMMAND
 SSH_EXIT = 255              # ssh's own failure (the remote command's codes pass through)
 CONNECT_TIMEOUT_S = 15
 RUN_TIMEOUT_S = 300.0

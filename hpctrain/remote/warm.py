@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 from typing import IO, Any, Callable, Protocol, Sequence
 
-from hpctrain import __version__
+from hpctrain import __version__, protocol
 from hpctrain.errors import RemoteError
 from hpctrain.remote import frames
 from hpctrain.remote.controldir import control_dir
 
-ENV = "HPCTRAIN_REMOTE_SERVER"        # "0": every command over plain ssh
+ENV = protocol.REMOTE_SERVER          # "0": every command over plain ssh
 Write = Callable[[bytes], None]
 
 

@@ -289,10 +289,10 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
     """HPCTRAIN_* variables every rank sees (names documented in docs/spec.md)."""
     ck, rq = spec.checkpoint, spec.requeue
     pairs = [
-        ("HPCTRAIN_JOB_NAME", spec.name), ("HPCTRAIN_PARTITION", spec.partition),
-        (protocol.LAUNCHER, plan.launcher), ("HPCTRAIN_NODES", plan.nodes),
-        ("HPCTRAIN_GPUS_PER_NODE", plan.gpus_per_node), ("HPCTRAIN_WORLD_SIZE", plan.world),
-        ("HPCTRAIN_TP", plan.tp), ("HPCTRAIN_PP", plan.pp), ("HPCTRAIN_DP", plan.dp),
+        (protocol.JOB_NAME, spec.name), (protocol.PARTITION, spec.partition),
+        (protocol.LAUNCHER, plan.launcher), (protocol.NODES, plan.nodes),
+        (protocol.GPUS_PER_NODE, plan.gpus_per_node), (protocol.WORLD_SIZE, plan.world),
+        (protocol.TP, plan.tp), (protocol.PP, plan.pp), (protocol.DP, plan.dp),
         (protocol.CKPT_INTERVAL_STEPS, ck.interval_steps),
         (protocol.CKPT_KEEP_LAST, ck.keep_last),
         # the supervisor's settings (hpctrain.supervisor.config reads them)
@@ -304,7 +304,7 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.MAX_HANGS, rq.max_hangs),
         (protocol.REQUEUE_SIGNAL, rq.signal),
         (protocol.SIGNAL_LEAD_S, rq.signal_lead_s),
-        ("HPCTRAIN_TIME_LIMIT_S", plan.time_s if plan.time_s is not None else 0),
+        (protocol.TIME_LIMIT_S, plan.time_s if plan.time_s is not None else 0),
     ]
     wd = spec.watchdog
     pairs += [(protocol.MAX_STEP_RESTARTS, wd.max_step_restarts),

@@ -100,11 +100,11 @@ def _node(env: Mapping[str, str]) -> str | None:
 
 
 def _layout(env: Mapping[str, str], world: int) -> tuple[int, int, int]:
-    tp, pp = _int(env, "HPCTRAIN_TP", 1), _int(env, "HPCTRAIN_PP", 1)
+    tp, pp = _int(env, protocol.TP, 1), _int(env, protocol.PP, 1)
     if tp < 1 or pp < 1:
-        raise LayoutError(f"HPCTRAIN_TP={tp}, HPCTRAIN_PP={pp}: both must be >= 1")
-    if "HPCTRAIN_DP" in env:
-        dp = _int(env, "HPCTRAIN_DP", 1)
+        raise LayoutError(f"{protocol.TP}={tp}, {protocol.PP}={pp}: both must be >= 1")
+    if protocol.DP in env:
+        dp = _int(env, protocol.DP, 1)
     elif world % (tp * pp) == 0:
         dp = world // (tp * pp)
     else:
@@ -112,8 +112,8 @@ def _layout(env: Mapping[str, str], world: int) -> tuple[int, int, int]:
     if dp < 1 or tp * dp * pp != world:
         raise LayoutError(
             f"layout tp={tp} x dp={dp} x pp={pp} = {tp * dp * pp} ranks, but the job has "
-            f"world size {world}: set HPCTRAIN_TP/HPCTRAIN_DP/HPCTRAIN_PP so their product "
-            f"is {world} (or leave HPCTRAIN_DP unset to derive it)")
+            f"world size {world}: set {protocol.TP}/{protocol.DP}/{protocol.PP} so their "
+            f"product is {world} (or leave {protocol.DP} unset to derive it)")
     return tp, dp, pp
 
 
@@ -125,14 +125,8 @@ def _slurm_tasks_per_node(env: Mapping[str, str], world: int, nodes: int) -> int
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise SpecError(f"environment variable {name}={raw!r} is not an integer: "
-                        f"unset it or give a whole number") from None
+    return protocol.env_int(env, name, default, error=SpecError,
+                            fix="unset it or give a whole number")
 
 
 def _float(env: Mapping[str, str], name: str) -> float | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hpctrain.errors import SpecError
-from hpctrain.protocol import COLLECTIVE_MARGIN_S, DEFAULT_HANG_S, DEFAULT_SAVE_S
+from hpctrain.protocol import COLLECTIVE_MARGIN_S, DEFAULT_HANG_S, DEFAULT_SAVE_S, defaults
 from hpctrain.spec.checkpoint import CheckpointSpec
 from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_int, check_mail_type,
                                   check_name, check_opt_int, check_sbatch_option,
@@ -121,37 +121,43 @@ class RequeueSpec:
     ``hpctrain.runtime.run``, stopping early at the same error at the same step twice, and
     not at all otherwise (a bug is not run again); a number overrides both."""
 
-    max_requeues: int = 10          # every cause together (SLURM_RESTART_COUNT)
-    signal: str = "USR2"
+    # the defaults are the supervisor's too (hpctrain.protocol.defaults)
+    max_requeues: int = defaults.MAX_REQUEUES   # every cause together (SLURM_RESTART_COUNT)
+    signal: str = defaults.REQUEUE_SIGNAL
     signal_lead_s: int = 120
-    max_preemptions: int = 10       # default: max_requeues
-    max_time_limits: int = 10       # default: max_requeues
-    max_node_failures: int = 3      # default: 3, at most max_requeues
+    max_preemptions: int = defaults.MAX_REQUEUES      # default: max_requeues
+    max_time_limits: int = defaults.MAX_REQUEUES      # default: max_requeues
+    max_node_failures: int = defaults.CAPPED_CAUSE_LIMIT   # default: 3, at most max_requeues
     max_crash_restarts: int | None = None   # a crash (the step failed on its own): the
     #                                         supervisor's default (above) when None
-    max_storage_retries: int = 3    # the checkpoint storage unavailable (a dead node's lock)
-    max_hangs: int = 3              # requeues after a hang, once in-place restarts are spent
+    # the checkpoint storage unavailable (a dead node's lock)
+    max_storage_retries: int = defaults.CAPPED_CAUSE_LIMIT
+    # requeues after a hang, once in-place restarts are spent
+    max_hangs: int = defaults.CAPPED_CAUSE_LIMIT
 
     @classmethod
     def from_dict(cls, data: Any) -> "RequeueSpec":
         d = check_table(data, "requeue", cls)
-        total = check_int(d.get("max_requeues", 10), "requeue.max_requeues", 0, 10000)
+        total = check_int(d.get("max_requeues", defaults.MAX_REQUEUES), "requeue.max_requeues",
+                          0, 10000)
+        capped = defaults.capped_limit(total)
 
         def per_cause(key: str, default: int) -> int:
             return check_int(d.get(key, default), f"requeue.{key}", 0, 10000)
 
         return cls(max_requeues=total,
-                   signal=check_signal(d.get("signal", "USR2"), "requeue.signal"),
+                   signal=check_signal(d.get("signal", defaults.REQUEUE_SIGNAL),
+                                       "requeue.signal"),
                    # Slurm's --signal lead time is at most 65535 s
                    signal_lead_s=check_int(d.get("signal_lead_s", 120), "requeue.signal_lead_s",
                                       0, 65535),
                    max_preemptions=per_cause("max_preemptions", total),
                    max_time_limits=per_cause("max_time_limits", total),
-                   max_node_failures=per_cause("max_node_failures", min(3, total)),
+                   max_node_failures=per_cause("max_node_failures", capped),
                    max_crash_restarts=(per_cause("max_crash_restarts", 0)
                                        if "max_crash_restarts" in d else None),
-                   max_storage_retries=per_cause("max_storage_retries", min(3, total)),
-                   max_hangs=per_cause("max_hangs", min(3, total)))
+                   max_storage_retries=per_cause("max_storage_retries", capped),
+                   max_hangs=per_cause("max_hangs", capped))
 
 
 @dataclass(frozen=True)
@@ -174,21 +180,23 @@ class WatchdogSpec:
     startup_timeout_s: int | None = None
     save_timeout_s: int | None = None
     collective_timeout_s: int | None = None
-    max_step_restarts: int = 2      # restarts inside the allocation, for the whole job
-    exclude_bad_nodes: bool = True  # requeue without a node that failed or froze
+    # restarts inside the allocation, for the whole job (hpctrain.protocol.defaults)
+    max_step_restarts: int = defaults.MAX_STEP_RESTARTS
+    exclude_bad_nodes: bool = defaults.EXCLUDE_BAD_NODES  # requeue without a bad node
 
     @classmethod
     def from_dict(cls, data: Any) -> "WatchdogSpec":
         d = check_table(data, "watchdog", cls)
         timeouts = {key: check_opt_int(d.get(key), f"watchdog.{key}", 0)
                     for key in ("hang_timeout_s", "startup_timeout_s", "save_timeout_s")}
-        exclude = d.get("exclude_bad_nodes", True)
+        exclude = d.get("exclude_bad_nodes", defaults.EXCLUDE_BAD_NODES)
         if not isinstance(exclude, bool):
             raise SpecError(f"watchdog.exclude_bad_nodes={exclude!r} must be true or false")
         spec = cls(**timeouts, exclude_bad_nodes=exclude,
                    collective_timeout_s=check_opt_int(d.get("collective_timeout_s"),
                                                  "watchdog.collective_timeout_s", 1),
-                   max_step_restarts=check_int(d.get("max_step_restarts", 2),
+                   max_step_restarts=check_int(d.get("max_step_restarts",
+                                                     defaults.MAX_STEP_RESTARTS),
                                           "watchdog.max_step_restarts", 0, 1000))
         spec.check_order()
         return spec

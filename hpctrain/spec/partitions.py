@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from hpctrain.errors import PartitionError
+from hpctrain.protocol import defaults
 from hpctrain.spec.container import ContainerFacts
 from hpctrain.spec.source import read_toml
 
@@ -52,7 +53,7 @@ class Partition:
     # a site's node check (argv, no shell) the job supervisor runs once per node before
     # the training step: a node where it fails is left out and the job requeued for free
     health_check: tuple[str, ...] = ()
-    health_check_timeout_s: int = 120
+    health_check_timeout_s: int = defaults.HEALTH_CHECK_TIMEOUT_S
     # how this site runs containers ([container]: runtime, allowed images, mounts, required)
     container: ContainerFacts | None = None
     source: str = ""                     # the file it was read from

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hpctrain import protocol as p
-from hpctrain.protocol import nodemem
+from hpctrain.protocol import defaults, nodemem
 from hpctrain.errors import SupervisorError
 from hpctrain.supervisor.decision import Budget, Caught
 from hpctrain.supervisor.watchdog import Limits
@@ -34,14 +34,14 @@ class Config:
     where: str = ""            # "4 rank(s) on {nodes}, rendezvous n1:{port}": see where_on
     signal_lead_s: int = 0     # --signal=B:SIG@lead: the warning comes lead s before the end
     limits: Limits = Limits()  # the hang watchdog's timeouts ([watchdog])
-    max_step_restarts: int = 2  # in-allocation restarts for the whole job
-    exclude_bad_nodes: bool = True
+    max_step_restarts: int = defaults.MAX_STEP_RESTARTS  # in-allocation, the whole job
+    exclude_bad_nodes: bool = defaults.EXCLUDE_BAD_NODES
     world: int = 1             # ranks of the step (HPCTRAIN_WORLD_SIZE)
     nodes: int = 1             # nodes of the step (HPCTRAIN_NODES)
     nodelist: str = ""         # the allocation's nodes (SLURM_JOB_NODELIST)
     job_nodes: int = 0         # how many (SLURM_JOB_NUM_NODES): spares included
     health_check: tuple[str, ...] = ()   # the partition's node check (argv), run per node
-    health_check_timeout_s: int = 120
+    health_check_timeout_s: int = defaults.HEALTH_CHECK_TIMEOUT_S
     container: dict | None = None        # the step's container (HPCTRAIN_CONTAINER), if any
     submit_dir: str = ""                 # SLURM_SUBMIT_DIR: mounted into a container
     spare_nodes: int = 0                 # [elastic]: nodes held to replace a lost one
@@ -78,13 +78,15 @@ class Config:
         if not key:
             raise SupervisorError("SLURM_JOB_ID is not set: the supervisor runs inside a Slurm "
                                   "batch job (submit the script with sbatch or hpctrain submit)")
-        total = _int(env, p.MAX_REQUEUES, 10)   # the spec's defaults, when run by hand
+        # the spec's defaults (protocol.defaults), when run by hand
+        total = _int(env, p.MAX_REQUEUES, defaults.MAX_REQUEUES)
+        capped = defaults.capped_limit(total)
         limits_of = {
             "preemption": _int(env, p.MAX_PREEMPTIONS, total),
             "time_limit": _int(env, p.MAX_TIME_LIMITS, total),
-            "node_fail": _int(env, p.MAX_NODE_FAILURES, min(3, total)),
-            "storage": _int(env, p.MAX_STORAGE_RETRIES, min(3, total)),
-            "hang": _int(env, p.MAX_HANGS, min(3, total))}
+            "node_fail": _int(env, p.MAX_NODE_FAILURES, capped),
+            "storage": _int(env, p.MAX_STORAGE_RETRIES, capped),
+            "hang": _int(env, p.MAX_HANGS, capped)}
         crash = _opt_int(env, p.MAX_CRASH_RESTARTS)
         if crash is not None:   # left out: Budget.limit_of's default, by the script's kind
             limits_of["user_crash"] = crash
@@ -98,25 +100,29 @@ class Config:
             argv=tuple(args), key=key, restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
             cluster=env.get("SLURM_CLUSTER_NAME", ""),
             launcher=env.get(p.LAUNCHER, "srun"),
-            requeue_signal=env.get(p.REQUEUE_SIGNAL, "USR2").upper().removeprefix("SIG"),
+            requeue_signal=(env.get(p.REQUEUE_SIGNAL, defaults.REQUEUE_SIGNAL).upper()
+                            .removeprefix("SIG")),
             budget=budget,
             base=env.get(p.CKPT_DIR) or env.get("SLURM_SUBMIT_DIR") or env.get("PWD", "."),
             submission=env.get(p.SUBMISSION_ID, ""),
             early=parse_early(env.get(p.EARLY_SIGNALS, "")),
             signal_lead_s=_int(env, p.SIGNAL_LEAD_S, 0),
-            limits=limits, max_step_restarts=_int(env, p.MAX_STEP_RESTARTS, 2),
-            exclude_bad_nodes=env.get(p.EXCLUDE_BAD_NODES, "1") not in ("0", "false"),
-            world=_int(env, "HPCTRAIN_WORLD_SIZE", 1), nodes=_int(env, "HPCTRAIN_NODES", 1),
+            limits=limits,
+            max_step_restarts=_int(env, p.MAX_STEP_RESTARTS, defaults.MAX_STEP_RESTARTS),
+            exclude_bad_nodes=(env.get(p.EXCLUDE_BAD_NODES, str(int(defaults.EXCLUDE_BAD_NODES)))
+                               not in ("0", "false")),
+            world=_int(env, p.WORLD_SIZE, 1), nodes=_int(env, p.NODES, 1),
             nodelist=env.get("SLURM_JOB_NODELIST", ""),
             job_nodes=_int(env, "SLURM_JOB_NUM_NODES", 0),
             health_check=parse_argv(env, p.HEALTH_CHECK),
-            health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S, 120),
+            health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S,
+                                        defaults.HEALTH_CHECK_TIMEOUT_S),
             container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
             spare_nodes=_int(env, p.SPARE_NODES, 0),
             peer_copies=env.get(nodemem.PEER_COPIES) == "1",
             batch_node=env.get("SLURMD_NODENAME", ""),
             master_addr=env.get("MASTER_ADDR", ""), master_port=_int(env, "MASTER_PORT", 0),
-            where=f"{env.get('HPCTRAIN_WORLD_SIZE', '?')} rank(s) on {{nodes}}, rendezvous "
+            where=f"{env.get(p.WORLD_SIZE, '?')} rank(s) on {{nodes}}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{{port}}")
 
 
@@ -132,20 +138,16 @@ def parse_early(text: str) -> tuple[Caught, ...]:
     return tuple(out)
 
 
+_RENDER_AGAIN = "render the script again with `hpctrain render` (it sets the spec's values)"
+
+
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise SupervisorError(f"{name}={raw!r} is not a whole number: render the script "
-                              "again with `hpctrain render` (it sets the spec's values)") from None
+    return p.env_int(env, name, default, error=SupervisorError, fix=_RENDER_AGAIN)
 
 
 def _opt_int(env: Mapping[str, str], name: str) -> int | None:
     """An integer setting that may be absent (None: the default applies)."""
-    return None if env.get(name, "") == "" else _int(env, name, 0)
+    return p.env_int(env, name, None, error=SupervisorError, fix=_RENDER_AGAIN)
 
 
 def _float(env: Mapping[str, str], name: str, default: float) -> float:

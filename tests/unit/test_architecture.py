@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -358,3 +359,50 @@ def test_the_checker_catches_what_it_should() -> None:
     assert not allowed("hpctrain.spec", "hpctrain.render")
     assert part_of("hpctrain.newthing") is None        # unplaced: test_every_part_is_placed
     assert allowed("hpctrain.checkpoint", "hpctrain.runtime.progress")
+
+
+# ---- docs/architecture.md's table is this test's -------------------------------------------
+DOC = PKG.parent / "docs" / "architecture.md"
+
+
+def _doc_part(word: str) -> str:
+    return "hpctrain" if word == "hpctrain" else f"hpctrain.{word}"
+
+
+def documented_rules() -> tuple[set[str], dict[str, set[str]]]:
+    """(shared, part -> what it may import) as docs/architecture.md's "What may import
+    what" writes them."""
+    text = DOC.read_text()
+    section = text[text.index("## What may import what"):]
+    section = section[:section.index("\n## ", 1)]
+    shared_line = next(line for line in section.splitlines()
+                       if line.startswith("*shared* below means "))
+    shared = {_doc_part(w) for w in re.findall(r"`([^`]+)`", shared_line)}
+    rules: dict[str, set[str]] = {}
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    for row in rows:
+        parts_cell, allowed_cell = [c.strip() for c in row.strip("|").split("|")][:2]
+        targets: set[str] = set()
+        for item in re.split(r"[,;]", allowed_cell):
+            item = item.strip()
+            if item == "nothing":
+                continue
+            if item == "shared":
+                targets |= shared
+            elif item.startswith("`") and item.endswith("`"):
+                targets.add(_doc_part(item.strip("`")))
+            else:
+                targets.add(item)              # a third-party package, by name
+        for part in re.findall(r"`([^`]+)`", parts_cell):
+            assert _doc_part(part) not in rules, f"{part} has two rows"
+            rules[_doc_part(part)] = targets
+    return shared, rules
+
+
+def test_the_import_table_is_the_tests() -> None:
+    shared, rules = documented_rules()
+    assert shared == SHARED, "docs/architecture.md's *shared* differs from SHARED"
+    assert sorted(rules) == sorted(MAY_IMPORT), "a part missing from one of the two"
+    differ = {part: (sorted(rules[part]), sorted(MAY_IMPORT[part])) for part in MAY_IMPORT
+              if rules[part] != MAY_IMPORT[part]}
+    assert differ == {}, "docs/architecture.md (first) and MAY_IMPORT (second) differ"

@@ -120,5 +120,13 @@ def test_last_checkpoint_step_reads_plain_files(tmp_path) -> None:
     (tmp_path / "step_000000300" / "manifest.json").write_text('{"step": 300, "files": []}')
     (tmp_path / "latest").write_text("step_000000300\n")
     assert last_checkpoint_step(str(tmp_path)) == 300
-    (tmp_path / "latest").write_text('{"step": 42}')
-    assert last_checkpoint_step(str(tmp_path)) == 42
+    (tmp_path / "latest").write_text('{"step": 42}')   # not the layout checkpoint/ writes
+    assert last_checkpoint_step(str(tmp_path)) is None
+    assert last_checkpoint_step("") is None
+
+
+def test_last_checkpoint_step_reads_what_the_checkpoint_package_writes(tmp_path) -> None:
+    from hpctrain.checkpoint.catalog import write_latest
+
+    write_latest(tmp_path, 1200)
+    assert last_checkpoint_step(str(tmp_path)) == 1200

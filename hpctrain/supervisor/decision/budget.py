@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from hpctrain.protocol import defaults
+
 REQUEUE_CAUSES = ("preemption", "time_limit", "node_fail", "user_crash", "storage", "hang",
                   "health_check", "requeued")
 # requeues that do not count against max_requeues: the site's node check failed, not the job
@@ -29,7 +31,7 @@ class Budget:
     ``scontrol requeue``, counts for the total only). A cause left out of ``per_cause``
     takes ``max_requeues``, but a crash its own default (:meth:`limit_of`)."""
 
-    max_requeues: int = 10
+    max_requeues: int = defaults.MAX_REQUEUES
     per_cause: Mapping[str, int] = field(default_factory=dict)  # cause -> limit
 
     def limit_of(self, cause: str, wrapped: bool = False) -> tuple[str, int] | None:
