@@ -28,6 +28,7 @@ from hpctrain.supervisor.decision import Decision, Facts, decide
 from hpctrain.supervisor.gather import Gather
 from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.runstate import RunState
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.waits import Waiter
@@ -41,8 +42,9 @@ class InProcess:
     """Decides and tells the ranks of one step whether their next attempt starts in place."""
 
     def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, seen: Gather,
-                 actor: Actor, pump: Callable[[], None] = lambda: None) -> None:
+                 run: RunState, actor: Actor, pump: Callable[[], None] = lambda: None) -> None:
         self.cfg, self.slurm, self.state, self.seen, self.actor = cfg, slurm, state, seen, actor
+        self.run = run
         self.waiter = Waiter(slurm, pump)    # stop signals taken while it waits
         self._stopped = -1   # the attempt told to stop: its ranks are leaving
         self._stopped_at = 0.0
@@ -65,7 +67,7 @@ class InProcess:
         # the others may wait for the failed rank in a collective: end it for them
         self.interrupt(watch)
         arrived = self.arrive(step, watch)
-        facts = self.seen.failed_attempt()
+        facts = self.facts()
         decision = decide(facts)
         # a rank may say its process cannot start another attempt (a device error)
         able = arrived and watch.inprocess()
@@ -80,7 +82,7 @@ class InProcess:
         the ranks left it in their processes; None when the step must be killed."""
         if hang.phase == "exited" or hang.frozen_nodes or not watch.inprocess():
             return None
-        facts = self.seen.failed_attempt()
+        facts = self.facts()
         decision = decide(facts)
         if decision.action != "restart":
             return None
@@ -89,6 +91,15 @@ class InProcess:
         if not self.arrive(step, watch):
             return None
         return self.go(decision, facts, watch)
+
+    def facts(self) -> Facts:
+        """The failed attempt's facts: the nodes whose ranks froze in a hang noted bad
+        first, else those Slurm calls unhealthy (the actors note them)."""
+        hang, bad = self.run.hang, self.actor.bad
+        frozen = hang.frozen_nodes if hang is not None else ()
+        bad.note({node: "hang" for node in frozen})
+        view = self.seen.ask()
+        return self.seen.failed_attempt(view, {} if frozen else bad.check(view))
 
     def interrupt(self, watch: Watch) -> None:
         """Ask every rank of the attempt to leave it, wherever it waits."""
@@ -107,7 +118,7 @@ class InProcess:
                                                    for r in records.values()):
                 return True
             # [elastic] the missing ranks' node is gone: they never will
-            lost = watch.silent(self.seen.on) if self.cfg.spare_nodes else ()
+            lost = watch.silent(self.run.on) if self.cfg.spare_nodes else ()
             return bool(lost)
 
         if self.waiter.until(arrived, ARRIVE_S, ARRIVE_POLL_S, step) and not lost:
@@ -120,8 +131,7 @@ class InProcess:
         return False
 
     def go(self, decision: Decision, facts: Facts, watch: Watch) -> Watch:
-        self.actor.resume(decision, facts, watch.attempt + 1, self.seen.hang)
-        self.seen.hang = None
+        self.actor.resume(decision, facts, watch.attempt + 1, self.run.hang)
         return watch.next()
 
     def stop(self, watch: Watch, decision: Decision | None, why: str = "") -> None:

@@ -43,7 +43,7 @@ class HangResponse:
         self.slurm, self.state, self.board = slurm, state, board
         self.waiter = Waiter(slurm, pump)    # stop signals taken while it waits
 
-    def waited_for(self, watch: Watch, failed: dict[int, Progress]) -> Hang | None:
+    def hang_behind(self, watch: Watch, failed: dict[int, Progress]) -> Hang | None:
         """The failed ranks of ``watch``'s attempt all gave up waiting in a collective: the
         hang of the ranks they waited for, said in the job log with those ranks' stacks
         (:meth:`name_waited_for`). None when a rank failed on its own (a crash)."""
@@ -105,7 +105,7 @@ class HangResponse:
 
     def name_waited_for(self, watch: Watch, hang: Hang) -> Hang:
         """A hang found from ranks that gave up waiting in a collective
-        (:meth:`waited_for`): said in the job log with the stacks of the ranks they
+        (:meth:`hang_behind`): said in the job log with the stacks of the ranks they
         waited for; one whose Python does not answer (SIGSTOP, stuck holding the GIL) cannot
         leave the attempt in its process, even before its heartbeat looks stale: its node
         is named frozen."""

@@ -1,7 +1,7 @@
 """Spare nodes (``[elastic] spare_nodes``), the supervisor's acting part: where each step
 runs, and ending a step that lost a node (the node taken from the job first). Which nodes
 and when a node is lost are :mod:`hpctrain.supervisor.elastic`'s pure rules; the decision
-is the table's row 8b (docs/fault-recovery.md, "A lost node and a spare").
+is the table's lost-node row (docs/fault-recovery.md, "A lost node and a spare").
 """
 
 from __future__ import annotations
@@ -12,21 +12,32 @@ from collections.abc import Sequence
 from hpctrain.errors import SlurmError
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
-from hpctrain.supervisor.elastic import with_nodes
+from hpctrain.supervisor.elastic import step_nodes, with_nodes
 from hpctrain.supervisor.gather import Gather
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.recorder import Recorder
+from hpctrain.supervisor.runstate import RunState
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 
 
 class Spares:
     """The step's nodes in one run of a job with spare nodes (without: as rendered)."""
 
-    def __init__(self, cfg: Config, slurm: Scheduler, seen: Gather, bad: BadNodes,
-                 books: Recorder) -> None:
-        self.cfg, self.slurm, self.seen, self.bad, self.books = cfg, slurm, seen, bad, books
+    def __init__(self, cfg: Config, slurm: Scheduler, seen: Gather, run: RunState,
+                 bad: BadNodes, books: Recorder) -> None:
+        self.cfg, self.slurm, self.seen, self.run = cfg, slurm, seen, run
+        self.bad, self.books = bad, books
         self.left_out: set[str] = set()          # bad nodes the step runs without
+
+    def nodes_for(self, view: JobView | None) -> list[str] | None:
+        """The nodes the next step runs on (the batch node first, bad ones left out), now
+        the run's; None when too few good ones are left."""
+        cfg, run = self.cfg, self.run
+        run.on = step_nodes(self.seen.allocated(view), list(self.bad.found), cfg.batch_node,
+                            cfg.nodes) or []
+        run.lost = ()
+        return run.on or None
 
     def place(self, argv: Sequence[str], view: JobView | None,
               attempt: int) -> tuple[list[str], str]:
@@ -39,7 +50,7 @@ class Spares:
         everywhere = cfg.where_on(cfg.nodelist or "?", port)
         if not cfg.spare_nodes:
             return list(argv), everywhere
-        nodes = self.seen.place(view)
+        nodes = self.nodes_for(view)
         if nodes is None:   # cannot happen after a decision to restart: said, not hidden
             say("too few good nodes left for the step: starting it as rendered")
             return list(argv), everywhere
@@ -61,7 +72,7 @@ class Spares:
         failed step's status."""
         say(f"lost node(s) {','.join(lost)}: every rank there stopped its heartbeat; ending "
             "the step without waiting for Slurm to notice")
-        self.seen.lost = lost
+        self.run.lost = lost
         self.bad.note({node: "node_fail" for node in lost})
         self.release(lost)
         try:

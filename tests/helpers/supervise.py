@@ -31,7 +31,7 @@ def supervise(tmp_path: Path, kind: str, *, events=(), steps=({},), restart_coun
         base=str(tmp_path), signal_lead_s=30, world=2, nodes=1, nodelist="n1", job_nodes=1,
         limits=Limits(beat_s=2.0)), **cfg})  # type: ignore[arg-type]
     supervisor = Supervisor(config, fake)
-    fake.batch = supervisor.seen.handler
+    fake.batch = supervisor.run_state.handler
     code = supervisor.run()
     state = p.state_dir(tmp_path, "42")
     ledger = (state / p.LEDGER).read_text().splitlines() if (state / p.LEDGER).exists() else []

@@ -88,7 +88,9 @@ PURE = ("hpctrain.spec.model", "hpctrain.spec.checks", "hpctrain.spec.layout",
         "hpctrain.devcluster.sshconf",
         "hpctrain.slurm.parse", "hpctrain.slurm.states", "hpctrain.slurm.view",
         "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
-        "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog", "hpctrain.hostlist",
+        "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog",
+        "hpctrain.supervisor.lost", "hpctrain.supervisor.elastic",
+        "hpctrain.supervisor.runstate", "hpctrain.devcluster.strict", "hpctrain.hostlist",
         "hpctrain.mesh")
 # modules allowed to start processes, and why
 PROCESS_STARTERS = {

@@ -38,7 +38,7 @@ def run_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, events=(),
                     base=str(tmp_path), signal_lead_s=30, world=2, nodes=1, nodelist="n1",
                     job_nodes=1, limits=Limits(beat_s=2.0))
     supervisor = Supervisor(config, fake)
-    fake.batch = supervisor.seen.handler
+    fake.batch = supervisor.run_state.handler
     try:
         supervisor.run()
     finally:
