@@ -69,6 +69,16 @@ class Misfit:
                 "of the state you load (set them afterwards), load a step saved with them, "
                 "or load with on_missing=\"warn\" to keep the state's own values")
 
+    def refusal(self) -> str | None:
+        """The CheckpointError's message when the caller refuses this misfit (either
+        kind), else None: for a restore from memory, whose ranks agree before any writes."""
+        try:
+            self.refuse_unexpected()
+            self.refuse_missing()
+        except CheckpointError as exc:
+            return str(exc)
+        return None
+
     def line(self, rank: int | None = None) -> str:
         """The job log's line ('' when there is nothing to say); ``rank``: whose state
         (under torch.distributed: the other ranks' may differ, a pipeline's do)."""
@@ -83,6 +93,17 @@ class Misfit:
         return (f"checkpoint step {self.step}{whose}: {'; '.join(parts)} "
                 "(load's on_unexpected=/on_missing=\"error\" refuses such a load, "
                 "\"ignore\" quiets this line)")
+
+
+def in_memory(step: int, fit: Fit | None, state: dict, tensors: Iterable[Path_],
+              extras: Iterable[Path_]) -> Misfit:
+    """What of step ``step``, restored from memory (a snapshot, a peer copy), does not fit
+    ``state`` (nothing written yet), by the rules of a load from storage: of its
+    ``tensors``, those ``state`` has no place for (:func:`unplaced`; the restore leaves
+    them out), and the values of ``state`` neither they nor its ``extras`` set."""
+    tensors = list(tensors)
+    return Misfit(step, fit or Fit(), unplaced(state, tensors),
+                  unfilled(state, [*tensors, *extras]))
 
 
 def unplaced(state: dict, saved: Iterable[Path_]) -> list[Path_]:

@@ -10,6 +10,7 @@ second thread while the next read is in flight.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,14 @@ def _new_chunks(missing: dict[tuple, list[TensorEntry]]) -> list[Chunk]:
 
 def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
               verify: bool = True, unpickle_mode: str = "safe",
-              fit: Fit | None = None) -> Misfit:
+              fit: Fit | None = None, ready: Callable[[], None] | None = None) -> Misfit:
     """Load ``step_dir`` into ``state`` in place. CheckpointCorrupt if verification fails;
     CheckpointError if the extras hold a global the unpickler (``unpickle_mode``) refuses.
     Returns what did not fit (saved tensors the state has no place for, values of the
     state the step lacks) for the job log; ``fit`` refuses either with CheckpointError
-    before anything is written (:mod:`hpctrain.checkpoint.fit`)."""
+    before anything is written (:mod:`hpctrain.checkpoint.fit`). ``ready()`` is called
+    once the checks that come before the first write have passed (the ranks' agreement:
+    it raises for another rank's refusal, and nothing is written)."""
     reader = StepReader(step_dir, manifest, verify)
     ops, fresh, extras_file, not_mine = prepare(reader, state, rank)
     saved = _by_path(manifest, rank)[0]
@@ -126,6 +129,8 @@ def load_step(step_dir: Path, manifest: Manifest, state: dict, rank: int,
                                                              not_mine, unpickle_mode)
         misfit.missing = unfilled(state, [*saved, *extras])
         misfit.refuse_missing()   # (nor a refused misfit)
+        if ready is not None:
+            ready()
         _run_ops(reader, ops)
         reader.check()  # CheckpointCorrupt on a checksum mismatch, before anything is set
     for c in fresh:

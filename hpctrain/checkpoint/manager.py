@@ -297,13 +297,15 @@ class CheckpointManager:
         the step has none for keeps its own; rank 0 names both in one line of the job log
         (``"warn"``). ``on_unexpected`` / ``on_missing`` = ``"error"`` refuses such a load
         (CheckpointError on every rank, nothing written), ``"ignore"`` says nothing
-        (:mod:`hpctrain.checkpoint.fit`).
+        (:mod:`hpctrain.checkpoint.fit`). A restore from memory follows the same rules; a
+        snapshot laid out otherwise than ``state`` is not restored, and the job log says so.
         """
         fit = self._fit(on_unexpected, on_missing)
         with progress.phase("loading"):
             self.wait()
             assert self._memory is not None, "load_latest() on a closed CheckpointManager"
-            step = self._memory.restore(state, self.latest_step, self.unpickle)
+            step, line = self._memory.restore(state, self.latest_step, self.unpickle, fit)
+            self._say(line)
             if step is None:
                 lines: dict[int, str] = {}
 
@@ -347,12 +349,27 @@ class CheckpointManager:
 
     def load(self, step: int, state: dict, verify: bool | None = None, *,
              on_unexpected: str = "warn", on_missing: str = "warn") -> None:
-        """Load ``step`` into ``state`` in place; CheckpointError if absent or damaged.
-        What does not fit ``state``: as :meth:`load_latest`."""
+        """Load ``step`` into ``state`` in place; CheckpointError if absent or damaged
+        (CheckpointCorrupt: failed verification). What does not fit ``state``: as
+        :meth:`load_latest`. Collective under torch.distributed: a rank's refusal is
+        raised on every rank (the others' states may be loaded already, but for a
+        refusal of what does not fit, which every rank makes before it writes)."""
         fit = self._fit(on_unexpected, on_missing)
         self.wait()
         with progress.phase("loading"):
-            self._say(self._load(step, state, verify, fit))
+            line, refused, outcome = "", None, None
+            try:
+                line = self._load(step, state, verify, fit)
+            except CheckpointError as exc:
+                refused = exc
+                outcome = (isinstance(exc, CheckpointCorrupt), str(exc))
+            outcomes = self.comm.outcomes(outcome)
+            if refused is not None:
+                raise refused
+            if outcomes:        # another rank's: raised here too, not left to hang
+                corrupt, message = outcomes[0]
+                raise (CheckpointCorrupt if corrupt else CheckpointError)(message)
+            self._say(line)
         progress.resumed(step)
 
     @staticmethod
@@ -371,7 +388,33 @@ class CheckpointManager:
 
     def _load(self, step: int, state: dict, verify: bool | None, fit: Any,
               listed: bool = False) -> str:
-        """Load ``step`` from storage; the job log's line on what did not fit ('' if none)."""
+        """Load ``step`` from storage; the job log's line on what did not fit ('' if none).
+        Collective: every rank agrees before the first write, so that a rank's refusal
+        (what does not fit, a damaged manifest, a step it does not see) leaves every rank's
+        state untouched, raised on each (CheckpointCorrupt where one rank's is)."""
+        agreed = False
+
+        def agree(outcome: tuple[bool, str] | None, mine: Exception | None = None) -> None:
+            nonlocal agreed
+            agreed = True
+            outcomes = self.comm.outcomes(outcome)
+            if mine is not None:
+                raise mine
+            if outcomes:
+                corrupt = any(c for c, _ in outcomes)
+                raise (CheckpointCorrupt if corrupt else CheckpointError)(
+                    next(m for c, m in outcomes if c == corrupt))
+
+        try:
+            return self._load_here(step, state, verify, fit, listed, lambda: agree(None))
+        except CheckpointError as exc:
+            if not agreed:
+                agree((isinstance(exc, CheckpointCorrupt), str(exc)), exc)
+            raise
+
+    def _load_here(self, step: int, state: dict, verify: bool | None, fit: Any, listed: bool,
+                   ready: Callable[[], None]) -> str:
+        """This rank's part of :meth:`_load`; ``ready()``: the agreement."""
         from hpctrain.checkpoint.loader import load_step
 
         path = self.root / step_dirname(step)
@@ -392,7 +435,8 @@ class CheckpointManager:
             raise CheckpointError(f"step {step} is a {manifest.kind} checkpoint: "
                                   "load it with hpctrain.checkpoint.load_deepspeed")
         misfit = load_step(path, manifest, state, self.comm.rank,
-                           self.verify if verify is None else verify, self.unpickle, fit)
+                           self.verify if verify is None else verify, self.unpickle, fit,
+                           ready)
         return misfit.line(self.comm.rank if self.comm.active else None)
 
     def check_trusted(self) -> None:

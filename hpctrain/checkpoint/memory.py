@@ -13,10 +13,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.checkpoint import snapshot
 from hpctrain.checkpoint.manifest import step_dirname
+
+if TYPE_CHECKING:
+    from hpctrain.checkpoint.fit import Fit
 
 
 class InMemory:
@@ -60,26 +63,57 @@ class InMemory:
             self.peers.put(index, step, staged.chunks, staged.extras)  # type: ignore[union-attr]
 
     def restore(self, state: dict, latest_step: Callable[[], int | None],
-                unpickle: str) -> int | None:
+                unpickle: str, fit: Fit | None = None) -> tuple[int | None, str]:
         """The step restored from memory on every rank (this process's snapshot, else a peer
-        copy), or None (``state`` untouched: storage is read). Rank 0 alone finds the newest
-        durable step (it stats every rank's files); the rest of the agreement is
-        all-reduced: O(1) bytes a rank. All or nothing: every rank checks and decodes
-        its snapshot before any writes into its state."""
+        copy), or None (``state`` untouched: storage is read), and the job log's line on
+        what did not fit ``state`` ('' when none, or when not rank 0's to say). Rank 0
+        alone finds the newest durable step (it stats every rank's files); the rest of the
+        agreement is all-reduced: O(1) bytes a rank. All or nothing: every rank checks and
+        decodes its snapshot before any writes into its state.
+
+        What does not fit follows a load from storage's rules (:mod:`hpctrain.checkpoint.
+        fit`): a refusal (``fit``'s "error") on any rank is a CheckpointError on every rank,
+        nothing written. A snapshot laid out otherwise than the state on any rank is not
+        restored, and rank 0 says so in the job log (storage, or the peer copies, next)."""
+        from hpctrain.checkpoint import fit as fits
+        from hpctrain.errors import CheckpointError
+
         kept = snapshot.newest(self.root)
         mine = kept.step if kept is not None else -1
         high, low = self.comm.all_reduce_max([mine, -mine])   # one step on every rank?
         durable = self.comm.broadcast(latest_step() if self.comm.rank == 0 else None) \
             if high >= 0 or self.peers is not None else None
-        step = None
+        whose = self.comm.rank if self.comm.active else None
         if kept is not None and high == -low and (durable is None or high >= durable):
             ready = kept.decode(state)
-            if not self.comm.all_reduce_max([0 if ready is not None else 1])[0]:
+            outcome: tuple[str, int, str] | None = None
+            if isinstance(ready, str):
+                outcome = ("layout", self.comm.rank, ready)
+            else:
+                misfit = fits.in_memory(high, fit, state,
+                                        [c.path for c in kept.payload.chunks], ready)
+                refused = misfit.refusal()
+                outcome = ("error", self.comm.rank, refused) if refused else None
+            outcomes = self.comm.outcomes(outcome)
+            if not outcomes:
                 kept.apply(ready, state)    # type: ignore[arg-type]
-                step = high
-        if step is None and self.peers is not None:
-            step = self.peers.restore(state, durable, unpickle)
-        return step
+                return high, misfit.line(whose)
+            refusals = [why for kind, _, why in outcomes if kind == "error"]
+            if refusals:                    # the caller's choice: not a step to skip
+                raise CheckpointError(refusals[0])
+            if self.comm.rank == 0:
+                from hpctrain.checkpoint.peerload import from_storage, say
+
+                rank, why = outcomes[0][1:]
+                on = "" if whose is None else f" on rank {rank}" + (
+                    f" (and {len(outcomes) - 1} other)" if len(outcomes) > 1 else "")
+                say(f"not restoring step {high} from memory: its layout differs from the "
+                    f"state's{on} ({why}); " + ("trying the peer copies"
+                                               if self.peers is not None
+                                               else from_storage(durable)))
+        if self.peers is not None:
+            return self.peers.restore(state, durable, unpickle, fit)
+        return None, ""
 
     def loaded(self, step: int | None, state: dict) -> None:
         """``step`` was loaded into ``state`` (or none): the peer copies of any other step

@@ -21,9 +21,12 @@ import numpy as np
 import torch
 
 from hpctrain.checkpoint import peerfile
+from hpctrain.checkpoint.fit import Fit, Misfit, in_memory
 from hpctrain.checkpoint.peerplan import Held, Route, restore_plan
+from hpctrain.errors import CheckpointError
 
 ATTEMPTS = 3                          # steps a load tries when copies prove damaged
+REFUSED = "refused: "                 # a refusal by the caller's on_*="error", not the copy's
 
 
 def say(text: str) -> None:
@@ -92,12 +95,18 @@ def forget(directory: Path, rank: int, wards: Collection[int], keep: Collection[
 
 
 # ---- the collective restore ------------------------------------------------------------------
-def restore(copies: Any, state: dict, durable: int | None, unpickle_mode: str) -> int | None:
+def restore(copies: Any, state: dict, durable: int | None, unpickle_mode: str,
+            fit: Fit | None = None) -> tuple[int | None, str]:
     """Collective: the step restored into ``state`` from the copies in node memory on
     every rank (``copies``: this rank's PeerCopies), or None (``state`` untouched; the
-    caller reads the durable checkpoint). A damaged copy (its checksums) is set aside and
-    the next step held whole tried, up to ATTEMPTS steps. The job log gets each decision
-    (but for a first start: nothing held, nothing durable)."""
+    caller reads the durable checkpoint), and the job log's line on what of it did not fit
+    ``state`` (rank 0's; '' elsewhere or when none). A damaged copy (its checksums) is set
+    aside and the next step held whole tried, up to ATTEMPTS steps. The job log gets each
+    decision (but for a first start: nothing held, nothing durable).
+
+    What does not fit follows a load from storage's rules (:mod:`hpctrain.checkpoint.fit`):
+    a tensor of the copy the state has no place for is left out, and a refusal (``fit``'s
+    "error") on any rank is a CheckpointError on every rank, nothing written."""
     comm = copies.comm
     mine = pickle.dumps((copies.node, listing(copies.dir) if copies.lister else []))
     gathered = comm.gather_bytes(mine)
@@ -113,17 +122,27 @@ def restore(copies: Any, state: dict, durable: int | None, unpickle_mode: str) -
             if plan.routes[0].step is not None:
                 say(f"peer copies: {plan.line}")
             elif any(held.values()) or durable is not None:
-                say(f"peer copies: {plan.line}; {_from_storage(durable)}")
+                say(f"peer copies: {plan.line}; {from_storage(durable)}")
             parts = [pickle.dumps(r) for r in plan.routes]
         route: Route = pickle.loads(comm.scatter_bytes(parts))
         if route.step is None:
-            return None
+            return None, ""
         decoded = _fetch(copies, route, state, unpickle_mode)
+        refused = None
+        if not isinstance(decoded, str):
+            misfit = fitted(decoded, state, route.step, fit)
+            refused = misfit.refusal()
         refusals = comm.outcomes((copies.rank, copies.node, route.source, decoded)
-                                 if isinstance(decoded, str) else None)
+                                 if isinstance(decoded, str) else
+                                 (copies.rank, copies.node, route.source, REFUSED + refused)
+                                 if refused else None)
         if not refusals:
             peerfile.apply(decoded, state)
-            return route.step
+            return route.step, misfit.line(copies.rank if comm.active else None) \
+                if copies.rank == 0 else ""
+        chosen = [why for *_, why in refusals if why.startswith(REFUSED)]
+        if chosen:                    # the caller's choice: not a copy to set aside
+            raise CheckpointError(chosen[0][len(REFUSED):])
         damaged = all(why.startswith(peerfile.DAMAGED) for *_, why in refusals)
         if copies.rank == 0:
             said = "; ".join(f"rank {r} ({n}, its copy on {src[0]}): {why}"
@@ -131,13 +150,25 @@ def restore(copies: Any, state: dict, durable: int | None, unpickle_mode: str) -
             more = f" and {len(refusals) - 3} more" if len(refusals) > 3 else ""
             say(f"peer copies: not restoring step {route.step}, nothing written: "
                 f"{said}{more}; " + ("the next step held whole is tried" if damaged
-                                     else _from_storage(durable)))
+                                     else from_storage(durable)))
         if not damaged:
-            return None
+            return None, ""
         for rank, _, (node, name), _ in refusals:
             held[node] = [c for c in held.get(node, []) if c.name != name
                           or c.rank != rank or c.step != route.step]
-    return None
+    return None, ""
+
+
+def fitted(decoded: peerfile.Decoded, state: dict, step: int, fit: Fit | None) -> Misfit:
+    """What of a decoded copy does not fit ``state`` (:func:`hpctrain.checkpoint.fit.
+    in_memory`); the tensors the state has no place for are taken out of ``decoded``
+    (not restored, as a load from storage leaves them). Nothing is written."""
+    tensors = [c.path for c, _ in decoded.into] + [p for p, _ in decoded.added]
+    misfit = in_memory(step, fit, state, tensors, decoded.extras)
+    if misfit.unexpected:
+        out = set(misfit.unexpected)
+        decoded.added = [(p, v) for p, v in decoded.added if p not in out]
+    return misfit
 
 
 def _fetch(copies: Any, route: Route, state: dict, unpickle_mode: str) -> Any:
@@ -165,6 +196,6 @@ def _fetch(copies: Any, route: Route, state: dict, unpickle_mode: str) -> Any:
     return peerfile.decode(data, end, state, unpickle_mode)
 
 
-def _from_storage(durable: int | None) -> str:
+def from_storage(durable: int | None) -> str:
     return "loading the durable checkpoint " + (
         f"({durable})" if durable is not None else "(none yet: the state as built)")

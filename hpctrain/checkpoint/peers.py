@@ -57,6 +57,7 @@ import torch
 
 from hpctrain import access
 from hpctrain.checkpoint import peerfile, peerload
+from hpctrain.checkpoint.fit import Fit
 from hpctrain.checkpoint.peerload import say
 from hpctrain.checkpoint.peerplan import Pairing, assign
 from hpctrain.checkpoint.peerwire import (ACK, NO_ROOM, READY, NoRoom, Slots, header,
@@ -401,9 +402,10 @@ class PeerCopies:
                 "checkpoint still stands")
 
     # ---- a load (hpctrain.checkpoint.peerload) ----------------------------------------------
-    def restore(self, state: dict, durable: int | None, unpickle_mode: str) -> int | None:
+    def restore(self, state: dict, durable: int | None, unpickle_mode: str,
+                fit: Fit | None = None) -> tuple[int | None, str]:
         """Collective: :func:`hpctrain.checkpoint.peerload.restore`."""
-        return peerload.restore(self, state, durable, unpickle_mode)
+        return peerload.restore(self, state, durable, unpickle_mode, fit)
 
     def loaded(self, step: int | None) -> None:
         """Collective, after a load of ``step`` (or none): :func:`~hpctrain.checkpoint.
