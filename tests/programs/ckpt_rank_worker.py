@@ -104,12 +104,16 @@ def grown_world(rank: int, world: int, root: str, port: int) -> None:
                 assert shared["extra"] == {"lr": 0.1, "seed": 1000 + rank}, shared
             else:                # rank 0's, without the ones that differ by rank
                 assert shared["extra"] == {"lr": 0.1}, shared
+            # rank saved_by has no RNG state of its own in the step: its refusal is every
+            # rank's (load is collective), and no rank's state is written
+            mine = {"rng": torch.zeros_like(torch.get_rng_state())}
             try:
-                mgr.load(3, {"rng": torch.zeros_like(torch.get_rng_state())})
-                assert rank < saved_by, f"rank {rank} loaded an RNG state it never saved"
+                mgr.load(3, mine)
+                raise AssertionError(f"rank {rank}: a load that rank {saved_by} refused")
             except CheckpointError as exc:
-                assert rank >= saved_by and "different tensor ['rng']" in str(exc), exc
+                assert "different tensor ['rng']" in str(exc), exc
                 assert f"resume with {saved_by} ranks" in str(exc), exc
+            assert not mine["rng"].any()
     finally:
         dist.destroy_process_group()
         gc.collect()  # else the exit can abort (hpctrain/runtime/teardown.py)
