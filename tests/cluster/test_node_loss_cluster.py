@@ -86,10 +86,13 @@ def test_a_node_lost_processes_first_then_one_lost_all_at_once(
             client.run(["scancel", job], check=False)
     out = job_log(root, job)
     assert state == "COMPLETED", out
-    # n2: srun ended the step at once (its stepd saw the deaths) and n2 answered no step;
-    # or, when the survivors were slower to leave than n2's ranks were to go silent, the
-    # silence found it first: a lost node either way, never a crash
-    asked, silent = "node n2 did not answer" in out, "lost node(s) n2" in out
+    # n2: srun ended the step at once (its stepd saw the deaths); n2 answered the step
+    # launched there while its slurmd still ran (a fault of the node: left out), or no
+    # longer (lost); or, when the survivors were slower to leave than n2's ranks were to
+    # go silent, the silence found it first: a node's fault every way, never a crash
+    answered = "node n2 answered a step: its ranks died there without a word" in out
+    asked = answered or "node n2 did not answer" in out
+    silent = "lost node(s) n2" in out
     assert (asked or silent) and "on n1,n3 (spare: none)" in out, out
     assert "user_crash" not in out, out
     row = status(job)
@@ -103,7 +106,8 @@ def test_a_node_lost_processes_first_then_one_lost_all_at_once(
     first = min(e["time"] for e in events(root / "events.jsonl", "step")
                 if e["time"] > starts[1]["time"])
     print(f"\nfigures[loss-{launcher}]: processes-first loss -> first step on the spare "
-          f"{first - t_lost:.1f} s (found by {'asking n2' if asked else 'its silence'}); "
+          f"{first - t_lost:.1f} s (found by {'asking n2' if asked else 'its silence'}"
+          f"{': it answered' if answered else ''}); "
           f"sacct {sacct_states(job)}")
     assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
     assert bitwise_equal(final_state(ref.path / "ref"), final_state(root / "final"))

@@ -64,34 +64,42 @@ def node_job_pids(node: str, job: str) -> tuple[set[int], set[int]]:
 #   silent-first     the node goes dark, then its processes die unseen: slurmd, then the
 #                    stepds, then the job's processes (nobody reports the tasks' deaths)
 #   processes-first  a GPU falling off the bus: the job's processes die, their stepd
-#                    reports it ("task 1: Killed", srun ends the step at once), then the
-#                    node goes dark: slurmd, then the job's processes, and once srun has
-#                    ended the step (STEPD_LINGER_S), the stepds
+#                    reports it ("task 1: Killed", srun ends the step at once), and once
+#                    srun has ended the step (STEPD_LINGER_S) the node goes dark: slurmd,
+#                    then the stepds
+#   processes-only   the driver (or an admin's kill -9) ends the job's processes and the
+#                    node stays up: its slurmd answers, its stepds report the deaths
 #   all-at-once      a power loss: slurmd, stepds and processes in one kill
-ORDERS = ("silent-first", "processes-first", "all-at-once")
+ORDERS = ("silent-first", "processes-first", "processes-only", "all-at-once")
 STEPD_LINGER_S = 3.0
 
 
 def lose_node(cluster: admin.Cluster, node: str, job: str, order: str = "silent-first") -> int:
-    """Kill the node (its slurmd, stepds and job processes, -9) in ``order``
-    (:data:`ORDERS`); returns how many processes of the job it killed."""
-    stepds, procs = node_job_pids(node, job)
-    assert procs, f"no process of job {job} on {node}"
-    # (they are root's: the operator's kill; some may be gone already: kill's exit status
-    # is not checked)
-    if order == "all-at-once":
-        slurmd = cluster.local.daemon_pid(f"slurmd-{node}")
-        pids = [*stepds, *procs, *([slurmd] if slurmd else [])]
-        admin.run(["kill", "-9", *map(str, pids)], check=False)
-        return len(stepds) + len(procs)
-    cluster.stop_daemon(f"slurmd-{node}")
-    first, then = (stepds, procs) if order == "silent-first" else (procs, stepds)
+    """Kill the node's part of the job (its slurmd, stepds and job processes, -9) in
+    ``order`` (:data:`ORDERS`); returns how many processes of the job it killed."""
     if order not in ORDERS:
         raise ValueError(f"order {order!r}: one of {ORDERS}")
-    admin.run(["kill", "-9", *map(str, first)], check=False)
-    if order == "processes-first":
-        time.sleep(STEPD_LINGER_S)   # the stepd tells srun, which ends the step
-    admin.run(["kill", "-9", *map(str, then)], check=False)
+    stepds, procs = node_job_pids(node, job)
+    assert procs, f"no process of job {job} on {node}"
+
+    def kill(pids: set[int] | list[int]) -> None:
+        # (they are root's: the operator's kill; some may be gone already: kill's exit
+        # status is not checked)
+        admin.run(["kill", "-9", *map(str, pids)], check=False)
+
+    if order == "all-at-once":
+        slurmd = cluster.local.daemon_pid(f"slurmd-{node}")
+        kill([*stepds, *procs, *([slurmd] if slurmd else [])])
+    elif order == "silent-first":
+        cluster.stop_daemon(f"slurmd-{node}")
+        kill(stepds)
+        kill(procs)
+    else:
+        kill(procs)
+        if order == "processes-first":
+            time.sleep(STEPD_LINGER_S)   # the stepd tells srun, which ends the step
+            cluster.stop_daemon(f"slurmd-{node}")
+            kill(stepds)
     return len(stepds) + len(procs)
 
 

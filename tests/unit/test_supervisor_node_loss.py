@@ -3,7 +3,8 @@ recorded stand-in (tests/helpers/fake_scheduler.py), death order x script kind x
 
 ``die:n2``: n2's processes die first (srun hears "task N: Killed" and ends the step at once;
 the others fail of their lost peers), then n2 goes dark: it answers no step. ``kill:n2``: the
-same deaths on a node that stays up. The order where the node goes silent first is
+same deaths on a node that stays up: a fault of the node (issue 55, item 6), retried on a
+spare, or on the same node once. The order where the node goes silent first is
 ``lose:n2`` (tests/unit/test_supervisor_matrix.py). tests/cluster/test_node_loss_cluster.py
 does the same to real devcluster nodes.
 """
@@ -61,15 +62,44 @@ def test_processes_first_without_spares_is_requeued_without_the_node(
 
 
 @pytest.mark.parametrize("kind", ["runtime", "torchrun", "srun"])
-def test_processes_killed_on_a_node_that_answers_are_a_crash(tmp_path: Path,
-                                                             kind: str) -> None:
-    """The same deaths, but n2 stays up (an OOM killer, an admin's kill): it answers the
-    step, so the failure is the step's own: user_crash, as before."""
+def test_processes_killed_on_a_node_that_answers_are_a_node_fault_the_spare_takes(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same deaths, but n2 stays up (its GPU's driver killed the processes; an admin's
+    kill -9): no rank said a word of its own, so the fault is the node's, not the
+    script's. With a spare, n2 is left out and the step
+    restarts on n1 and the spare n3 (n2 taken from the job); the job completes."""
     code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(5.0, "kill:n2")],
                                             steps=[{"steps": 40}], **SPARES)
-    assert (verdict["cause"], verdict["action"]) == ("user_crash", "finish"), verdict
+    err = capsys.readouterr().err
+    assert (code, verdict["cause"]) == (0, "completed"), (verdict, err)
     assert asked(fake, "probe_nodes") == [("probe_nodes", "n2")]
-    assert not asked(fake, "shrink_job") and code != 0
+    assert "node n2 answered a step: its ranks died there without a word" in err, err
+    assert asked(fake, "start_step") == [("start_step", "n1", "n2"), ("start_step", "n1", "n3")]
+    # taken from the job all the same: up now, it may go dark next and end the run
+    assert asked(fake, "shrink_job") == [("shrink_job", "n1,n3")]
+    restart = next(line for line in ledger if line.startswith("restart "))
+    assert "cause=node_fail" in restart, ledger
+    assert "exclude node=n2 cause=node_fault restart_count=0" in ledger, ledger
+
+
+@pytest.mark.parametrize("kind", ["runtime", "srun"])
+def test_without_a_spare_a_node_fault_is_tried_once_more_in_place_then_left_out(
+        tmp_path: Path, kind: str) -> None:
+    """No spare: the first wordless death on n2 restarts the step on the same nodes (a
+    fault may pass); the second on n2 requeues the job without it (node_fail, excluded)."""
+    once = supervise(tmp_path / "once", kind, events=[(5.0, "kill:n2")],
+                     steps=[{"steps": 40}], **NO_SPARES)
+    code, fake, verdict, ledger = once
+    assert (code, verdict["cause"]) == (0, "completed"), verdict
+    assert [c[1:] for c in asked(fake, "start_step")] == [("n1", "n2"), ("n1", "n2")]
+    assert any("restart cause=node_fail" in line for line in ledger), ledger
+    code, fake, verdict, ledger = supervise(
+        tmp_path / "twice", kind, events=[(5.0, "kill:n2"), (30.0, "kill:n2")],
+        steps=[{"steps": 60}], **NO_SPARES)
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "requeue"), verdict
+    assert "not in place: node(s) n2 its ranks died without a word of their own" in \
+        verdict["detail"], verdict
+    assert asked(fake, "set_excluded") == [("set_excluded", "n2")]
 
 
 @pytest.mark.parametrize("kind", ["runtime", "srun"])
