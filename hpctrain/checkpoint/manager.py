@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from hpctrain import access as access_levels
 from hpctrain import protocol
-from hpctrain.checkpoint import catalog, commit, live, settings, snapshot, storage
+from hpctrain.checkpoint import catalog, commit, open_managers, settings, snapshot, storage
 from hpctrain.checkpoint.hashing import hash_files
 from hpctrain.checkpoint.manifest import RankRecords, step_dirname
 from hpctrain.checkpoint.memory import InMemory
@@ -103,7 +103,7 @@ class CheckpointManager:
         self._staging = Staging()
         self._bg = Background() if async_save else None
         self._removals: list[storage.Task] = []  # pruned steps being deleted
-        live.register(self)
+        open_managers.register(self)
 
     def _setup(self) -> None:
         error: CheckpointError | None = None

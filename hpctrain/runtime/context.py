@@ -22,7 +22,7 @@ from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
 from hpctrain.protocol.records import StopNotice
-from hpctrain.runtime.exitrecord import ExitRecord, previous_cause, read_record, write_record
+from hpctrain.runtime.exitrecord import ExitRecord, inferred_last_cause, read_record, write_record
 from hpctrain.runtime.progress import Reporter
 from hpctrain.runtime.signals import DEFAULT_SIGNALS, StopFlag, parse_signals
 from hpctrain.runtime.work import make_work
@@ -57,7 +57,7 @@ class Context:
         self._step: int | None = None
         self._exit = exit   # what close(), exit_for_requeue() and the process's exit run
         self.last_exit_cause: str | None = (
-            env.last_exit_cause or previous_cause(ExitRecord.parse(read_record(env.exit_file)),
+            env.last_exit_cause or inferred_last_cause(ExitRecord.parse(read_record(env.exit_file)),
                                                   env.restart_count))
 
     # -- where am I ---------------------------------------------------------------------
@@ -163,7 +163,7 @@ class Context:
         if self.reporter is not None:
             self.reporter.set_phase("exiting")
         # an async emergency save still needs the process group: let it finish first
-        from hpctrain.checkpoint.live import close_all
+        from hpctrain.checkpoint.open_managers import close_all
 
         close_all()
         if dist.is_initialized():

@@ -21,10 +21,10 @@ from __future__ import annotations
 from hpctrain.protocol import read_record, write_record
 from hpctrain.protocol.records import ExitRecord
 
-__all__ = ["ExitRecord", "previous_cause", "read_record", "write_record"]
+__all__ = ["ExitRecord", "inferred_last_cause", "read_record", "write_record"]
 
 
-def previous_cause(record: ExitRecord | None, restart_count: int) -> str | None:
+def inferred_last_cause(record: ExitRecord | None, restart_count: int) -> str | None:
     """The cause the previous run left with, inferred from its record (used only without
     a supervisor: the supervisor passes the cause in ``HPCTRAIN_LAST_EXIT_CAUSE``).
 

@@ -221,7 +221,7 @@ class _Attempts:
         A group lives while anything refers to it (the mesh, a manager, ``main``'s locals
         in the traceback), and while it lives its connections stay open: the peers waiting
         in a collective would wait until it times out instead of failing at once."""
-        from hpctrain.checkpoint.live import close_all
+        from hpctrain.checkpoint.open_managers import close_all
 
         close_all(leaving=False)
         for link in exception_chain(exc):                 # causes included

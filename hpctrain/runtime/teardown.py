@@ -73,7 +73,7 @@ class Teardown:
 
     def _flush(self) -> bool:
         """Every open checkpoint manager: in-flight save durable, root lock released."""
-        from hpctrain.checkpoint.live import close_all
+        from hpctrain.checkpoint.open_managers import close_all
 
         return not close_all()   # it printed what failed
 

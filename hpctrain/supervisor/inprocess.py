@@ -7,13 +7,13 @@ A failed attempt (a rank raised): that rank says so in its progress record (phas
 waits for every rank (``ARRIVE_S``), decides as for any restart in the allocation (the decision
 table: the budget, a node Slurm calls unhealthy, the time left), and says ``go`` in the
 ``resume`` record (the ledger's restart line says ``mode=inprocess``) or ``stop``: the
-exception then goes on, the processes end, and the end of the step is decided as always.
+exception then goes on, the processes end, and the end of the step is decided by the table like any other.
 
 A hang: when every rank can restart in its own process, answered the stack request (its
 Python still runs: not frozen, not gone) and the table says restart, every rank is asked to
 leave its attempt (the ``interrupt`` record) instead of the step being killed; then as
 above. A rank that does not arrive in time (stuck in C, frozen, killed) gets the step
-killed and restarted in new processes, as before.
+killed and restarted in new processes.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # ---- in the job: imports nothing of the login side --------------------------------
     # the runtime closes the checkpoint managers (their background saves) before it exits;
     # a function job's wrapper hands submitit its requeue (the job runs submitit anyway)
-    "hpctrain.runtime": SHARED | {"hpctrain.checkpoint.live", "torch", "submitit"},
+    "hpctrain.runtime": SHARED | {"hpctrain.checkpoint.open_managers", "torch", "submitit"},
     # the manager tells the watchdog it is saving/loading (the rank's progress record)
     "hpctrain.checkpoint": SHARED | {"hpctrain.runtime.progress", "torch", "numpy",
                                      "safetensors", "deepspeed"},

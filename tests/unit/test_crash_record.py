@@ -17,7 +17,7 @@ from hpctrain.protocol import read_record, write_record
 from hpctrain.protocol.records import ExitRecord, Verdict
 from hpctrain.runtime.crashrecord import (crash_fields, device_lost, lost_peer, timed_out,
                                           write_crash_record)
-from hpctrain.runtime.exitrecord import previous_cause
+from hpctrain.runtime.exitrecord import inferred_last_cause
 
 
 def test_crash_fields_are_one_line_each_and_short() -> None:
@@ -180,8 +180,8 @@ def test_a_crash_record_followed_by_a_requeue_means_node_failure() -> None:
     node loss die of the lost peers and write a crash record (requeue=0); Slurm requeues
     the job anyway, so the next run reports node_fail."""
     crash = {"cause": "user_crash", "requeue": "0", "restart_count": "0", "step": "13"}
-    assert previous_cause(ExitRecord.parse(crash), 1) == "node_fail"
-    assert previous_cause(ExitRecord.parse({**crash, "cause": "preemption", "requeue": "1"}), 1) == "preemption"
+    assert inferred_last_cause(ExitRecord.parse(crash), 1) == "node_fail"
+    assert inferred_last_cause(ExitRecord.parse({**crash, "cause": "preemption", "requeue": "1"}), 1) == "preemption"
 
 
 def test_the_runtimes_count_of_the_step_is_recorded_apart_from_the_scripts_step() -> None:

@@ -12,7 +12,7 @@ from hpctrain.runtime.causes import cause_of_signal, cause_of_stop
 from hpctrain.protocol import format_record, parse_record, read_record, write_record
 from hpctrain.protocol.records import ExitRecord, StopNotice
 from hpctrain.runtime.environment import rank_to_coords
-from hpctrain.runtime.exitrecord import previous_cause
+from hpctrain.runtime.exitrecord import inferred_last_cause
 
 SRUN = {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "5", "SLURM_NTASKS": "8",
         "SLURM_LOCALID": "1", "SLURM_NODEID": "2", "SLURM_JOB_NUM_NODES": "4",
@@ -138,11 +138,11 @@ def test_the_supervisors_stop_notice_beats_the_time_left() -> None:
 
 def test_previous_cause() -> None:
     record = {"cause": "time_limit", "restart_count": "1"}
-    assert previous_cause(ExitRecord.parse(record), 0) is None  # first run
-    assert previous_cause(ExitRecord.parse(record), 2) == "time_limit"
+    assert inferred_last_cause(ExitRecord.parse(record), 0) is None  # first run
+    assert inferred_last_cause(ExitRecord.parse(record), 2) == "time_limit"
     # the record is from an older run: the last one left without writing (node failure)
-    assert previous_cause(ExitRecord.parse(record), 3) == "node_fail"
-    assert previous_cause(ExitRecord.parse({}), 1) == "node_fail"
+    assert inferred_last_cause(ExitRecord.parse(record), 3) == "node_fail"
+    assert inferred_last_cause(ExitRecord.parse({}), 1) == "node_fail"
 
 
 def test_what_the_supervisor_exports_reaches_the_environment() -> None:
