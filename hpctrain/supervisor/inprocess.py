@@ -7,7 +7,8 @@ A failed attempt (a rank raised): that rank says so in its progress record (phas
 waits for every rank (``ARRIVE_S``), decides as for any restart in the allocation (the decision
 table: the budget, a node Slurm calls unhealthy, the time left), and says ``go`` in the
 ``resume`` record (the ledger's restart line says ``mode=inprocess``) or ``stop``: the
-exception then goes on, the processes end, and the end of the step is decided by the table like any other.
+exception then goes on, the processes end, and the table decides the step's end like any
+other.
 
 A hang: when every rank can restart in its own process, answered the stack request (its
 Python still runs: not frozen, not gone) and the table says restart, every rank is asked to
