@@ -455,7 +455,9 @@ def test_a_shared_sif_another_user_cannot_read_is_pulled_into_ones_own_and_said(
     sifs.mkdir(mode=0o755)
     theirs = sifs / f"sha256-{'a' * 64}.sif"
     theirs.write_text("A's SIF\n")
-    theirs.chmod(0o600)                 # pulled by an hpctrain before the fix
+    # pulled by an hpctrain before the fix (0600); where the tests do not run as root, B is
+    # this user, A's SIF: unreadable to B by its mode alone
+    theirs.chmod(0o600 if os.geteuid() == 0 else 0o000)
     plan = ContainerPlan("apptainer", "docker://ghcr.io/lab/train:1.0", (), None, (), None,
                          sif_dir=str(sifs))
     run = setup_lines_run(root, plan, other_user=True, SLURM_SUBMIT_DIR=str(own),
@@ -466,6 +468,7 @@ def test_a_shared_sif_another_user_cannot_read_is_pulled_into_ones_own_and_said(
     said = [ln for ln in run.stderr.splitlines() if "sif_dir cannot serve" in ln]
     assert len(said) == 1 and f"{theirs} is there but" in said[0], run.stderr
     assert "cannot read it (owner" in said[0] and f"own {mine} instead" in said[0]
+    theirs.chmod(0o600)
     assert theirs.read_text() == "A's SIF\n"
 
 
