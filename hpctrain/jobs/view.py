@@ -23,9 +23,14 @@ from hpctrain.jobs.statedir import state_dirs
 from hpctrain.protocol import live
 from hpctrain.protocol.ledger import Ledger, requeues_by_cause
 from hpctrain.protocol.progress import Progress
-from hpctrain.protocol.records import Verdict
+from hpctrain.protocol.records import Identity, Verdict
 from hpctrain.slurm.states import by_name
 
+
+
+def run_id_of(identity: Identity | None) -> str:
+    """The job run's id its state directory's identity names ('' without one)."""
+    return identity.run_id if identity is not None else ""
 
 def slurm_info(job_id: str, entry: JobEntry, snap: Snapshot) -> JobInfo:
     """Slurm's word on ``job_id`` from ``snap``; without accounting, a job that left the
@@ -125,8 +130,8 @@ def job_status(job_id: str, entry: JobEntry, snap: Snapshot, *, details: bool = 
     view = JobStatus(job_id, entry, info, ledger,
                      verdict=Verdict.parse(protocol.find_record(job_id, protocol.OUTCOME,
                                                                 *dirs)),
-                     run_id=protocol.find_record(job_id, protocol.IDENTITY, *dirs).get(
-                         "run_id", ""),
+                     run_id=run_id_of(Identity.parse(protocol.find_record(
+                         job_id, protocol.IDENTITY, *dirs))),
                      last_step=last_checkpoint_step(entry.checkpoint_dir))
     if ask:
         fill_progress([view])

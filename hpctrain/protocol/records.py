@@ -218,6 +218,30 @@ class Sign:
                 "pid": _num(self.pid), "beat_s": self.beat_s, "error": self.error}
 
 
+@dataclass(frozen=True)
+class Identity:
+    """Who owns a job's state directory (``identity``): the job run's id every other record
+    carries, the cluster, the job key and the submission, and when it was made."""
+
+    run_id: str
+    job: str = ""
+    cluster: str = ""
+    submission: str = ""
+    created: str = ""             # epoch seconds, as written
+
+    @classmethod
+    def parse(cls, fields: Mapping[str, object]) -> Identity | None:
+        """The identity in ``fields``; None when there is none (no run id)."""
+        if not text(fields, "run_id"):
+            return None
+        return cls(text(fields, "run_id"), text(fields, "job"), text(fields, "cluster"),
+                   text(fields, "submission"), text(fields, "created"))
+
+    def fields(self) -> dict[str, str]:
+        return {"run_id": self.run_id, "job": self.job, "cluster": self.cluster,
+                "submission": self.submission, "created": self.created}
+
+
 def of_run(record: ExitRecord | Verdict | StopNotice | None, run_id: str | None,
            restart_count: int | None = None) -> bool:
     """Was ``record`` written by this job (its run_id) and, if given, by this run? The one

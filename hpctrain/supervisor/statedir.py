@@ -19,7 +19,7 @@ from pathlib import Path
 from hpctrain import access, protocol
 from hpctrain.errors import SupervisorError
 from hpctrain.protocol.ledger import Ledger, parse_ledger
-from hpctrain.protocol.records import ExitRecord, StopNotice, Verdict, of_run
+from hpctrain.protocol.records import ExitRecord, Identity, StopNotice, Verdict, of_run
 
 
 def check_own(base: Path, path: Path) -> None:
@@ -56,19 +56,19 @@ class StateDir:
         note says what was moved aside and why ('' when nothing was)."""
         path = protocol.state_dir(base, key)
         check_own(Path(base), path)
-        identity = protocol.read_record(path / protocol.IDENTITY)
+        identity = Identity.parse(protocol.read_record(path / protocol.IDENTITY))
         foreign = foreign_reason(identity, restart_count, cluster, submission)
         note = ""
         if foreign and path.exists() and any(path.iterdir()):
             aside = path.with_name(f"{path.name}.stale-{int(time.time())}-{os.getpid()}")
             path.rename(aside)
             note = f"moved {path} aside to {aside.name}: {foreign}"
-        if foreign or not identity:
-            identity = {"run_id": uuid.uuid4().hex, "job": key, "cluster": cluster,
-                        "submission": submission, "created": f"{time.time():.0f}"}
+        if foreign or identity is None:
+            identity = Identity(uuid.uuid4().hex, key, cluster, submission,
+                                f"{time.time():.0f}")
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            protocol.write_record(path / protocol.IDENTITY, identity)
-        return cls(path, identity["run_id"]), note
+            protocol.write_record(path / protocol.IDENTITY, identity.fields())
+        return cls(path, identity.run_id), note
 
     # ---- the ledger --------------------------------------------------------------------
     def ledger(self) -> Ledger:
@@ -110,15 +110,15 @@ class StateDir:
             self.file(name).unlink(missing_ok=True)
 
 
-def foreign_reason(identity: dict[str, str], restart_count: int, cluster: str,
+def foreign_reason(identity: Identity | None, restart_count: int, cluster: str,
                    submission: str) -> str:
     """Why a state directory with ``identity`` is not this job's ('' when it is). Pure."""
     if restart_count == 0:
         return "a fresh job (restart 0) owns nothing yet: left by an earlier job with this id"
-    if not identity:
+    if identity is None:
         return "it has no identity record (written by another job or an older hpctrain)"
-    if cluster and identity.get("cluster") not in ("", cluster):
-        return f"it belongs to cluster {identity.get('cluster')!r}, this is {cluster!r}"
-    if submission and identity.get("submission") not in ("", submission):
+    if cluster and identity.cluster not in ("", cluster):
+        return f"it belongs to cluster {identity.cluster!r}, this is {cluster!r}"
+    if submission and identity.submission not in ("", submission):
         return "it belongs to another submission with this job id"
     return ""

@@ -21,6 +21,7 @@ from hpctrain.supervisor.config import Config, parse_early
 from hpctrain.supervisor.decision import Budget
 from hpctrain.supervisor.diagnosis import (ABORT_AT_EXIT_FIX, diagnose, exceptions, log_segment,
                                            srun_first_failure, torchrun_root_cause)
+from hpctrain.protocol.records import Identity
 from hpctrain.supervisor.statedir import StateDir, foreign_reason
 
 ENV = {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "hpcdev", "HPCTRAIN_LAUNCHER": "torchrun",
@@ -142,7 +143,8 @@ def test_a_fresh_job_moves_aside_what_another_job_left(tmp_path: Path) -> None:
 ])
 def test_whose_directory_it_is(identity: dict, restart: int, cluster_name: str,
                                submission: str, foreign: bool) -> None:
-    assert bool(foreign_reason(identity, restart, cluster_name, submission)) == foreign
+    assert bool(foreign_reason(Identity.parse(identity), restart, cluster_name,
+                               submission)) == foreign
 
 
 def test_records_of_another_job_or_run_are_not_read(tmp_path: Path) -> None:
