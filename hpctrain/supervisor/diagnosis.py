@@ -33,6 +33,8 @@ _FIELD = re.compile(r"^\s+(?P<key>time|host|rank|exitcode|error_file|traceback)\
 # torchrun's agent's own traceback: it reports a rank's failure, it is never the error
 _LAUNCHER_ERRORS = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError",
                     "torch.distributed.elastic.multiprocessing.api.SignalException")
+# lines the job log interleaves with a rank's traceback that are never its exception
+_NOT_THE_RANKS = ("srun: ", "slurmstepd", "hpctrain: ")
 # what a rank raises when a peer died under it: the consequence of a failure, never its cause
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "remote process exited", "NCCL communicator was aborted")
@@ -103,6 +105,8 @@ def exceptions(text: str) -> list[tuple[int | None, str]]:
         if line.startswith("Traceback (most recent call last):"):
             in_tb[rank] = True
             continue
+        if line.startswith(_NOT_THE_RANKS):
+            continue    # Slurm's or hpctrain's own line, written between a traceback's lines
         if in_tb.get(rank) and line and not line[0].isspace():
             in_tb[rank] = False   # the first unindented line ends the traceback
             if _EXCEPTION.match(line) and not line.startswith(_LAUNCHER_ERRORS):

@@ -134,8 +134,9 @@ class Gather:
         if cfg.spare_nodes and spares:
             healthy = len([n for n in self.allocated(view) if n not in self.run_bad])
         batch = cfg.batch_node if cfg.batch_node in run.unanswered else ""
+        fault = cfg.batch_node if run.bad.get(cfg.batch_node) == "node_fault" else ""
         return InPlace(cfg.max_step_restarts, used, frozen, bad, left, cfg.signal_lead_s,
-                       healthy, cfg.nodes, batch)
+                       healthy, cfg.nodes, batch, fault)
 
     # ---- the allocation's nodes ----------------------------------------------------------------
     @property

@@ -120,8 +120,9 @@ class StepLoop:
                                if status and logfile else "")
             # nodes left out of this run (lost, or faulty while up: it may go dark next),
             # taken from the job before Slurm marks them down and ends the run NODE_FAIL
-            left = (*run.unanswered, *(n for n in run.faulty
-                                       if self.actor.bad.found.get(n) == "node_fault"))
+            left = [n for n in (*run.unanswered, *(n for n in run.faulty if
+                                                   self.actor.bad.found.get(n) == "node_fault"))
+                    if n != cfg.batch_node]     # the job's own node: never given back
             if left and cfg.spare_nodes:
                 self.spares.release(tuple(left))
             watch.summarize(final=True)     # the ranks' last words are in: the final step
@@ -169,9 +170,10 @@ class StepLoop:
 
     def left_out(self, faulty: tuple[str, ...]) -> dict[str, str]:
         """Nodes whose ranks died without a word while they answer: with a spare, left
-        out at once (the batch node excepted: the step cannot run without it); without,
-        tried once more in place and left out (noted bad: a requeue avoids them) the
-        second time. The ones left out now, as unhealthy nodes."""
+        out at once; without (and the batch node always: the supervisor and the
+        rendezvous are there, no step runs without it), tried once more in place and left
+        out (noted bad: a requeue avoids them) the second time. The ones left out now, as
+        unhealthy nodes."""
         cfg, run = self.cfg, self.run
         out = {node: "its ranks died without a word of their own" for node in faulty
                if (cfg.spare_nodes and node != cfg.batch_node) or node in run.retried}

@@ -111,3 +111,37 @@ def test_a_node_lost_processes_first_then_one_lost_all_at_once(
           f"sacct {sacct_states(job)}")
     assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
     assert bitwise_equal(final_state(ref.path / "ref"), final_state(root / "final"))
+
+
+def test_a_node_whose_processes_die_while_it_stays_up_is_left_for_the_spare(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 55, item 6: n2's processes (torchrun's agent and its ranks) killed -9, n2 up
+    and answering; the script under ``runtime.run``, so the survivors wait in their
+    processes. No rank said a word of its own: a fault of n2, not a crash. It is left out
+    and taken from the job, the step restarts on the spare, the job completes (an
+    adversarial run found it ended FAILED as a crash: srun's line on the killed agent,
+    printed inside a survivor's traceback, was taken for the ranks' own error)."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    dev = admin.Cluster()
+    empty_queue()
+    job = submit(root, loop_spec(root, "torchrun", init=False))
+    try:
+        wait_until(lambda: step_done(root, EVERY + 2), 240, f"step {EVERY + 2}")
+        lose_node(dev, "n2", job, order="processes-only")
+        t_lost = time.time()
+        state = wait_done(job, 240)
+    finally:
+        dev.make_nodes_usable()
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    out = job_log(root, job)
+    assert state == "COMPLETED", out
+    assert "node n2 answered a step: its ranks died there without a word" in out, out
+    assert "took n2 from the job" in out and "on n1,n3 (spare: none)" in out, out
+    assert "user_crash" not in out, out
+    assert status(job)["restarts_in_place"] == {"node_fail": 1}
+    starts = events(root / "events.jsonl", "start")
+    first = min(e["time"] for e in events(root / "events.jsonl", "step")
+                if e["time"] > starts[-1]["time"])
+    print(f"\nfigures[processes-only-torchrun]: loss -> first step on the spare "
+          f"{first - t_lost:.1f} s")

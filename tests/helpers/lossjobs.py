@@ -33,11 +33,13 @@ def empty_queue() -> None:
                "an empty queue (other tests' jobs to finish)", interval_s=2)
 
 
-def loop_spec(root: Path, launcher: str) -> str:
+def loop_spec(root: Path, launcher: str, init: bool = True) -> str:
+    """The plainest DP loop on partition ``wide`` with a spare; ``init``: under
+    ``runtime.init()`` (restarts in new processes), else under ``runtime.run``."""
     cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), "--steps", str(TOTAL),
            "--save-every", str(EVERY), "--step-sleep", "0.2", "--ckpt-dir",
            str(root / "ckpt"), "--events", str(root / "events.jsonl"), "--final",
-           str(root / "final"), "--init"]
+           str(root / "final"), *(["--init"] if init else [])]
     return spec_toml(
         name=f"loss-{launcher}", partition="wide", nodes=2, gpus_per_node=2,
         time="00:10:00", output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},

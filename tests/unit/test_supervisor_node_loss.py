@@ -179,3 +179,18 @@ def test_a_probe_that_never_reached_the_node_is_asked_again_not_taken_for_a_loss
     monkeypatch.setenv("MODE", "down")
     said = control.probe_node("n2", timeout=1.0, pause_s=0.2)
     assert said.startswith("the controller did not answer within 1 s (srun: error: Unable")
+
+
+def test_the_batch_nodes_ranks_killed_twice_requeue_the_job_never_a_step_without_it(
+        tmp_path: Path) -> None:
+    """n1 hosts the supervisor and the rendezvous: its ranks killed while it answers are
+    retried on it once, spare or not; the second time the job is requeued without n1 (a
+    step placed on n2 and the spare would rendezvous at a node it left out), and n1 is
+    never given back to Slurm while the batch step runs there."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, "runtime", events=[(5.0, "kill:n1"), (30.0, "kill:n1")],
+        steps=[{"steps": 60}], **SPARES)
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "requeue"), verdict
+    assert "the ranks on the batch node n1 died without a word again" in verdict["detail"]
+    assert asked(fake, "start_step") == [("start_step", "n1", "n2")] * 2, fake.calls
+    assert not asked(fake, "shrink_job")

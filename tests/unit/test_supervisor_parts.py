@@ -383,3 +383,19 @@ def test_the_step_loops_states_are_its_handlers_and_the_architecture_docs_table(
     rows = [tuple(c.strip() for c in line.strip().strip("|").split("|"))
             for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[1:] == code, (rows, code)      # (the first row is the header)
+
+
+def test_srun_and_hpctrain_lines_inside_a_traceback_are_not_its_exception() -> None:
+    """The job log interleaves every process's output: srun's word on a killed torchrun
+    agent landing between a survivor's "Traceback" and its error is not the error (it was
+    taken for the ranks' own, and a lost node for a crash: devcluster, torchrun, 2026-11-29)."""
+    log = ("Traceback (most recent call last):\n"
+           "srun: error: n2: task 1: Killed\n"
+           "hpctrain: rank 3: attempt 0 ended (peer: ...)\n"
+           '  File "x.py", line 3, in main\n'
+           "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:29316\n"
+           "srun: error: n1: task 0: Exited with exit code 1\n")
+    assert exceptions(log) == [(None, "RuntimeError: [pair.cc:553] Connection closed by "
+                                      "peer [127.0.0.1]:29316")]
+    d = diagnose(log, "torchrun", None)
+    assert d is not None and d.error is not None and d.error.startswith("RuntimeError")

@@ -46,6 +46,7 @@ class InPlace:
     healthy: int | None = None   # [elastic]: the allocation's good nodes (spares included)
     needed: int = 0              # ...and how many the step runs on
     batch_lost: str = ""         # the batch node, found lost: the step cannot run without it
+    batch_fault: str = ""        # ...or its ranks died wordless again (a fault of the node)
 
     @property
     def obstacle(self) -> str:
@@ -55,6 +56,10 @@ class InPlace:
         if self.batch_lost:
             return f"the batch node {self.batch_lost} answered no step (the supervisor and " \
                    "the rendezvous are there)"
+        if self.batch_fault:
+            return f"the ranks on the batch node {self.batch_fault} died without a word " \
+                   "again (the supervisor and the rendezvous are there: no step runs " \
+                   "without it)"
         if self.healthy is not None:    # spare nodes: a bad node is left out, if one is left
             if self.healthy < self.needed:
                 return f"{self.healthy} good node(s) left of the {self.needed} the step " \
