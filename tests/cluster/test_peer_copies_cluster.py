@@ -17,6 +17,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,10 +25,12 @@ import pytest
 import torch
 
 from hpctrain import protocol as p
+from hpctrain.protocol.channel import LOCAL_DIR
 from hpctrain.slurm import client
 from helpers import admin
 from helpers.cluster import status
 from helpers.jobs import isolate
+from helpers.lossjobs import submit as submit_spec
 from helpers.nodes import lose_node
 from helpers.slurm import squeue_state, wait_done, wait_until
 from helpers.specs import spec_toml
@@ -132,3 +135,38 @@ def test_a_lost_node_resumes_from_peer_copies_at_the_last_step_done(
     left = sorted(d.name for d in Path("/dev/shm").glob(f"hpctrain-*/{run_id}-*.peer"))
     assert left in ([], [f"{run_id}-0-n2.peer"]), left
     shutil.rmtree(root, ignore_errors=True)
+
+
+def test_node_memory_too_small_for_the_copies_turns_them_off_and_the_job_completes(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container's 64 MB ``/dev/shm`` killed every rank with SIGBUS once: here the
+    nodes' local directory is a 16 MB tmpfs (``HPCTRAIN_LOCAL_DIR``, a site's setting, in
+    the environment the job is submitted from) and each rank's state 24 MB. The pages are reserved before they are used, so every
+    rank turns its copies off and says why, no rank dies of SIGBUS, and the job completes
+    from its own memory and storage."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    small = Path(tempfile.mkdtemp(prefix="hpctrain-smallshm-"))
+    small.chmod(0o755)
+    admin.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=1777", "tmpfs", str(small)])
+    monkeypatch.setenv(LOCAL_DIR, str(small))
+    try:
+        args = ["--steps", "12", "--save-every", "6", "--snapshot-every", "2",
+                "--ballast-mb", "24", "--ckpt-dir", str(root / "ckpt"), "--events",
+                str(root / "events.jsonl"), "--step-sleep", "0.1"]
+        job = submit_spec(root, spec_toml(
+            name="small-shm", partition="wide", nodes=2, gpus_per_node=2, time="00:05:00",
+            output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
+            run={"launcher": "srun", "command": [sys.executable, str(PROGRAM), *args],
+                 "env": {"OMP_NUM_THREADS": "1"}},
+            checkpoint={"dir": str(root / "ckpt")}, elastic={"spare_nodes": 1},
+            requeue={"max_requeues": 1}))
+        state = wait_done(job, 240)
+    finally:
+        admin.run(["umount", "-l", str(small)], check=False)
+        small.rmdir()
+    out = (root / f"job-{job}.out").read_text(errors="replace")
+    assert state == "COMPLETED", out[-4000:]
+    assert out.count("peer copies off: node memory") == 4, out[-4000:]   # every rank says
+    assert "cannot hold this rank's copies" in out and "MB free" in out, out[-4000:]
+    assert "Bus error" not in out and "SIGBUS" not in out, out[-4000:]
+    assert max(e["step"] for e in events(root / "events.jsonl", "step")) == 11
