@@ -291,11 +291,17 @@ class StepLoop:
     def _leaving(self, step: StepProcess, at: Watching) -> Watching:
         """The ranks were told to stop: their exception goes on and the step ends, or it
         is killed once LEAVE_S have passed (a rank stuck in C)."""
+        watch = at.watch
         status = step.poll()
         self.pump()
         if status is not None:
-            return Watching("ended", at.watch, status=status,
-                            hang=at.watch.gave_up() if status else None)
+            return Watching("ended", watch, status=status,
+                            hang=watch.gave_up() if status else None)
+        watch.summarize()
+        # a node found lost meanwhile (its ranks silent: the reason they could not all
+        # arrive) is taken from the job now, before Slurm marks it down and ends the run
+        if self.cfg.spare_nodes and (lost := watch.silent(self.run.on)):
+            return Watching("ended", watch, status=self.spares.abandon(step, lost))
         if self.inprocess.overdue():
             return Watching("killing", at.watch)
         self.slurm.sleep(POLL_S)

@@ -54,7 +54,10 @@ def test_a_plain_script_that_loses_a_node_processes_first_moves_to_the_spare(
             client.run(["scancel", job], check=False)
     out = job_log(root, job)
     assert state == "COMPLETED", out
-    assert "node n2 did not answer" in out and "on n1,n3 (spare: none)" in out, out
+    # n2 answered while its slurmd still ran (a fault of the node), or no longer (lost):
+    # left for the spare either way
+    assert ("node n2 did not answer" in out or "node n2 answered a step" in out) and \
+        "on n1,n3 (spare: none)" in out, out
     row = status(job)
     assert row["restarts_in_place"] == {"node_fail": 1} and row["requeues"] == {}, row
     assert max(counted()) == total and len(events(log, "done")) == 1, out

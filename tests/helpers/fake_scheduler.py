@@ -18,6 +18,9 @@ keep proving it):
   stop their heartbeat, the others wait in their collective (still beating), srun waits;
   ``DETECT_S`` later Slurm marks the node ``DOWN*`` and ends the run NODE_FAIL unless the
   node was taken from the job (``shrink_job``) first: then only the step on it ends;
+  ``lose-peers:n2``: the same, but under hpctrain.runtime.run the others' collectives fail
+  of their lost peers a second later and they wait for the word; told to stop they leave,
+  and srun goes on waiting for the lost node's tasks;
 - a node whose processes die first (``die:n2``: a GPU fallen off the bus, then the node
   dark): srun hears "task N: Killed" from its stepd and ends the step at once (137); the
   others fail of their lost peers; the node answers no step (``probe_nodes``: srun's
@@ -116,6 +119,10 @@ class FakeStep:
     device_error: bool = False                 # crash_at is a device error (CUDA): the
     #                                            rank says its process cannot go on
     every: bool = False                        # the faults strike every attempt (a bug)
+    peers_fail_at: float | None = None         # [lose-peers] the survivors' collectives
+    #                                            fail of the lost peers then (runtime.run)
+    left: bool = False                         # ...and they left, told to stop: srun still
+    #                                            waits for the lost node's tasks
     nodes: Sequence[str] = ("n1",)             # where its ranks run (srun --nodelist)
     lost_on: set[str] = field(default_factory=set)   # its nodes lost: their ranks are silent
     first: int = field(init=False, default=0)  # the attempt the faults are planned for
@@ -154,12 +161,16 @@ class FakeStep:
 
     def advance(self) -> None:
         """Play the step forward to the stand-in's clock."""
-        if self.status is not None or self.lost:
+        if self.status is not None or self.lost or self.left:
             return
-        if self.lost_on:   # the others wait for the lost ranks in a collective, beating
-            return self.write_progress()
         if self.waiting:
             return self.wait_for_the_word()
+        if self.lost_on and self.peers_fail_at is not None and \
+                self.fake.now >= self.peers_fail_at:
+            self.waiting = "peer"          # their attempt failed: they wait for the word
+            return self.write_progress()
+        if self.lost_on:   # the others wait for the lost ranks in a collective, beating
+            return self.write_progress()
         elapsed = self.fake.now - self.started
         self.done_steps = min(self.steps, int(elapsed / self.step_s))
         faulty = self.attempt == self.first or self.every
@@ -251,6 +262,11 @@ class FakeStep:
             self.timed_out = False
             self.done_steps = 0
             self.write_progress()
+        elif word == "stop" and self.lost_on:
+            # they leave; srun waits for the lost node's tasks until Slurm marks it down
+            self.write_final([r for r in range(self.fake.world)
+                              if self.node_of(r) not in self.lost_on], "exited")
+            self.left = True
         elif word == "stop":
             self.status = self.kind.crash_code if self.waiting == "crash" else 1
 
@@ -301,7 +317,8 @@ class FakeStep:
                 extra.update(failed="timeout", error="RuntimeError: Timed out waiting "
                              f"{self.collective_s * 1000:.0f}ms for recv operation to complete")
             elif waiting:
-                extra.update(failed=self.waiting, error="RuntimeError: simulated crash")
+                extra.update(failed=self.waiting, error=PEER_LOST if self.waiting == "peer"
+                             else "RuntimeError: simulated crash")
             local = self.relay(self.node_of(rank)).local
             p.write_record(p.rank_file(local, p.PROGRESS, rank), {
                 "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],
@@ -407,11 +424,13 @@ class FakeSlurm:
             if step is not None and step.status is None:
                 step.status = 1          # srun gives up on the lost tasks
             self._slurm_requeues()
-        elif what.startswith("lose:"):
-            node = what.split(":", 1)[1]
+        elif what.startswith(("lose:", "lose-peers:")):
+            verb, node = what.split(":", 1)
             for running in self.started:
                 if running.status is None and node in running.nodes:
                     running.lost_on.add(node)
+                    if verb == "lose-peers" and running.kind.inprocess:
+                        running.peers_fail_at = self.now + 1.0
             self._due.append((self.now + DETECT_S, f"down:{node}"))
         elif what.startswith(("die:", "kill:")):
             verb, node = what.split(":", 1)
@@ -426,7 +445,7 @@ class FakeSlurm:
             self.node_state[node] = "DOWN*"
             for running in self.started:   # srun: "Node failure"
                 if running.status is None and node in running.lost_on:
-                    running.status = 1
+                    running.status, running.left = 1, False
             if node in self.view.node_list.split(","):   # still the job's: NODE_FAIL
                 self._slurm_requeues()
         self._due.sort()

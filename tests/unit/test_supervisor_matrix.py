@@ -381,6 +381,24 @@ def test_a_lost_node_is_taken_from_the_job_and_replaced_by_the_spare(
     assert "4 rank(s) on n1,n3 (spare: none)" in err, err
 
 
+def test_a_lost_node_whose_peers_fail_in_their_processes_is_still_taken_before_slurm(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under hpctrain.runtime.run the survivors fail of their lost peers before n2 is found
+    silent: they cannot all arrive for an in-process restart, are told to leave, and srun
+    waits on for n2's tasks. The silence found meanwhile still takes n2 from the job and
+    ends the step before Slurm marks n2 DOWN (26 s): the step restarts on the spare in the
+    same run (the devcluster's CI run found the leaving step waiting for Slurm instead)."""
+    code, fake, verdict, ledger = supervise(tmp_path, "inprocess",
+                                            events=[(5.0, "lose-peers:n2")],
+                                            steps=[{"steps": 40}], **SPARES)
+    err = capsys.readouterr().err
+    assert (code, verdict["cause"]) == (0, "completed"), (verdict, err)
+    assert "the ranks on n2 went silent: no attempt in place" in err, err
+    assert asked(fake, "shrink_job") == [("shrink_job", "n1,n3")]
+    assert fake.view.restarts == 0, "no NODE_FAIL: n2 was no longer the job's"
+    assert fake.started[1].started - 5.0 < 15.0, fake.started[1].started
+
+
 def test_a_second_loss_without_a_spare_is_requeued_and_the_lost_nodes_never_return(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """n2, then n3 once the step runs there: no spare left, so the job is requeued (never
