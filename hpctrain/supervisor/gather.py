@@ -16,7 +16,7 @@ from hpctrain import hostlist
 from hpctrain.protocol.records import ExitRecord
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
-from hpctrain.supervisor.decision import Facts, InPlace, slurm_event
+from hpctrain.supervisor.decision import CAUSE_OF_RUN_STATE, Facts, InPlace, slurm_event
 from hpctrain.supervisor.diagnosis import Diagnosis, diagnose, memory_kill
 from hpctrain.supervisor.hang import FINISH_WAIT_S, Watch
 from hpctrain.supervisor.rendezvous import Rendezvous
@@ -28,6 +28,10 @@ from hpctrain.supervisor.waits import Waiter
 POLL_S = 0.1                 # how often the step and the signal log are looked at
 QUIET_S = 3.0                # a failed step Slurm has no word on yet: wait this long for one
 ASK_DEADLINE_S = 60.0        # keep asking an unreachable controller this long for the verdict
+# slurmdbd records a requeued run's end a moment after the requeue; the wait stays well
+# inside KillWait (30 s by default), the batch step's time to live once Slurm requeued it
+SACCT_WAIT_S = 5.0
+SACCT_POLL_S = 0.5
 
 
 class Gather:
@@ -91,8 +95,7 @@ class Gather:
         cfg, state = self.cfg, self.state
         run_state = notice = None
         if slurm_event(view, cfg.restart_count) == "requeued":
-            states = self.slurm.run_states(cfg.key)
-            run_state = states[cfg.restart_count] if len(states) > cfg.restart_count else None
+            run_state = self.end_state()
             stop = state.stop_notice(cfg.restart_count)
             notice = stop.cause if stop is not None else None
         ledger = state.ledger()
@@ -106,6 +109,20 @@ class Gather:
                           memory=memory_kill(log) if status else None,
                           port=self.rendezvous.moved(log) if status else None,
                           wrapped=watch.wrapped(), crashes=ledger.crashes)
+
+    def end_state(self) -> str | None:
+        """sacct's end state of this run, which Slurm requeued (``NODE_FAIL``, ...); asked
+        again for SACCT_WAIT_S while slurmdbd has not recorded the end yet (sacct still
+        says RUNNING), None if it still has not."""
+        n, found = self.cfg.restart_count, [None]
+
+        def recorded() -> bool:
+            states = self.slurm.run_states(self.cfg.key)
+            found[0] = states[n] if len(states) > n else None
+            return found[0] in CAUSE_OF_RUN_STATE
+
+        Waiter(self.slurm).until(recorded, SACCT_WAIT_S, SACCT_POLL_S)
+        return found[0]
 
     def failed_attempt(self, view: JobView | None, unhealthy: Mapping[str, str]) -> Facts:
         """The facts of an attempt that failed while its processes live on (they wait for

@@ -371,6 +371,9 @@ class FakeSlurm:
     outage: tuple[str, float] | None = None   # the first call of this kind starts an
     #                                           outage of the controller this long
     time_limit_s: float = 3600.0              # the job's EndTime, after the start
+    sacct_lag_s: float = 0.0                  # slurmdbd records a requeued run's end this
+    #                                           long after Slurm requeued it (until then
+    #                                           sacct still calls that run RUNNING)
     now: float = 0.0
     view: JobView = field(init=False)
     calls: list[tuple[str, ...]] = field(default_factory=list)
@@ -381,6 +384,7 @@ class FakeSlurm:
     dead: set[str] = field(default_factory=set)   # nodes whose slurmd is gone
     _due: list[tuple[float, str]] = field(default_factory=list)
     _down_until: float | None = None
+    _requeued_at: list[float] = field(default_factory=list)   # Slurm's requeues, when
 
     def __post_init__(self) -> None:
         self.view = JobView("42", "RUNNING", "None", self.restart_count, None,
@@ -451,6 +455,7 @@ class FakeSlurm:
         self._due.sort()
 
     def _slurm_requeues(self) -> None:
+        self._requeued_at.append(self.now)
         self.view = replace(self.view, restarts=self.view.restarts + 1, state="COMPLETING")
         self._to_batch("TERM")
 
@@ -492,8 +497,12 @@ class FakeSlurm:
     def run_states(self, key: str) -> list[str]:
         self.calls.append(("run_states",))
         down = any(state.startswith("DOWN") for state in self.node_state.values())
-        return ["NODE_FAIL" if down else "PREEMPTED"
-                if self.view.preempt_time else "REQUEUED"] * self.view.restarts
+        states = ["NODE_FAIL" if down else "PREEMPTED"
+                  if self.view.preempt_time else "REQUEUED"] * self.view.restarts
+        for n, at in enumerate(self._requeued_at):
+            if self.now - at < self.sacct_lag_s:
+                states[self.restart_count + n] = "RUNNING"
+        return states
 
     def requeue(self, key: str) -> str:
         self._check_reachable("requeue")

@@ -18,12 +18,12 @@ BUDGET = Budget(5, {"preemption": 5, "time_limit": 5, "node_fail": 3, "user_cras
 
 def supervise(tmp_path: Path, kind: str, *, events=(), steps=({},), restart_count: int = 0,
               outage: tuple[str, float] | None = None, allocation: tuple[str, ...] = ("n1",),
-              time_limit_s: float = 3600.0,
+              time_limit_s: float = 3600.0, sacct_lag_s: float = 0.0,
               **cfg: object) -> tuple[int, FakeSlurm, dict[str, str], list[str]]:
     """One run of the supervisor: (its exit code, the stand-in, the verdict, the ledger)."""
     fake = FakeSlurm(KINDS[kind], tmp_path / "job.log", events, steps,
                      restart_count=restart_count, outage=outage, nodes=allocation,
-                     time_limit_s=time_limit_s,
+                     time_limit_s=time_limit_s, sacct_lag_s=sacct_lag_s,
                      world=int(cfg.get("world", 2)))  # type: ignore[call-overload]
     config = Config(**{**dict(
         argv=("launcher",), key="42", restart_count=restart_count, cluster="dev",

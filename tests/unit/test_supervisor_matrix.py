@@ -425,6 +425,24 @@ def test_without_a_heartbeat_a_lost_node_is_slurms_node_fail_as_without_spares(
     assert (verdict["cause"], verdict["action"]) == ("node_fail", "leave"), verdict
 
 
+@pytest.mark.parametrize("lag_s", [2.0, 60.0])
+def test_a_node_fail_requeue_is_named_so_while_sacct_has_not_recorded_it(
+        tmp_path: Path, lag_s: float) -> None:
+    """Slurm requeued the job for a lost node but slurmdbd has not recorded the run's end yet
+    (sacct still calls it RUNNING; CI saw this once in the devcluster's second loss). A short
+    lag is waited out (sacct's NODE_FAIL names it); a long one leaves the supervisor's own
+    word: the step's node it found lost. Never a bare "requeued" that status then shows."""
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime",
+                                            events=[(5.0, "lose:n2")],
+                                            steps=[{"steps": 60}], sacct_lag_s=lag_s,
+                                            **{**SPARES, "spare_nodes": 0,
+                                               "allocation": ("n1", "n2"),
+                                               "nodelist": "n1,n2", "job_nodes": 2})
+    assert fake.view.restarts == 1
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "leave"), verdict
+    assert ledger[0] == "requeue cause=node_fail restart_count=1 by=slurm", ledger
+
+
 def test_the_live_summary_for_status_is_rank_0s_record_and_no_progress_file_is_shared(
         tmp_path: Path) -> None:
     """The progress came over the channel; the state directory (shared storage) holds
