@@ -10,6 +10,7 @@ and waits; it never acts: asking nodes for a step and noting bad ones are the ac
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hpctrain import hostlist
@@ -32,6 +33,16 @@ ASK_DEADLINE_S = 60.0        # keep asking an unreachable controller this long f
 # inside KillWait (30 s by default), the batch step's time to live once Slurm requeued it
 SACCT_WAIT_S = 5.0
 SACCT_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class EndNodes:
+    """What a failed step's end found of its nodes, for the facts of the decision."""
+
+    unhealthy: Mapping[str, str] = field(default_factory=dict)  # node -> why (Slurm's state,
+    #                                                   "answering no step", a fault left out)
+    lost: tuple[str, ...] = ()       # lost: silent, answering no step, gone from the job
+    faulty: tuple[str, ...] = ()     # their ranks died without a word, the node answering
 
 
 class Gather:
@@ -61,21 +72,6 @@ class Gather:
                      hang=run.hang.text() if run.hang else None,
                      hang_phase=run.hang.phase if run.hang else "", **more)
 
-    def unexplained(self, status: int, view: JobView | None) -> bool:
-        """Did the step fail with nothing said why: no stop signal, no hang, no node found
-        lost, and Slurm still calls the run running (a node it has not noticed losing)?"""
-        run = self.run
-        return status != 0 and not run.caught and run.hang is None and not run.lost and \
-            slurm_event(view, self.cfg.restart_count) == "running"
-
-    def quiet_wait(self) -> JobView | None:
-        """Give Slurm QUIET_S to speak of a failure it has no word on yet (a stop signal
-        ends the wait), then its view again."""
-        end = self.slurm.monotonic() + QUIET_S
-        while self.slurm.monotonic() < end and not self.run.take_signals():
-            self.slurm.sleep(POLL_S)
-        return self.ask(ASK_DEADLINE_S)
-
     def record(self) -> ExitRecord | None:
         """This run's exit record (the runtime's crash or requeue record), None when none."""
         return self.state.exit_record(self.cfg.restart_count)
@@ -89,9 +85,10 @@ class Gather:
         Waiter(self.slurm).until(lambda: not watch.exiting(), FINISH_WAIT_S, 0.05)
 
     def at_end(self, status: int, watch: Watch, log: str, view: JobView | None,
-               failure: Diagnosis | None, unhealthy: Mapping[str, str]) -> Facts:
+               failure: Diagnosis | None, nodes: EndNodes) -> Facts:
         """The facts once the step has ended (``log``: this run's part of the job log;
-        ``failure``: its first failure; ``unhealthy``: the nodes the actors found bad)."""
+        ``failure``: its first failure; ``nodes``: what its end found of its nodes,
+        :meth:`hpctrain.supervisor.nodeloss.NodeLoss.at_end`)."""
         cfg, state = self.cfg, self.state
         run_state = notice = None
         if slurm_event(view, cfg.restart_count) == "requeued":
@@ -99,12 +96,11 @@ class Gather:
             stop = state.stop_notice(cfg.restart_count)
             notice = stop.cause if stop is not None else None
         ledger = state.ledger()
-        inplace = self.allocation(view, ledger.step_restarts, unhealthy) if status \
+        inplace = self.allocation(view, ledger.step_restarts, nodes.unhealthy) if status \
             else InPlace()
         return self.facts(view, status, record=self.record(), run_state=run_state,
                           notice=notice, restarts=ledger.restarts, inplace=inplace,
-                          lost=self.lost_nodes(view) if status else (),
-                          faulty=self.run.faulty if status else (),
+                          lost=nodes.lost, faulty=nodes.faulty,
                           finish=watch.finish(), failure=failure if status else None,
                           memory=memory_kill(log) if status else None,
                           port=self.rendezvous.moved(log) if status else None,
@@ -165,18 +161,3 @@ class Gather:
         """The job's nodes now: a lost one was taken from it (:mod:`.spares`)."""
         return hostlist.expand(view.node_list if view is not None and view.node_list
                                else self.cfg.nodelist)
-
-    def gone(self, view: JobView | None) -> list[str]:
-        """[elastic] The step's nodes no longer the job's, or noted as failed nodes."""
-        now = set(self.allocated(view))
-        return [n for n in self.run.on if n not in now or self.run_bad.get(n) == "node_fail"]
-
-    def lost_nodes(self, view: JobView | None) -> tuple[str, ...]:
-        """The step's nodes lost, once it ended: those that answered no step at its end;
-        with spare nodes also those found silent while it ran, no longer in the job, or
-        marked down by Slurm (without spares Slurm requeues a job whose node it marks
-        down)."""
-        run = self.run
-        if not self.cfg.spare_nodes:
-            return run.unanswered
-        return tuple(dict.fromkeys((*run.lost, *run.unanswered, *self.gone(view))))

@@ -1,28 +1,22 @@
 """The allocation's nodes, as the supervisor learns about them: which are bad (Slurm calls
 them unhealthy, the partition's health check failed on them, their ranks froze in a hang,
 or they answered no step when asked), and keeping a requeued job off them
-(``ExcNodeList``). The rules are :mod:`hpctrain.supervisor.decision.running`'s and
-:mod:`hpctrain.supervisor.lost`'s; this module asks Slurm and the nodes, and acts.
+(``ExcNodeList``). The rules are :mod:`hpctrain.supervisor.decision.running`'s; this
+module asks Slurm and acts. A lost node is :mod:`hpctrain.supervisor.nodeloss`'s.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
 
 from hpctrain import hostlist
 from hpctrain.errors import SlurmError
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.decision import exclusion, unhealthy, why_bad
-from hpctrain.protocol.progress import Progress
-from hpctrain.supervisor.diagnosis import Diagnosis, srun_failures
+from hpctrain.supervisor.diagnosis import srun_failures
 from hpctrain.supervisor.joblog import say
-from hpctrain.supervisor.lost import suspect_nodes
 from hpctrain.supervisor.recorder import Recorder
-from hpctrain.supervisor.scheduler import NodeAnswers, Scheduler
-
-PROBE_S = 30.0               # a node asked for a step (a lost one fails after MessageTimeout)
-
+from hpctrain.supervisor.scheduler import Scheduler
 
 class BadNodes:
     """The bad nodes of one run of a job, noted as they become known."""
@@ -99,53 +93,3 @@ class BadNodes:
             say(f"job {self.key} will not run on {node} again ({why})")
             books.excluded(node, why)
         return True
-
-
-class NodeProbe:
-    """Before a failed step is called a crash: the nodes where ranks died without a word
-    while the others only lost their peers (:func:`hpctrain.supervisor.lost.suspect_nodes`) are
-    asked for a step; those that do not answer are lost, and noted bad."""
-
-    def __init__(self, slurm: Scheduler, bad: BadNodes, nodes: Callable[[], list[str]]) -> None:
-        self.slurm, self.bad, self.nodes = slurm, bad, nodes   # nodes: the step's, now
-
-    def suspected(self, failure: Diagnosis | None, records: Mapping[int, Progress],
-                  log: str) -> tuple[str, ...]:
-        """The step's nodes to ask before ``failure`` is called a crash."""
-        return suspect_nodes(failure, records, log, self.nodes())
-
-    def start(self, nodes: tuple[str, ...]) -> NodeAnswers:
-        """Start asking ``nodes`` for a step, and say so in the job log."""
-        say(f"rank(s) on {','.join(nodes)} died without a word and no rank failed of its "
-            "own: asking the node(s) for a step before calling it a crash")
-        return self.slurm.probe_nodes(list(nodes), PROBE_S)
-
-    def early(self, failure: Diagnosis | None, records: Mapping[int, Progress],
-              log: str) -> NodeAnswers | None:
-        """The nodes :meth:`judge` will ask, asked already while Slurm is given its time
-        to speak (a lost node's answer takes a MessageTimeout: the two waits overlap)."""
-        asked = self.suspected(failure, records, log)
-        return self.start(asked) if asked else None
-
-    def judge(self, failure: Diagnosis | None, records: Mapping[int, Progress], log: str,
-              early: NodeAnswers | None = None) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """Ask the suspected nodes (``early``: the same nodes asked already) and note the
-        ones that did not answer as lost: (those nodes, the ones that answered: their
-        ranks died without a word of their own on a node that is up, a fault of the node
-        the step loop retries, not a crash of the script)."""
-        asked = self.suspected(failure, records, log)
-        if not asked:
-            return (), ()
-        probe = early if early is not None and early.nodes == asked else self.start(asked)
-        lost, answered = {}, []
-        for node, why in probe.answers().items():
-            if why is None:
-                say(f"node {node} answered a step: its ranks died there without a word of "
-                    "their own (killed), a fault of the node, not of the script")
-                answered.append(node)
-            else:
-                say(f"node {node} did not answer a step launched there ({why}): lost, "
-                    "not a crash")
-                lost[node] = "node_fail"
-        self.bad.note(lost)
-        return tuple(lost), tuple(answered)

@@ -30,14 +30,16 @@ class RunState:
     #                                                          Supervisor.account_restarts
     hang: Hang | None = None         # what the watchdog found in this attempt: StepLoop
     on: list[str] = field(default_factory=list)   # [elastic] the step's nodes: Spares.place
-    lost: tuple[str, ...] = ()       # ...found lost while it ran: Spares (place, abandon)
-    unanswered: tuple[str, ...] = ()  # nodes a failed step's end found lost: StepLoop.ended
+    lost: tuple[str, ...] = ()       # ...found lost while it ran: NodeLoss (abandon; at_end
+    #                                   takes them into the facts and clears them)
+    unanswered: tuple[str, ...] = ()  # nodes a failed step's end found lost: NodeLoss.at_end
     #                                   (NodeProbe's answer)
     bad: dict[str, str] = field(default_factory=dict)   # node -> why it is bad: BadNodes.note
-    faulty: tuple[str, ...] = ()     # nodes whose ranks died wordless, answering: StepLoop.ended
-    retried: set[str] = field(default_factory=set)   # ...given their one retry in place: ended
+    faulty: tuple[str, ...] = ()     # nodes whose ranks died wordless, answering: NodeLoss.at_end
+    retried: set[str] = field(default_factory=set)   # ...given their one retry: NodeLoss
     step: StepProcess | None = None  # the step being supervised: StepLoop.watch
     forwarded: bool = False          # a stop was passed on to its ranks: Supervisor.on_stop
+    #                                   (cleared for each step: StepLoop.watch)
     acted: Decision | None = None    # a requeue made before the step ended: on_stop
     warn_at: float | None = None     # when the time-limit warning is due: Supervisor
     clock: Callable[[], float] = time.time   # the scheduler's (a test's fake one)

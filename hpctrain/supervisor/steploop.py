@@ -23,13 +23,12 @@ from hpctrain.supervisor.actor import Actor
 from hpctrain.supervisor.board import Board
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.decision import Facts, decide, health_check
-from hpctrain.supervisor.diagnosis import log_segment, log_size, memory_kill
-from hpctrain.supervisor.elastic import last_heard
+from hpctrain.supervisor.diagnosis import log_segment, log_size
 from hpctrain.supervisor.gather import ASK_DEADLINE_S, POLL_S, Gather
 from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.inprocess import InProcess
 from hpctrain.supervisor.joblog import say
-from hpctrain.supervisor.nodes import NodeProbe
+from hpctrain.supervisor.nodeloss import NodeLoss
 from hpctrain.supervisor.response import HangResponse, kill
 from hpctrain.supervisor.runstate import RunState
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
@@ -64,7 +63,7 @@ class StepLoop:
         self.inprocess = InProcess(cfg, slurm, state, seen, run, actor, pump)
         self.response = HangResponse(slurm, state, board, pump)
         self.spares = Spares(cfg, slurm, seen, run, actor.bad, actor.books)
-        self.probe = NodeProbe(slurm, actor.bad, self.step_nodes)
+        self.losses = NodeLoss(cfg, slurm, seen, run, actor.bad, self.step_nodes)
         # `hpctrain status` asks it for the board's newest step (not the 15 s summary)
         self.live, note = live.start(state, cfg.key, cfg.restart_count, board, cfg.batch_node)
         if note:
@@ -110,21 +109,10 @@ class StepLoop:
                           attempt, logs, cfg.nodes, self.board, silence)
             status, run.hang, watch = self.watch(step, watch)
             attempt = watch.attempt
-            say(f"training step exited with status {status}" if not run.lost else
-                f"training step ended: node(s) {','.join(run.lost)} lost")
-            if status and cfg.spare_nodes and not run.lost:
-                # no node was found lost: what the watch knew (a lost node heard too lately)
-                say("the ranks were last heard: "
-                    f"{last_heard(watch.records(), run.on, self.slurm.time())}")
+            self.losses.said_end(status, watch)
             facts = self.ended(status, watch, log_segment(logfile, offset)
                                if status and logfile else "")
-            # nodes left out of this run (lost, or faulty while up: it may go dark next),
-            # taken from the job before Slurm marks them down and ends the run NODE_FAIL
-            left = [n for n in (*run.unanswered, *(n for n in run.faulty if
-                                                   self.actor.bad.found.get(n) == "node_fault"))
-                    if n != cfg.batch_node]     # the job's own node: never given back
-            if left and cfg.spare_nodes:
-                self.spares.release(tuple(left))
+            self.losses.release_left()
             watch.summarize(final=True)     # the ranks' last words are in: the final step
             if run.acted is not None:
                 return run.acted.exit_code
@@ -139,47 +127,14 @@ class StepLoop:
             view = facts.view or view    # Slurm's newest word on the allocation's nodes
 
     def ended(self, status: int, watch: Watch, log: str) -> Facts:
-        """The facts once the step has ended (``log``: this run's part of the job log). A
-        failure nobody explains (no signal, no hang, Slurm says the run goes on: a node
-        it has not noticed losing) gets Slurm's QUIET_S to speak, while the nodes where
-        ranks died without a word are asked for a step (the two waits overlap); the nodes
-        that did not answer, froze in a hang or that Slurm calls unhealthy are noted bad
-        before the facts are read."""
-        seen, run, bad = self.seen, self.run, self.actor.bad
-        view = seen.ask(ASK_DEADLINE_S)
-        early = None
-        if seen.unexplained(status, view):
-            seen.words_in(watch)
-            if not memory_kill(log):
-                early = self.probe.early(seen.failure(log), watch.records(), log)
-            view = seen.quiet_wait()
-        seen.words_in(watch)
+        """The facts once the step has ended (``log``: this run's part of the job log):
+        Slurm's view, given its time to speak of a failure nobody explains, and what the
+        end found of the step's nodes (:class:`~hpctrain.supervisor.nodeloss.NodeLoss`)."""
+        seen = self.seen
+        view = self.losses.wait_for_word(status, watch, log, seen.ask(ASK_DEADLINE_S))
         failure = seen.failure(log) if status else None
-        memory = memory_kill(log) if status else None
-        run.unanswered, run.faulty = (), ()
-        if status and not (memory or run.caught or run.hang or run.lost):
-            run.unanswered, run.faulty = self.probe.judge(failure, watch.records(), log, early)
-        unhealthy: dict[str, str] = {}
-        if status:
-            frozen = run.hang.frozen_nodes if run.hang is not None else ()
-            bad.note({node: "hang" for node in frozen})
-            unhealthy = {} if frozen else {**bad.check(view), **self.left_out(run.faulty)}
-            if self.cfg.spare_nodes:
-                bad.note({n: "node_fail" for n in seen.gone(view) if n not in bad.found})
-        return seen.at_end(status, watch, log, view, failure, unhealthy)
-
-    def left_out(self, faulty: tuple[str, ...]) -> dict[str, str]:
-        """Nodes whose ranks died without a word while they answer: with a spare, left
-        out at once; without (and the batch node always: the supervisor and the
-        rendezvous are there, no step runs without it), tried once more in place and left
-        out (noted bad: a requeue avoids them) the second time. The ones left out now, as
-        unhealthy nodes."""
-        cfg, run = self.cfg, self.run
-        out = {node: "its ranks died without a word of their own" for node in faulty
-               if (cfg.spare_nodes and node != cfg.batch_node) or node in run.retried}
-        run.retried.update(faulty)
-        self.actor.bad.note({node: "node_fault" for node in out})
-        return out
+        nodes = self.losses.at_end(status, failure, watch, log, view)
+        return seen.at_end(status, watch, log, view, failure, nodes)
 
     def check_health(self, view: JobView | None) -> int | None:
         """The partition's health check before each step. None to go on: it passed, or
@@ -247,8 +202,8 @@ class StepLoop:
             return Watching("ended", watch, status=status,
                             hang=watch.gave_up() if status else None)
         watch.summarize()
-        if self.cfg.spare_nodes and (lost := watch.silent(self.run.on)):
-            return Watching("ended", watch, status=self.spares.abandon(step, lost))
+        if (status := self.losses.silent(step, watch)) is not None:
+            return Watching("ended", watch, status=status)
         if failed := watch.failed():
             return Watching("settling", watch, failed=failed)
         # once a stop was passed on, the ranks save and leave: Slurm's grace bounds that
@@ -300,8 +255,8 @@ class StepLoop:
         watch.summarize()
         # a node found lost meanwhile (its ranks silent: the reason they could not all
         # arrive) is taken from the job now, before Slurm marks it down and ends the run
-        if self.cfg.spare_nodes and (lost := watch.silent(self.run.on)):
-            return Watching("ended", watch, status=self.spares.abandon(step, lost))
+        if (status := self.losses.silent(step, watch)) is not None:
+            return Watching("ended", watch, status=status)
         if self.inprocess.overdue():
             return Watching("killing", at.watch)
         self.slurm.sleep(POLL_S)

@@ -6,6 +6,7 @@ The Slurm and launcher texts below were recorded on the devcluster (Slurm 22.05,
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from pathlib import Path
@@ -383,6 +384,57 @@ def test_the_step_loops_states_are_its_handlers_and_the_architecture_docs_table(
     rows = [tuple(c.strip() for c in line.strip().strip("|").split("|"))
             for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     assert rows[1:] == code, (rows, code)      # (the first row is the header)
+
+
+# RunState's fields and the only supervisor modules that write them (each field's comment
+# in runstate.py names its writer); a behaviour's state written in one place: a lost node's
+# fields by nodeloss.py alone (issue 58's walk: five writers before)
+WRITERS = {"caught": {"run.py"}, "pending": {"run.py"}, "requeues": {"run.py"},
+           "hang": {"steploop.py"}, "on": {"spares.py"}, "lost": {"nodeloss.py"},
+           "unanswered": {"nodeloss.py"}, "faulty": {"nodeloss.py"},
+           "retried": {"nodeloss.py"}, "step": {"steploop.py"},
+           "forwarded": {"run.py", "steploop.py"}, "acted": {"run.py"}, "warn_at": {"run.py"},
+           "bad": set(), "clock": set()}     # bad: through BadNodes.found; clock: at start
+MUTATORS = {"append", "extend", "update", "add", "clear", "pop", "remove", "setdefault",
+            "insert", "discard"}
+
+
+def _run_fields_written(tree: ast.AST) -> set[str]:
+    """The RunState fields a module assigns or mutates (as ``run.X``, ``self.run.X`` or
+    ``self.run_state.X``)."""
+    def of_run(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "run") or (
+            isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id == "self" and node.attr in ("run", "run_state"))
+    found = set()
+    for node in ast.walk(tree):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in MUTATORS:
+            targets = [node.func.value]
+        for target in targets:
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                t = t.value if isinstance(t, ast.Subscript) else t
+                if isinstance(t, ast.Attribute) and of_run(t.value):
+                    found.add(t.attr)
+    return found
+
+
+def test_each_field_of_the_run_state_is_written_only_by_its_named_writers() -> None:
+    from hpctrain.supervisor.runstate import RunState
+    assert set(WRITERS) == set(RunState.__dataclass_fields__), "a new field: name its writer"
+    root = Path(__file__).resolve().parents[2] / "hpctrain" / "supervisor"
+    writers: dict[str, set[str]] = {name: set() for name in WRITERS}
+    for module in root.rglob("*.py"):
+        if module.name == "runstate.py":
+            continue
+        for name in _run_fields_written(ast.parse(module.read_text())):
+            writers.setdefault(name, set()).add(module.name)
+    assert writers == WRITERS, writers
 
 
 def test_srun_and_hpctrain_lines_inside_a_traceback_are_not_its_exception() -> None:
