@@ -14,7 +14,8 @@ import time
 
 from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm import client
-from hpctrain.slurm.parse import parse_kv_records, parse_scontrol_config
+from hpctrain.slurm.parse import (parse_kv_records, parse_sacct_parsable2, parse_scontrol_config,
+                                  run_ends)
 from hpctrain.slurm.view import JobView, job_view  # noqa: F401 - JobView: callers' type
 
 # Slurm's words for outcomes that are answers, not failures of the call
@@ -41,11 +42,13 @@ def run_states(key: str, *, timeout: float = 10.0) -> list[str]:
     """How each run of the job ended so far, oldest first, as sacct saw it (``PREEMPTED``,
     ``NODE_FAIL``, ``REQUEUED``, ...); [] when accounting is not available."""
     try:
-        res = client.run(["sacct", "-n", "-X", "-D", "-P", "-j", key, "-o", "State"],
+        res = client.run(["sacct", "-X", "-D", "-P", "-j", key, "-o", "State,Start,End"],
                          timeout=timeout, retries=0)
     except SlurmError:
         return []
-    return [line.split()[0] for line in res.stdout.splitlines() if line.strip()]
+    # (a node given back to Slurm closes a RESIZING row: not a run; seen in CI, where the
+    # run that had lost a node to its spare was then counted one row off)
+    return run_ends(parse_sacct_parsable2(res.stdout))
 
 
 def requeue(key: str, *, timeout: float = 5.0) -> str:

@@ -67,6 +67,16 @@ def resized(row: dict[str, str], following: dict[str, str] | None) -> bool:
             and following.get("Start") == row.get("End"))
 
 
+def run_ends(rows: list[dict[str, str]]) -> list[str]:
+    """How each run of one job ended, oldest first (``PREEMPTED``, ``NODE_FAIL``, ...; the
+    newest run's state while it goes on), from its ``sacct -X -D`` rows (``State``,
+    ``Start``, ``End``). A resize is not a run (:func:`resized`: a node taken from the
+    running job closes a RESIZING row). A RESIZING row the job's requeue closed stays
+    RESIZING: sacct then says nothing of why the run ended."""
+    return [(row.get("State", "").split() or [""])[0]
+            for row, following in zip(rows, [*rows[1:], None]) if not resized(row, following)]
+
+
 def parse_squeue(text: str) -> list[dict[str, str]]:
     """Parse ``squeue -h -r -o SQUEUE_FORMAT`` output into dicts keyed like sacct's fields.
 

@@ -109,13 +109,14 @@ class Gather:
     def end_state(self) -> str | None:
         """sacct's end state of this run, which Slurm requeued (``NODE_FAIL``, ...); asked
         again for SACCT_WAIT_S while slurmdbd has not recorded the end yet (sacct still
-        says RUNNING), None if it still has not."""
+        says RUNNING), None if it still has not. (A run that gave a node back ends in a
+        RESIZING row when requeued: sacct says no more of it.)"""
         n, found = self.cfg.restart_count, [None]
 
         def recorded() -> bool:
             states = self.slurm.run_states(self.cfg.key)
             found[0] = states[n] if len(states) > n else None
-            return found[0] in CAUSE_OF_RUN_STATE
+            return found[0] in CAUSE_OF_RUN_STATE or found[0] == "RESIZING"
 
         Waiter(self.slurm).until(recorded, SACCT_WAIT_S, SACCT_POLL_S)
         return found[0]

@@ -7,7 +7,7 @@ import pytest
 from hpctrain.slurm import states
 from hpctrain.slurm.parse import (parse_elapsed, parse_sacct_parsable2, parse_sbatch_directives,
                                   parse_sbatch_parsable, parse_scontrol_config, parse_squeue,
-                                  sbatch_header)
+                                  run_ends, sbatch_header)
 from hpctrain.slurm.states import Outcome, from_slurm
 from hpctrain.jobs.poll import infos_from_sacct, infos_from_squeue, last_checkpoint_step
 
@@ -88,6 +88,33 @@ def test_sacct_records_fold_into_one_info_per_job_with_requeues_by_cause() -> No
     # (a RESIZING row, the next starting as it ended: the run went on), then n3, and the
     # job requeued (its RESIZING row is the run's last: sacct wrote no REQUEUED row)
     assert infos["733"].requeues == {"requeued": 1}
+
+
+def test_how_each_run_ended_skips_the_rows_a_resize_closed() -> None:
+    """``sacct -X -D -P -o State,Start,End`` as the supervisor asks it (the rows of a job
+    with a spare node, as the devcluster wrote them): a node given back to Slurm closes a
+    RESIZING row and the run goes on in the next one. CI once read the resize as run 0's
+    end and named a NODE_FAIL requeue a bare "requeued"."""
+    def rows(*spans: tuple[str, str, str]) -> str:
+        return "State|Start|End\n" + "".join(
+            f"{state}|2026-11-29T{start}|2026-11-29T{end}\n" for state, start, end in spans)
+
+    # n2 given to the spare, then n3 lost all at once: Slurm ended the run NODE_FAIL
+    lost = rows(("RESIZING", "03:39:05", "03:39:19"), ("NODE_FAIL", "03:39:19", "03:39:50"),
+                ("RUNNING", "03:41:02", "Unknown"))
+    assert run_ends(parse_sacct_parsable2(lost)) == ["NODE_FAIL", "RUNNING"]
+    # n2, then n3 given back and the job requeued: sacct closed the RESIZING row, no more
+    given = rows(("RESIZING", "03:39:05", "03:39:19"), ("RESIZING", "03:39:19", "03:39:36"),
+                 ("COMPLETED", "03:40:50", "03:40:59"))
+    assert run_ends(parse_sacct_parsable2(given)) == ["RESIZING", "COMPLETED"]
+    # still running after a resize; a plain job; nothing yet
+    assert run_ends(parse_sacct_parsable2(rows(("RESIZING", "03:39:05", "03:39:19"),
+                                               ("RUNNING", "03:39:19", "Unknown")))) == \
+        ["RUNNING"]
+    assert run_ends(parse_sacct_parsable2(rows(("PREEMPTED", "01:00:00", "01:00:09"),
+                                               ("COMPLETED", "01:02:00", "01:03:00")))) == \
+        ["PREEMPTED", "COMPLETED"]
+    assert run_ends(parse_sacct_parsable2("")) == []
 
 
 def test_squeue_format_is_parsed_into_the_same_infos() -> None:
