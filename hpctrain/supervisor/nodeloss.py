@@ -210,13 +210,14 @@ class NodeLoss:
         return [n for n in self.run.on if n not in now or self.bad.found.get(n) == "node_fail"]
 
     def lost_nodes(self, view: JobView | None) -> tuple[str, ...]:
-        """The step's nodes lost, once it ended: those that answered no step at its end;
-        with spare nodes also those found silent while it ran, no longer in the job, or
-        marked down by Slurm (without spares Slurm requeues a job whose node it marks
-        down)."""
+        """The step's nodes lost, once it ended: those that answered no step at its end or
+        that Slurm marks down; with spare nodes also those found silent while it ran or no
+        longer in the job. A node given back earlier is not the step's: its state says
+        nothing of this step."""
         run = self.run
         if not self.cfg.spare_nodes:
-            return run.unanswered
+            down = [n for n in self.seen.allocated(None) if self.bad.found.get(n) == "node_fail"]
+            return tuple(dict.fromkeys((*run.unanswered, *down)))
         return tuple(dict.fromkeys((*run.lost, *run.unanswered, *self.gone(view))))
 
     def release_left(self) -> None:

@@ -218,8 +218,9 @@ def test_a_death_at_exit_after_the_work_names_the_rank_and_the_signal() -> None:
 
 
 def test_one_order_for_why_a_run_ended() -> None:
-    """The verdict, sacct's specific state, the stop notice, the runtime's request, sacct's
-    bare REQUEUED: for row slurm-requeued and for the next run's start alike."""
+    """The verdict, sacct's specific state, the stop notice, the runtime's request (but not
+    its guess of a preemption against sacct's word), sacct's bare REQUEUED: for row
+    slurm-requeued and for the next run's start alike."""
     from hpctrain.supervisor.decision import why_run_ended
 
     requeue = {"cause": "preemption", "requeue": "1"}
@@ -229,8 +230,11 @@ def test_one_order_for_why_a_run_ended() -> None:
                          run_state="NODE_FAIL", notice="time_limit") == "node_fail"
     assert why_run_ended(run_state="REQUEUED", notice="time_limit", record=ExitRecord.parse(requeue)) \
         == "time_limit"
+    # the runtime took somebody's requeue (a TERM, no notice) for a preemption: sacct's
+    # bare REQUEUED says otherwise (a preemption is PREEMPTED), and Slurm is the truth
     assert why_run_ended(run_state="REQUEUED", notice="cancelled", record=ExitRecord.parse(requeue)) \
-        == "preemption"
+        == "requeued"
+    assert why_run_ended(notice="cancelled", record=ExitRecord.parse(requeue)) == "preemption"
     assert why_run_ended(run_state="REQUEUED", status=76) == "time_limit"
     assert why_run_ended(run_state="REQUEUED") == "requeued"
     assert why_run_ended() is None

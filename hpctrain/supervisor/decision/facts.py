@@ -163,16 +163,21 @@ def why_run_ended(*, verdict: Verdict | None = None, run_state: str | None = Non
     every question of it: the run's supervisor's verdict (when it requeued or saw Slurm
     do it), then sacct's specific end state (PREEMPTED, TIMEOUT, NODE_FAIL), then the stop
     notice the ranks were given, then the runtime's own request, then sacct's bare
-    REQUEUED (somebody's ``scontrol requeue``)."""
+    REQUEUED (somebody's ``scontrol requeue``). The runtime's "preemption" is its reading
+    of a TERM that came without a notice: beside sacct's bare REQUEUED (a preemption
+    would be PREEMPTED) it gives way to Slurm's fact."""
     if verdict is not None and verdict.action in ("requeue", "leave") and \
             verdict.cause in REQUEUE_CAUSES:
         return verdict.cause
     seen = CAUSE_OF_RUN_STATE.get(run_state or "")
-    if seen not in (None, "requeued"):
+    if seen is not None and seen != "requeued":
         return seen
     if notice in ("preemption", "time_limit"):
         return notice
-    return runtime_word(record, status) or seen
+    word = runtime_word(record, status)
+    if seen == "requeued" and word == "preemption":
+        return seen
+    return word or seen
 
 
 def signal_name(status: int | None) -> str:

@@ -74,18 +74,18 @@ from hpctrain.supervisor.decision.budget import budget_text, counted, limit_text
 from hpctrain.supervisor.decision.facts import (Decision, Facts, crash_signature, crash_step,
                                                 runtime_word, signal_name, slurm_event,
                                                 why_run_ended)
-from hpctrain.supervisor.decision.running import why_bad
 
 
 def requeued_cause(f: Facts) -> str | None:
     """Row slurm-requeued: why Slurm requeued this run (:func:`why_run_ended`: no verdict yet, sacct's
     end state of this run, its stop notice, the runtime's request), else ``node_fail`` when a
-    node of the step is lost or Slurm calls it down (slurmdbd may record the run's NODE_FAIL
-    seconds after the requeue: sacct still says RUNNING); None when nobody says."""
+    node of the step was found lost (slurmdbd may record the run's NODE_FAIL seconds after
+    the requeue, and a run that gave a node to its spare ends in a RESIZING row that says
+    nothing); None when nobody says. A node down that is not the step's (one given back
+    earlier) says nothing of this requeue."""
     said = why_run_ended(run_state=f.run_state, notice=f.notice, record=f.record,
                          status=f.status)
-    down = [n for n, state in f.inplace.unhealthy.items() if why_bad(state) == "node_fail"]
-    if said is None and (f.lost or down):
+    if said is None and f.lost:
         return "node_fail"
     return said
 
