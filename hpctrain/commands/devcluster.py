@@ -1,4 +1,4 @@
-"""``hpctrain devcluster up|status|down``: the local SLURM cluster from the command line."""
+"""``hpctrain devcluster up|status|slow|down``: the local SLURM cluster from the command line."""
 
 from __future__ import annotations
 
@@ -144,6 +144,33 @@ def _format_status(info: dict) -> str:
     else:
         lines.append("nodes: (slurmctld is not running)")
     return "\n".join(lines)
+
+
+@devcluster.command()
+@click.argument("node")
+@click.option("--cpus", type=float, default=None, metavar="CPUS",
+              help="The CPU time the node's processes may use together, in CPUs (0.5: half "
+                   "of one): the node's slurmd, every job process on it, and what they start.")
+@click.option("--off", is_flag=True, help="The node at full speed again.")
+@state_dir_option
+@instance_option
+def slow(node: str, cpus: float | None, off: bool, state_dir: str | None,
+         instance: int | None) -> None:
+    """Make emulated NODE slow for real (its processes held to --cpus through the cgroup v1
+    CPU controller; as root), or --off. Slowed before a job, the node is slow from its
+    first step; while a job runs, its ranks there slow down at once (docs/devcluster.md)."""
+    if off == (cpus is not None):
+        raise click.UsageError("give --cpus CPUS to slow the node, or --off to restore it")
+    cluster = _cluster(state_dir, instance)
+    if off:
+        moved = cluster.restore_node(node)
+        click.echo(f"{node}: full speed ({moved} process(es) moved back)" if moved
+                   else f"{node} was not slow")
+        return
+    assert cpus is not None
+    moved = cluster.slow_node(node, cpus)
+    click.echo(f"{node}: held to {cpus:g} CPU(s) ({moved} process(es) now, and what they "
+               f"start); `hpctrain devcluster slow {node} --off` restores it")
 
 
 @devcluster.command()

@@ -162,6 +162,9 @@ def _job_row(view: JobStatus) -> Row:
     nodes = info.nodes or "-"
     if view.excluded_nodes:
         nodes += f" (excluded {','.join(view.excluded_nodes)})"
+    if view.slow_nodes:      # found slow: the node and its factor ("-": the whole job)
+        nodes += " (slow " + ",".join(f"{'job' if n == '-' else n} {f:.1f}x"
+                                      for n, f in view.slow_nodes.items()) + ")"
     state = f"{info.state} {view.live}" if view.live else str(info.state)
     name = info.name or view.entry.name
     if view.point is not None:   # a sweep task: its overrides say which it is

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from hpctrain.devcluster import accounting, config, daemons, sshd, strict
+from hpctrain.devcluster import accounting, config, daemons, slownode, sshd, strict
 from hpctrain.devcluster.config import Paths, Ports, Shape
 from hpctrain.devcluster.containers import ensure_host_image
 from hpctrain.devcluster.nodestates import node_held, node_usable
@@ -378,6 +378,19 @@ class DevCluster:
             raise DevclusterError(f"no devcluster daemon {name!r}: daemons are "
                                   f"{', '.join(names) or 'none (not up)'}")
         return found[0]
+
+    # ---- a slow node (fail-slow faults, :mod:`.slownode`) ---------------------------------
+    def slow_node(self, node: str, cpus: float) -> int:
+        """Hold ``node``'s slurmd and its jobs' processes (and what they start) to ``cpus``
+        CPUs' worth of time; how many processes were moved."""
+        pid = self.daemon_pid(f"slurmd-{node}")   # an unknown node: DevclusterError
+        pids = slownode.node_processes(node, self.paths.slurm_conf, pid)
+        return slownode.slow(self.instance, node, cpus, pids)
+
+    def restore_node(self, node: str) -> int:
+        """``node`` at full speed again; how many processes were moved back."""
+        self._daemon(f"slurmd-{node}")
+        return slownode.restore(self.instance, node)
 
     # ---- down ----------------------------------------------------------------------------
     def down(self) -> list[str]:

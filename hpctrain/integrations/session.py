@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from hpctrain.runtime import Context, attach
+from hpctrain.runtime import Context, attach, pace
 from hpctrain.runtime.context import BETWEEN_STEPS
 from hpctrain.runtime.work import make_work
+
+# the framework wraps its model in DDP before the callback attaches the runtime: DDPs made
+# from now on are watched for their own time per step (hpctrain.runtime.pace)
+pace.watch_new_ddps()
 
 
 class Session:

@@ -77,6 +77,11 @@ class JobStatus:
         return self.ledger.excluded if self.ledger is not None else {}
 
     @property
+    def slow_nodes(self) -> dict[str, float]:
+        """Nodes found slow, with their factor ("-": the whole job slowed)."""
+        return self.ledger.slow if self.ledger is not None else {}
+
+    @property
     def hangs(self) -> int:
         return self.ledger.recoveries("hang") if self.ledger is not None else 0
 
@@ -87,7 +92,8 @@ class JobStatus:
                "requeue_limit": self.requeue_limit,
                "restarts_in_place": self.restarts_in_place,
                "restarts_in_process": self.restarts_in_process,
-               "excluded_nodes": self.excluded_nodes, "progress": self.live,
+               "excluded_nodes": self.excluded_nodes, "slow_nodes": self.slow_nodes,
+               "progress": self.live,
                "progress_source": self.progress_source, "progress_step": self.progress_step,
                "hangs": self.hangs, "last_checkpoint_step": self.last_step,
                "folder": self.entry.folder, "cause": self.verdict.cause if self.verdict else None,

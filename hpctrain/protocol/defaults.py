@@ -18,6 +18,10 @@ REQUEUE_SIGNAL = "USR2"      # [requeue] signal: the time-limit warning
 MAX_STEP_RESTARTS = 2        # [watchdog] max_step_restarts: in the allocation, whole job
 EXCLUDE_BAD_NODES = True     # [watchdog] exclude_bad_nodes
 HEALTH_CHECK_TIMEOUT_S = 120  # a partition's health_check_timeout_s
+# [health]: a node is slow at SLOW_FACTOR times the others' own time per step for
+# SLOW_FOR_S (no alarm in any job of the test suite; a node at half speed named in ~20 s)
+SLOW_FACTOR = 1.5
+SLOW_FOR_S = 15.0
 
 
 def capped_limit(total: int) -> int:

@@ -10,10 +10,12 @@ spares'), and one when a limit ended the job::
     restart cause=hang restart_count=1 attempt=1
     exclude node=n2 cause=hang restart_count=1
     step restart_count=1 attempt=1 nodes=n1,n3 gpus=4
+    slow node=n2 factor=2.03 own_s=0.61 others_s=0.3 restart_count=1 attempt=1 at=...
     requeue cause=node_fail restart_count=2 by=slurm
     stop cause=preemption restart_count=2 limit=max_preemptions=1
 
-``by=supervisor``: the supervisor requeued the job (``scontrol requeue``). ``by=slurm``:
+``slow``: a node found slow (``node=-``: the whole job against its own pace), with what
+it got (``action=``: replace, exclude, report). ``by=supervisor``: the supervisor requeued the job (``scontrol requeue``). ``by=slurm``:
 Slurm did, or somebody else (a preemption at the end of GraceTime, a node failure,
 submitit's own requeue, an admin): the run that saw it, or the next one, writes the line.
 Reading it is plain file reads: no Slurm call, no torch.
@@ -43,6 +45,8 @@ class Ledger:
     inprocess: dict[str, int] = field(default_factory=dict)  # ...of them in the running
     #                                                          processes (runtime.run)
     crashes: tuple[str, ...] = ()   # each recovered crash's step and error digest (``crash=``)
+    slow: dict[str, float] = field(default_factory=dict)   # node -> its factor when found
+    #                                                        ("-": the whole job)
 
     @property
     def total(self) -> int:
@@ -91,6 +95,7 @@ def parse_ledger(text: str) -> Ledger:
     stop: dict[str, str] = {}
     last_restart, last_cause = 0, None
     crashes: list[str] = []
+    slow: dict[str, float] = {}
     for kind, fields in entries(text):
         if kind in ("requeue", "restart") and fields.get("crash"):
             crashes.append(fields["crash"])
@@ -107,8 +112,13 @@ def parse_ledger(text: str) -> Ledger:
             excluded[fields["node"]] = fields.get("cause", "")
         elif kind == "stop" and fields.get("limit"):
             stop = fields
+        elif kind == "slow" and fields.get("node"):
+            try:
+                slow[fields["node"]] = float(fields.get("factor", ""))
+            except ValueError:
+                pass
     return Ledger(requeues, stop, last_restart, last_cause, restarts, excluded, inprocess,
-                  tuple(crashes))
+                  tuple(crashes), slow)
 
 
 def line(kind: str, **fields: object) -> str:

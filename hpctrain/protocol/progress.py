@@ -86,6 +86,8 @@ class Progress:
     failed: str = ""          # this attempt failed: crash, hang, timeout, peer
     error: str = ""           # the failure, one line
     work: Work | None = None  # what a step does (tokens or samples), once the script says
+    own: float = 0.0          # its own time per step, apart from waits for the others (s,
+    #                           the median of its newest steps; 0: not measured yet)
 
     @classmethod
     def parse(cls, fields: Mapping[str, object]) -> Progress | None:
@@ -107,7 +109,7 @@ class Progress:
                 exit=get("exit"), flushed=None if flushed == "" else flushed == "1",
                 inprocess=get("inprocess") == "1", wrapped=get("wrapped") == "1",
                 failed=get("failed"), error=get("error"),
-                work=Work.parse(fields))
+                work=Work.parse(fields), own=max(float(get("own") or 0), 0.0))
         except ValueError:
             return None
 
@@ -129,6 +131,8 @@ class Progress:
             out.update(failed=self.failed, error=self.error)
         if self.work is not None:
             out.update(self.work.fields())
+        if self.own:
+            out["own"] = f"{self.own:.6g}"
         return out
 
     @property

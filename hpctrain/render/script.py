@@ -28,6 +28,7 @@ from jinja2.runtime import BlockReference, Context
 
 from hpctrain import __version__, access, protocol
 from hpctrain.protocol import nodemem
+from hpctrain.protocol.defaults import SLOW_FACTOR, SLOW_FOR_S
 from hpctrain.errors import HpctrainError, SpecError, TemplateError
 from hpctrain.render.container import apptainer_env, container_setup, container_words
 from hpctrain.render.shell import ShellSafe, directive, envname, shq
@@ -318,6 +319,11 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.COLLECTIVE_TIMEOUT_S, wd.collective_timeout_s)) if value is not None]
     if plan.spare_nodes:
         pairs.append((protocol.SPARE_NODES, plan.spare_nodes))
+    health = spec.health      # each said only when the spec gives it (the defaults agree)
+    pairs += [(name, value) for name, value, default in (
+        (protocol.ON_SLOW, health.on_slow, None),
+        (protocol.SLOW_FACTOR, f"{health.slow_factor:g}", f"{SLOW_FACTOR:g}"),
+        (protocol.SLOW_FOR_S, f"{health.slow_for_s:g}", f"{SLOW_FOR_S:g}")) if value != default]
     if plan.peer_copies:
         pairs.append((nodemem.PEER_COPIES, 1))
     if ck.dir is not None:

@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpctrain.protocol import COLLECTIVE_TIMEOUT_S, STEP_ATTEMPT, STOP_SIGNALS, env_int
-from hpctrain.runtime import groups, progress, teardown
+from hpctrain.runtime import groups, pace, progress, teardown
 from hpctrain.runtime.causes import BY_CODE, CAUSES, cause_of_stop
 from hpctrain.runtime.crashrecord import install_excepthook, write_crash_record
 from hpctrain.runtime.environment import Environment
@@ -246,6 +246,8 @@ class Setup:
         # Report start-up before the rendezvous: a rank that never arrives is then told
         # apart from those waiting for it.
         reporter = progress.start_from_env(environ, parsed.rank, parsed.node)
+        if reporter is not None:   # its collectives' waits and DDP's timers (own time per step)
+            pace.install(reporter.pace)
         use_cuda = torch.cuda.is_available() and backend != "gloo"
         device = torch.device("cuda", parsed.local_rank % torch.cuda.device_count()) \
             if use_cuda else torch.device("cpu")

@@ -40,6 +40,7 @@ from hpctrain import protocol as p
 from hpctrain.files import atomic_write
 from hpctrain.protocol.dialog import Attempt, new_seq
 from hpctrain.protocol.progress import Progress, Work
+from hpctrain.runtime.pace import Pace
 from hpctrain.runtime.relay import Relay
 from hpctrain.runtime.relay import from_env as relay_from_env
 
@@ -82,6 +83,8 @@ class Reporter:
         self.inprocess = False   # runtime.run: an attempt can restart in this process
         self.wrapped = False     # runtime.run: main is wrapped (its crashes are retried)
         self.work: Work | None = None   # what a step does (ctx.set_work), for report's MFU
+        self.pace = Pace()       # its own time per step (hpctrain.runtime.pace): paused
+        self.pace.pause()        # ...until training begins
         self.on_interrupt: Callable[[], None] | None = None   # runtime.run's, else None
         self._answered = ""
         self._interrupted = ""
@@ -128,11 +131,16 @@ class Reporter:
         self.changed_at = time.time()
         if self.phase == "startup":
             self.set_phase("training")
+        self.pace.boundary()
         self._note(event="step", step=self.step, n=self.boundaries)
 
     def set_phase(self, phase: str) -> str:
         """Enter ``phase``; the phase before (to go back to)."""
         before, self.phase, self.changed_at = self.phase, phase, time.time()
+        if phase == "training":    # a step's time runs only in training (not a save, a load)
+            self.pace.resume()
+        else:
+            self.pace.pause()
         if phase != before:
             self._note(event="phase", phase=phase)
         return before
@@ -162,6 +170,7 @@ class Reporter:
         self.step, self.boundaries, self.failed, self.error = None, 0, "", ""
         self.resumed_at = self.boundaries_at = 0
         self.anchored = False      # until it loads: its steps do not count from 0
+        self.pace.restart()        # the last attempt's steps say nothing of this one's pace
         self.set_phase("startup")
         self.write(urgent=True)
 
@@ -252,7 +261,8 @@ class Reporter:
             node=str(self.ident["node"]), pid=int(self.ident["pid"]),
             step="" if self.step is None else str(self.step), boundaries=self.boundaries,
             phase=self.phase, exit=self.exit, flushed=self.flushed, inprocess=self.inprocess,
-            wrapped=self.wrapped, failed=self.failed, error=self.error, work=self.work).fields()
+            wrapped=self.wrapped, failed=self.failed, error=self.error, work=self.work,
+            own=self.pace.own() or 0.0).fields()
 
     def write(self, urgent: bool = False) -> None:
         """Rewrite the record; ``urgent``: also send it to the supervisor now, from this

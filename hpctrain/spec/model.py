@@ -25,6 +25,7 @@ from hpctrain.spec.checks import (MAIL_RE, check_directive_value, check_int, che
                                   check_text, closest, slurm_time_seconds)
 from hpctrain.spec.container import ContainerSpec, Mount
 from hpctrain.spec.elastic import ElasticSpec
+from hpctrain.spec.health import HealthSpec
 from hpctrain.spec.launch import local_rank_arg
 from hpctrain.spec.resources import ResourceSpec
 from hpctrain.spec.runenv import access_level, env_key, env_value, passthrough_names
@@ -226,7 +227,8 @@ class WatchdogSpec:
 
 _SECTIONS = {"layout": LayoutSpec, "run": RunSpec, "checkpoint": CheckpointSpec,
              "requeue": RequeueSpec, "watchdog": WatchdogSpec, "container": ContainerSpec,
-             "elastic": ElasticSpec, "resources": ResourceSpec, "model": ModelSpec}
+             "elastic": ElasticSpec, "health": HealthSpec, "resources": ResourceSpec,
+             "model": ModelSpec}
 _DIRECTIVE_FIELDS = ("account", "qos", "constraint", "exclude", "reservation", "output", "workdir")
 
 
@@ -255,6 +257,7 @@ class JobSpec:
     watchdog: WatchdogSpec = WatchdogSpec()
     container: ContainerSpec | None = None   # run the step in a container (docs/containers.md)
     elastic: ElasticSpec = ElasticSpec()     # spare nodes for a lost one
+    health: HealthSpec = HealthSpec()        # slow nodes: when one is, and what it gets
     resources: ResourceSpec = ResourceSpec()  # CPUs and memory (default: the GPUs' share)
     model: ModelSpec | None = None           # its parameter count: a step's FLOPs (report)
     sbatch: dict[str, str | None] = field(default_factory=dict, hash=False)

@@ -12,6 +12,7 @@ from hpctrain.protocol import defaults, nodemem
 from hpctrain.errors import SupervisorError
 from hpctrain.supervisor.decision import Budget, Caught
 from hpctrain.supervisor.watchdog import Limits
+from hpctrain.supervisor.slow import SlowRule
 
 # signals whose default action ends a process: a plain script stops on them
 TERMINATING = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "ALRM")
@@ -46,6 +47,8 @@ class Config:
     submit_dir: str = ""                 # SLURM_SUBMIT_DIR: mounted into a container
     spare_nodes: int = 0                 # [elastic]: nodes held to replace a lost one
     peer_copies: bool = False            # [elastic]: snapshots kept in node memory too
+    on_slow: str = ""                    # [health]: replace, exclude, report ("": by spares)
+    slow_rule: SlowRule = SlowRule()     # [health]: when a node is slow
     batch_node: str = ""                 # SLURMD_NODENAME: where this supervisor runs
     master_addr: str = ""                # the rendezvous (MASTER_ADDR, MASTER_PORT): the
     master_port: int = 0                 # script's choice (supervisor/rendezvous.py)
@@ -120,6 +123,9 @@ class Config:
             container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
             spare_nodes=_int(env, p.SPARE_NODES, 0),
             peer_copies=env.get(nodemem.PEER_COPIES) == "1",
+            on_slow=env.get(p.ON_SLOW, ""),
+            slow_rule=SlowRule(_float(env, p.SLOW_FACTOR, defaults.SLOW_FACTOR),
+                               _float(env, p.SLOW_FOR_S, defaults.SLOW_FOR_S)),
             batch_node=env.get("SLURMD_NODENAME", ""),
             master_addr=env.get("MASTER_ADDR", ""), master_port=_int(env, "MASTER_PORT", 0),
             where=f"{env.get(p.WORLD_SIZE, '?')} rank(s) on {{nodes}}, rendezvous "

@@ -43,6 +43,7 @@ class EndNodes:
     #                                                   "answering no step", a fault left out)
     lost: tuple[str, ...] = ()       # lost: silent, answering no step, gone from the job
     faulty: tuple[str, ...] = ()     # their ranks died without a word, the node answering
+    slow: tuple[str, ...] = ()       # taken out for slowness ([health] on_slow = replace)
 
 
 class Gather:
@@ -100,7 +101,7 @@ class Gather:
             else InPlace()
         return self.facts(view, status, record=self.record(), run_state=run_state,
                           notice=notice, restarts=ledger.restarts, inplace=inplace,
-                          lost=nodes.lost, faulty=nodes.faulty,
+                          lost=nodes.lost, faulty=nodes.faulty, slow=nodes.slow,
                           finish=watch.finish(), failure=failure if status else None,
                           memory=memory_kill(log) if status else None,
                           port=self.rendezvous.moved(log) if status else None,

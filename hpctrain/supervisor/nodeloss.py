@@ -113,9 +113,16 @@ class NodeLoss:
         failed step's status."""
         say(f"lost node(s) {','.join(lost)}: every rank there stopped its heartbeat; ending "
             "the step without waiting for Slurm to notice")
-        self.run.lost = lost
-        self.bad.note({node: "node_fail" for node in lost})
-        self.release(lost)
+        return self.take_out(step, lost, "node_fail")
+
+    def take_out(self, step: StepProcess, nodes: tuple[str, ...], why: str) -> int:
+        """End the step without ``nodes`` (``why``: ``node_fail``, lost; ``slow``, found slow
+        with a spare to take its place): noted bad, given back to Slurm, the step's
+        processes and its srun killed. A failed step's status."""
+        self.run.lost = nodes
+        self.run.slow = nodes if why == "slow" else ()
+        self.bad.note({node: why for node in nodes})
+        self.release(nodes)
         try:
             steps = self.slurm.step_ids(self.cfg.key)
         except SlurmError as exc:
@@ -166,7 +173,7 @@ class NodeLoss:
         run, bad = self.run, self.bad
         run.unanswered, run.faulty = (), ()
         if not status:
-            run.lost = ()
+            run.lost = run.slow = ()
             return EndNodes()
         if not (memory_kill(log) or run.caught or run.hang or run.lost):
             run.unanswered, run.faulty = self.probe.judge(failure, watch.records(), log,
@@ -176,8 +183,8 @@ class NodeLoss:
         unhealthy = {} if frozen else {**bad.check(view), **self.left_out(run.faulty)}
         if self.cfg.spare_nodes:
             bad.note({n: "node_fail" for n in self.gone(view) if n not in bad.found})
-        found = EndNodes(unhealthy, self.lost_nodes(view), run.faulty)
-        run.lost = ()                  # taken into the facts: the next attempt starts clean
+        found = EndNodes(unhealthy, self.lost_nodes(view), run.faulty, run.slow)
+        run.lost = run.slow = ()       # taken into the facts: the next attempt starts clean
         return found
 
     def said_end(self, status: int, watch: Watch) -> None:
@@ -186,7 +193,8 @@ class NodeLoss:
         heard (a lost node heard too lately shows there)."""
         run = self.run
         say(f"training step exited with status {status}" if not run.lost else
-            f"training step ended: node(s) {','.join(run.lost)} lost")
+            f"training step ended: node(s) {','.join(run.slow)} taken out for slowness"
+            if run.slow else f"training step ended: node(s) {','.join(run.lost)} lost")
         if status and self.cfg.spare_nodes and not run.lost:
             say("the ranks were last heard: "
                 f"{last_heard(watch.records(), run.on, self.slurm.time())}")
@@ -238,7 +246,7 @@ class NodeLoss:
         view = self.seen.ask()
         # (without Slurm's view, the allocation at start: leave out every node lost since)
         keep = [n for n in self.seen.allocated(view) if n not in lost
-                and self.bad.found.get(n) != "node_fail"]
+                and self.bad.found.get(n) not in ("node_fail", "slow")]
         try:
             self.slurm.shrink_job(self.cfg.key, keep)
         except SlurmError as exc:

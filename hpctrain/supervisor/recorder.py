@@ -60,6 +60,14 @@ class Recorder:
                                       attempt=attempt, at=f"{self.clock():.1f}", **how,
                                       **hang_fields(hang), **crash_field(crash)))
 
+    def slow(self, node: str, factor: float, own_s: float, others_s: float, attempt: int,
+             action: str) -> None:
+        """A node found slow (``node`` "": the whole job), and what it got."""
+        self.state.append_ledger(line("slow", node=node or "-", factor=f"{factor:.2f}",
+                                      own_s=f"{own_s:.4g}", others_s=f"{others_s:.4g}",
+                                      restart_count=self.restart_count, attempt=attempt,
+                                      at=f"{self.clock():.1f}", action=action))
+
     def stopped(self, cause: str, limit: str | None) -> None:
         """A limit of the budget ended the job."""
         self.state.append_ledger(line("stop", cause=cause, restart_count=self.restart_count,

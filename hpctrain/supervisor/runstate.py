@@ -32,6 +32,8 @@ class RunState:
     on: list[str] = field(default_factory=list)   # [elastic] the step's nodes: Spares.place
     lost: tuple[str, ...] = ()       # ...found lost while it ran: NodeLoss (abandon; at_end
     #                                   takes them into the facts and clears them)
+    slow: tuple[str, ...] = ()       # ...taken out of it for slowness: NodeLoss (take_out;
+    #                                   cleared as lost)
     unanswered: tuple[str, ...] = ()  # nodes a failed step's end found lost: NodeLoss.at_end
     #                                   (NodeProbe's answer)
     bad: dict[str, str] = field(default_factory=dict)   # node -> why it is bad: BadNodes.note

@@ -33,6 +33,7 @@ from hpctrain.supervisor.response import HangResponse, kill
 from hpctrain.supervisor.runstate import RunState
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.silence import Silence
+from hpctrain.supervisor.slownodes import SlowNodes
 from hpctrain.supervisor.spares import Spares
 from hpctrain.supervisor.statedir import StateDir
 from hpctrain.supervisor.step import step_env
@@ -64,6 +65,7 @@ class StepLoop:
         self.response = HangResponse(slurm, state, board, pump)
         self.spares = Spares(cfg, slurm, seen, run, actor.bad, actor.books)
         self.losses = NodeLoss(cfg, slurm, seen, run, actor.bad, self.step_nodes)
+        self.slow = SlowNodes(cfg, slurm, seen, run, actor.bad, actor.books, self.losses)
         # `hpctrain status` asks it for the board's newest step (not the 15 s summary)
         self.live, note = live.start(state, cfg.key, cfg.restart_count, board, cfg.batch_node)
         if note:
@@ -107,6 +109,7 @@ class StepLoop:
                                                           attempt, channel))
             watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
                           attempt, logs, cfg.nodes, self.board, silence)
+            self.slow.begin(attempt)
             status, run.hang, watch = self.watch(step, watch)
             attempt = watch.attempt
             self.losses.said_end(status, watch)
@@ -204,6 +207,8 @@ class StepLoop:
         watch.summarize()
         if (status := self.losses.silent(step, watch)) is not None:
             return Watching("ended", watch, status=status)
+        if (status := self.slow.look(step, watch)) is not None:    # taken out for a spare
+            return Watching("ended", watch, status=status)
         if failed := watch.failed():
             return Watching("settling", watch, failed=failed)
         # once a stop was passed on, the ranks save and leave: Slurm's grace bounds that
@@ -233,6 +238,7 @@ class StepLoop:
             nxt = self.inprocess.after_failure(step, at.watch)
             if nxt is not None:
                 self.run.hang = None      # the next attempt starts clean
+                self.slow.begin(nxt.attempt)
                 return Watching("running", nxt)
             return Watching("leaving" if self.inprocess.leaving(at.watch) else "running",
                             at.watch)
@@ -241,6 +247,7 @@ class StepLoop:
         if nxt is None:
             return Watching("killing", at.watch, hang=at.hang)
         self.run.hang = None
+        self.slow.begin(nxt.attempt)
         return Watching("running", nxt)
 
     def _leaving(self, step: StepProcess, at: Watching) -> Watching:

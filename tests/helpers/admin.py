@@ -78,7 +78,8 @@ class Cluster:
     """The devcluster, its operator methods run as root (a :class:`DevCluster` in a root
     child process when this one is not root); everything else is read here."""
 
-    OPERATOR = {"up", "down", "stop_daemon", "start_daemon", "make_nodes_usable", "status"}
+    OPERATOR = {"up", "down", "stop_daemon", "start_daemon", "make_nodes_usable", "status",
+                "slow_node", "restore_node"}
 
     def __init__(self) -> None:
         from hpctrain.devcluster.cluster import DevCluster

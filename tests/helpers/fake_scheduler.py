@@ -319,6 +319,10 @@ class FakeStep:
             elif waiting:
                 extra.update(failed=self.waiting, error=PEER_LOST if self.waiting == "peer"
                              else "RuntimeError: simulated crash")
+            if self.done_steps >= 3:   # its own time per step (hpctrain.runtime.pace): a
+                # slow node's ranks work the whole step, the others half and wait for them
+                share = 1.0 if self.node_of(rank) in self.fake.slow else 0.5
+                extra["own"] = f"{self.step_s * share:g}"
             local = self.relay(self.node_of(rank)).local
             p.write_record(p.rank_file(local, p.PROGRESS, rank), {
                 "run_id": self.env[p.RUN_ID], "restart_count": self.env[p.RESTART_COUNT],
@@ -359,7 +363,8 @@ class FakeSlurm:
 
     ``events``: (seconds after the start, what) with what one of ``preempt``, ``warn``,
     ``scancel``, ``time_limit``, ``node_loss``, ``lose:NODE`` (one node of ``nodes``, the
-    allocation); ``steps``: how each start of the step goes
+    allocation), ``slow:NODE`` (its ranks at half speed from then on); ``steps``: how
+    each start of the step goes
     (keyword arguments of :class:`FakeStep`, one dict per start; the last one repeats)."""
 
     kind: Kind
@@ -382,6 +387,7 @@ class FakeSlurm:
     node_state: dict[str, str] = field(default_factory=lambda: {"n1": "ALLOCATED"})
     nodes: Sequence[str] = ("n1",)      # the allocation ([elastic]: the spares included)
     dead: set[str] = field(default_factory=set)   # nodes whose slurmd is gone
+    slow: set[str] = field(default_factory=set)   # nodes that run at half speed (slow:NODE)
     _due: list[tuple[float, str]] = field(default_factory=list)
     _down_until: float | None = None
     _requeued_at: list[float] = field(default_factory=list)   # Slurm's requeues, when
@@ -444,6 +450,8 @@ class FakeSlurm:
             if verb == "die":       # then the node goes dark
                 self.dead.add(node)
                 self._due.append((self.now + DETECT_S, f"down:{node}"))
+        elif what.startswith("slow:"):
+            self.slow.add(what.split(":", 1)[1])
         elif what.startswith("down:"):
             node = what.split(":", 1)[1]
             self.node_state[node] = "DOWN*"

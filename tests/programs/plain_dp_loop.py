@@ -39,6 +39,9 @@ def parse() -> argparse.Namespace:
                     help="CheckpointManager.snapshot every N steps (host memory; with peer "
                          "copies also a partner node's)")
     ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--step-work", type=int, default=0,
+                    help="128x128 matmuls of busy work in each step before its all-reduce "
+                         "(~0.05 ms each here): a CPU-bound step a slowed node stretches")
     ap.add_argument("--ballast-mb", type=int, default=0,
                     help="MB of each rank's own state beside the model (a big optimizer's, "
                          "as it were), every value its step and rank: a load of another "
@@ -125,6 +128,9 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
         opt.zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
+        busy = torch.ones(128, 128) / 128     # compute the state never sees: bitwise alike
+        for _ in range(args.step_work):
+            busy = busy @ busy
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= ctx.world_size

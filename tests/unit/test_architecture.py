@@ -89,7 +89,8 @@ PURE = ("hpctrain.spec.model", "hpctrain.spec.checks", "hpctrain.spec.layout",
         "hpctrain.slurm.parse", "hpctrain.slurm.states", "hpctrain.slurm.view",
         "hpctrain.supervisor.decision", "hpctrain.supervisor.config",
         "hpctrain.supervisor.diagnosis", "hpctrain.supervisor.watchdog",
-        "hpctrain.supervisor.lost", "hpctrain.supervisor.elastic",
+        "hpctrain.supervisor.lost", "hpctrain.supervisor.elastic", "hpctrain.supervisor.slow",
+        "hpctrain.spec.health",
         "hpctrain.supervisor.runstate", "hpctrain.devcluster.strict", "hpctrain.hostlist",
         "hpctrain.mesh")
 # modules allowed to start processes, and why

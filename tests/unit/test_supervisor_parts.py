@@ -392,7 +392,7 @@ def test_the_step_loops_states_are_its_handlers_and_the_architecture_docs_table(
 WRITERS = {"caught": {"run.py"}, "pending": {"run.py"}, "requeues": {"run.py"},
            "hang": {"steploop.py"}, "on": {"spares.py"}, "lost": {"nodeloss.py"},
            "unanswered": {"nodeloss.py"}, "faulty": {"nodeloss.py"},
-           "retried": {"nodeloss.py"}, "step": {"steploop.py"},
+           "retried": {"nodeloss.py"}, "slow": {"nodeloss.py"}, "step": {"steploop.py"},
            "forwarded": {"run.py", "steploop.py"}, "acted": {"run.py"}, "warn_at": {"run.py"},
            "bad": set(), "clock": set()}     # bad: through BadNodes.found; clock: at start
 MUTATORS = {"append", "extend", "update", "add", "clear", "pop", "remove", "setdefault",

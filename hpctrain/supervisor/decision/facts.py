@@ -105,6 +105,7 @@ class Facts:
     finish: Finish | None = None                # the ranks' own last word (runtime scripts)
     lost: tuple[str, ...] = ()                  # the step's nodes lost
     faulty: tuple[str, ...] = ()                # ...whose ranks died wordless, node answering
+    slow: tuple[str, ...] = ()                  # ...taken out for slowness (a spare replaces)
     failure: Diagnosis | None = None            # the first failure, as the launcher told it
     memory: str | None = None                   # Slurm ended the step for memory: its words
     port: tuple[int, int] | None = None         # the rendezvous port was taken: (it, the next)

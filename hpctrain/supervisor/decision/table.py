@@ -19,6 +19,8 @@ died-at-exit     every rank's script returned and its saves are     completed   
 warned           the batch step caught the requeue signal           time_limit      requeue
 stopped          it caught SIGTERM/SIGINT, Slurm says nothing       cancelled       finish: a stop request
                  (Slurm unreachable: cause ``unknown``, finish)
+node-slow        a node of the step was taken out for slowness      node_fail       restart in place on a
+                 ([health] on_slow = replace, a spare was left)                     spare, else requeue
 node-lost        a node of the step was lost (its ranks went        node_fail       restart in place on a
                  silent, and it was taken from the job; or its                      spare, else requeue
                  ranks died without a word and it answered no                       (max_node_failures)
@@ -135,6 +137,10 @@ def cause_of_run(f: Facts) -> tuple[str, str]:
     if stops:
         return "cancelled", f"caught SIG{stops[0]} without a preemption, time limit or " \
                             "cancellation in Slurm: a stop request"
+    if f.slow:
+        return "node_fail", f"node(s) {','.join(f.slow)} of the step ran slower than the " \
+                            "others for long enough to be taken out ([health] on_slow = " \
+                            "replace: a fault of the node that slows every step)"
     if f.lost:
         return "node_fail", f"node(s) {','.join(f.lost)} of the step were lost (its ranks " \
                             "went silent or died without a word, and it answered no step " \

@@ -1,0 +1,125 @@
+"""A slow node, found from the ranks' own time per step (pure; the supervisor looks every
+LOOK_S and acts, :mod:`hpctrain.supervisor.slownodes`).
+
+Each rank's heartbeat carries its own time per step (:mod:`hpctrain.runtime.pace`: the step
+less its waits for the others, the median of its newest steps). A node's figure is its
+slowest rank's (one slow GPU slows its node); it is compared with the median of the ranks
+on the other nodes, never with a median it is part of (two nodes of two ranks: a median of
+four would hide half the gap). A node is slow when its figure is ``factor`` times that
+and ``min_gap_s`` more per step, without a break for ``for_s`` and ``min_steps`` step
+boundaries: one slow step, a save (its ranks are not in training) or a GC pause never
+lasts that long in the median. Each node is named once per attempt.
+
+The job's own history too: once every rank has a figure, the job's median is kept as its
+pace; when the whole job (every node alike) runs ``factor`` times slower than that for
+``for_s``, it is said once (a change that slowed everyone: no node to blame).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hpctrain.protocol import defaults
+from hpctrain.protocol.progress import Progress
+
+LOOK_S = 2.0        # how often the supervisor looks (a heartbeat's pace)
+
+
+@dataclass(frozen=True)
+class SlowRule:
+    """The thresholds (``[health]`` in the spec; these defaults raise no alarm in any job
+    of the test suite, and a node at half speed is named within about for_s + 5 s)."""
+
+    factor: float = defaults.SLOW_FACTOR
+    for_s: float = defaults.SLOW_FOR_S
+    min_gap_s: float = 0.01
+    min_steps: int = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A node found slow (``node`` "": the whole job against its own pace)."""
+
+    node: str
+    factor: float          # its own time per step over the others' (or the job's pace)
+    own_s: float           # its own time per step
+    others_s: float        # the others' median (or the job's pace before)
+    lasted_s: float        # how long it has been so
+    steps: int             # step boundaries it passed meanwhile
+
+    def evidence(self) -> str:
+        """For the job log: what was seen."""
+        who = f"node {self.node}'s slowest rank" if self.node else "the job's median rank"
+        than = "the other nodes' ranks" if self.node else "its own pace earlier"
+        return (f"{who} took {self.own_s:.3g} s of its own per step against {self.others_s:.3g} s "
+                f"for {than} ({self.factor:.2f}x), for {self.lasted_s:.0f} s and "
+                f"{self.steps} steps")
+
+
+@dataclass
+class _Suspect:
+    since: float
+    boundaries: int
+
+
+@dataclass
+class SlowWatch:
+    """One attempt's look at its nodes' pace (a new attempt: a new watch)."""
+
+    rule: SlowRule = SlowRule()
+    suspects: dict[str, _Suspect] = field(default_factory=dict)
+    named: set[str] = field(default_factory=set)
+    pace_s: float | None = None           # the job's own pace, once every rank has a figure
+    slower_since: float | None = None
+
+    def look(self, records: Mapping[int, Progress], now: float) -> list[Finding]:
+        """The nodes found slow at this look (each once), and the whole job's slowdown."""
+        training = [r for r in records.values() if r.own > 0 and r.phase == "training"]
+        by_node: dict[str, list[Progress]] = {}
+        for record in training:
+            by_node.setdefault(record.node, []).append(record)
+        found = [f for node in by_node if (f := self._judge(node, by_node, now)) is not None]
+        whole = self._whole(training, len(records), now) if not self.suspects else None
+        return found + ([whole] if whole is not None else [])
+
+    def _judge(self, node: str, by_node: dict[str, list[Progress]],
+               now: float) -> Finding | None:
+        others = [r.own for n, rs in by_node.items() if n != node for r in rs]
+        mine = by_node[node]
+        own = max(r.own for r in mine)
+        boundaries = min(r.boundaries for r in mine)
+        rule = self.rule
+        if not others:
+            return None
+        ref = statistics.median(others)
+        if own < rule.factor * ref or own - ref < rule.min_gap_s:
+            self.suspects.pop(node, None)
+            return None
+        seen = self.suspects.setdefault(node, _Suspect(now, boundaries))
+        lasted, steps = now - seen.since, boundaries - seen.boundaries
+        if node in self.named or lasted < rule.for_s or steps < rule.min_steps:
+            return None
+        self.named.add(node)
+        return Finding(node, own / ref, own, ref, lasted, steps)
+
+    def _whole(self, training: list[Progress], ranks: int, now: float) -> Finding | None:
+        if not training or len(training) < ranks:
+            return None
+        median = statistics.median(r.own for r in training)
+        if self.pace_s is None:
+            self.pace_s = median
+            return None
+        rule = self.rule
+        if median < rule.factor * self.pace_s or median - self.pace_s < rule.min_gap_s:
+            self.slower_since = None
+            return None
+        if self.slower_since is None:
+            self.slower_since = now
+        lasted = now - self.slower_since
+        if "" in self.named or lasted < rule.for_s:
+            return None
+        self.named.add("")
+        return Finding("", median / self.pace_s, median, self.pace_s, lasted,
+                       min(r.boundaries for r in training))

@@ -1,0 +1,91 @@
+"""A rank's own time per step (hpctrain.runtime.pace): the wall time of a step less its
+waits in blocking collectives and its time in other phases; DDP's own timers when a DDP
+ran; the median of the newest steps (one slow step moves it little)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hpctrain.runtime.pace import WINDOW, Pace
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def steps(pace: Pace, clock: Clock, work: float, wait: float, n: int) -> None:
+    for _ in range(n):
+        clock.t += work + wait
+        pace.collective(wait)
+        pace.boundary()
+
+
+def test_own_time_is_the_step_less_its_waits() -> None:
+    clock = Clock()
+    pace = Pace(clock)
+    pace.boundary()                       # the first boundary starts the count
+    steps(pace, clock, 0.10, 0.30, 2)
+    assert pace.own() is None             # fewer than 3 steps: no figure yet
+    steps(pace, clock, 0.10, 0.30, 4)
+    assert pace.own() == pytest.approx(0.10)
+
+
+def test_one_slow_step_a_save_and_a_pause_move_the_median_little() -> None:
+    clock = Clock()
+    pace = Pace(clock)
+    pace.boundary()
+    steps(pace, clock, 0.10, 0.0, WINDOW - 1)
+    clock.t += 2.0                        # one step 20x slower (a GC pause)
+    pace.boundary()
+    pace.pause()                          # a save: 5 s outside any step
+    clock.t += 5.0
+    pace.resume()
+    clock.t += 0.10
+    pace.boundary()
+    assert pace.own() == pytest.approx(0.10)
+
+
+def test_a_new_attempt_forgets_nothing_but_its_start() -> None:
+    clock = Clock()
+    pace = Pace(clock)
+    pace.boundary()
+    steps(pace, clock, 0.2, 0.0, 4)
+    pace.restart()
+    clock.t += 30.0                       # the restart itself: not a step
+    pace.boundary()
+    steps(pace, clock, 0.2, 0.0, 1)
+    assert pace.own() == pytest.approx(0.2)
+
+
+@pytest.mark.torch
+def test_a_ddps_own_timers_give_its_compute_not_its_wait() -> None:
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.runtime import pace as pace_mod
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29531")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        pace_mod.watch_new_ddps()         # a framework's callback, imported first
+        early = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+        pace = pace_mod.install(Pace())   # the runtime attached after the model was wrapped
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+        assert model in pace.ddps and early in pace.ddps
+        pace.ddps.discard(early)
+        pace.boundary()
+        for _ in range(4):
+            model(torch.randn(16, 64)).sum().backward()
+            dist.all_reduce(torch.ones(1))     # timed as a wait
+            pace.boundary()
+        assert pace.own() is not None and 0 < pace.own() < 1.0
+        assert dist.all_reduce._hpctrain_timed
+    finally:
+        dist.destroy_process_group()
+        pace_mod._pace = None

@@ -1,0 +1,77 @@
+"""The slow-node detector (hpctrain.supervisor.slow), fed the ranks' heartbeats as the
+supervisor sees them every LOOK_S: noise, one slow step, a save, a whole-job slowdown and
+a node at half speed, two nodes of two ranks (the devcluster's shape) and eight of four."""
+
+from __future__ import annotations
+
+import random
+
+from hpctrain.protocol.dialog import Attempt
+from hpctrain.protocol.progress import Progress
+from hpctrain.supervisor.slow import LOOK_S, SlowRule, SlowWatch
+
+ADDRESS = Attempt("run", 0, 0)
+
+
+def records(own: dict[int, float], nodes: int, per_node: int, step: int,
+            phase: dict[int, str] | None = None) -> dict[int, Progress]:
+    return {r: Progress(r, ADDRESS, 0.0, 0.0, node=f"n{r // per_node + 1}", step=str(step),
+                        boundaries=step, phase=(phase or {}).get(r, "training"), own=s)
+            for r, s in own.items() if r < nodes * per_node}
+
+
+def play(watch: SlowWatch, seconds: float, own_of, nodes: int = 2, per_node: int = 2,
+         step_s: float = 0.3, phase_of=lambda t: {}) -> list[tuple[float, object]]:
+    """Look every LOOK_S for ``seconds``; ``own_of(t, rank)``: each rank's figure."""
+    found, t = [], 0.0
+    while t < seconds:
+        own = {r: own_of(t, r) for r in range(nodes * per_node)}
+        step = int(t / step_s)
+        found += [(t, f) for f in watch.look(records(own, nodes, per_node, step, phase_of(t)),
+                                             t)]
+        t += LOOK_S
+    return found
+
+
+def test_noise_alone_names_nobody() -> None:
+    rng = random.Random(7)
+    for shape in ((2, 2), (8, 4)):
+        found = play(SlowWatch(), 600, lambda t, r: 0.1 * rng.uniform(0.8, 1.25), *shape)
+        assert found == [], found
+
+
+def test_one_slow_step_and_a_save_name_nobody() -> None:
+    # a GC pause moves one rank's median for a few seconds (3x: longer than a step)
+    spike = play(SlowWatch(), 120,
+                 lambda t, r: 0.3 if (r == 2 and 40 <= t < 48) else 0.1)
+    # a save: rank 0 in phase "saving" for 20 s (its figure is not a step's)
+    save = play(SlowWatch(), 120, lambda t, r: 0.5 if (r == 0 and 40 <= t < 60) else 0.1,
+                phase_of=lambda t: {0: "saving"} if 40 <= t < 60 else {})
+    assert spike == [] and save == []
+
+
+def test_a_node_at_half_speed_is_named_once_with_its_factor() -> None:
+    found = play(SlowWatch(), 120, lambda t, r: 0.2 if (r in (2, 3) and t >= 30) else 0.1)
+    assert len(found) == 1, found
+    t, finding = found[0]
+    assert finding.node == "n2" and abs(finding.factor - 2.0) < 0.01
+    assert 30 + SlowRule().for_s <= t <= 30 + SlowRule().for_s + 2 * LOOK_S
+    assert "node n2's slowest rank took 0.2 s" in finding.evidence()
+
+
+def test_one_slow_gpu_of_four_slows_its_node() -> None:
+    found = play(SlowWatch(), 60, lambda t, r: 0.25 if r == 13 else 0.1, nodes=8,
+                 per_node=4)
+    assert [f.node for _, f in found] == ["n4"], found
+
+
+def test_the_whole_job_slowing_is_said_once_and_blames_no_node() -> None:
+    found = play(SlowWatch(), 120, lambda t, r: 0.2 if t >= 40 else 0.1)
+    assert [(f.node, round(f.factor, 2)) for _, f in found] == [("", 2.0)], found
+
+
+def test_a_tiny_step_needs_a_real_gap() -> None:
+    """1 ms steps: 2 ms on one node is twice as slow but costs 1 ms a step (min_gap_s)."""
+    assert play(SlowWatch(), 120, lambda t, r: 0.002 if r >= 2 else 0.001) == []
+    assert play(SlowWatch(SlowRule(min_gap_s=0.0005)), 60,
+                lambda t, r: 0.002 if r >= 2 else 0.001) != []

@@ -1,0 +1,76 @@
+"""Slow nodes in the supervisor, against the fake scheduler (its ranks' heartbeats carry
+their own time per step; ``slow:NODE`` halves a node's pace): each ``[health] on_slow``
+policy, its job log, ledger and the status it leaves, and no alarm without a slow node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.supervise import SPARES, asked, supervise
+
+NO_SPARE = {**SPARES, "spare_nodes": 0, "allocation": ("n1", "n2"), "nodelist": "n1,n2",
+            "job_nodes": 2, "argv": ("srun", "--nodes=2", "--ntasks=4", "python", "train.py")}
+STEPS = [{"steps": 120, "step_s": 0.5}]
+
+
+def slow_lines(ledger: list[str]) -> list[str]:
+    return [line for line in ledger if line.startswith("slow ")]
+
+
+def test_without_a_spare_a_slow_node_is_reported_and_the_job_goes_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", events=[(10.0, "slow:n2")],
+                                            steps=STEPS, **NO_SPARE)
+    log = capsys.readouterr().err
+    assert (code, verdict["cause"]) == (0, "completed"), log
+    [line] = slow_lines(ledger)
+    assert "node=n2 factor=2.00" in line and "action=report" in line, line
+    assert "slow node n2: node n2's slowest rank took 0.5 s of its own per step against " \
+           "0.25 s for the other nodes' ranks (2.00x)" in log, log
+    assert "nothing done ([health] on_slow = report" in log
+    at = float(line.split(" at=")[1].split()[0]) - float(fake.wall(10.0))
+    assert at <= 15 + 3 * 2 + 2, f"named {at:.0f} s after the slowdown"
+    assert not asked(fake, "requeue") and not asked(fake, "shrink_job")
+
+
+def test_with_a_spare_a_slow_node_is_replaced_in_the_allocation(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", events=[(10.0, "slow:n2")],
+                                            steps=STEPS, **SPARES)
+    log = capsys.readouterr().err
+    assert (code, verdict["cause"]) == (0, "completed"), log
+    assert "action=replace" in slow_lines(ledger)[0], ledger
+    assert any(line.startswith("restart cause=node_fail") for line in ledger), ledger
+    assert "training step ended: node(s) n2 taken out for slowness" in log, log
+    assert "ran slower than the others" in log and "on n1,n3" in log, log
+    assert asked(fake, "shrink_job") and not asked(fake, "requeue")
+    assert "exclude node=n2 cause=slow restart_count=0" in ledger, ledger
+
+
+def test_exclude_leaves_it_out_of_the_next_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime",
+                                            events=[(10.0, "slow:n2"), (60.0, "preempt")],
+                                            steps=STEPS, on_slow="exclude", **NO_SPARE)
+    assert verdict["cause"] == "preemption", verdict
+    assert "action=exclude" in slow_lines(ledger)[0], ledger
+    assert asked(fake, "set_excluded") == [("set_excluded", "n2")], fake.calls
+    assert not asked(fake, "shrink_job")      # this run went on with it
+    assert "job 42 will not run on n2 again (slow)" in capsys.readouterr().err
+
+
+def test_the_batch_node_is_never_replaced(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", events=[(10.0, "slow:n1")],
+                                            steps=STEPS, **SPARES)
+    assert verdict["cause"] == "completed" and not asked(fake, "shrink_job")
+    assert "action=exclude" in slow_lines(ledger)[0], ledger
+    assert "it is the batch node" in capsys.readouterr().err
+
+
+def test_no_slow_node_no_alarm(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", steps=STEPS, **SPARES)
+    assert verdict["cause"] == "completed" and slow_lines(ledger) == [], ledger
