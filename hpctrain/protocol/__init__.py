@@ -89,6 +89,7 @@ SIGNAL_LEAD_S = "HPCTRAIN_SIGNAL_LEAD_S"
 ON_SLOW = "HPCTRAIN_ON_SLOW"                  # [health] on_slow: replace, exclude, report
 SLOW_FACTOR = "HPCTRAIN_SLOW_FACTOR"          # [health] slow_factor and slow_for_s
 SLOW_FOR_S = "HPCTRAIN_SLOW_FOR_S"
+PREFLIGHT = "HPCTRAIN_PREFLIGHT"              # [health] preflight: 1 to time each node first
 MAX_REQUEUES = "HPCTRAIN_MAX_REQUEUES"
 MAX_PREEMPTIONS = "HPCTRAIN_MAX_PREEMPTIONS"
 MAX_TIME_LIMITS = "HPCTRAIN_MAX_TIME_LIMITS"

@@ -323,7 +323,8 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
     pairs += [(name, value) for name, value, default in (
         (protocol.ON_SLOW, health.on_slow, None),
         (protocol.SLOW_FACTOR, f"{health.slow_factor:g}", f"{SLOW_FACTOR:g}"),
-        (protocol.SLOW_FOR_S, f"{health.slow_for_s:g}", f"{SLOW_FOR_S:g}")) if value != default]
+        (protocol.SLOW_FOR_S, f"{health.slow_for_s:g}", f"{SLOW_FOR_S:g}"),
+        (protocol.PREFLIGHT, int(health.preflight), 0)) if value != default]
     if plan.peer_copies:
         pairs.append((nodemem.PEER_COPIES, 1))
     if ck.dir is not None:

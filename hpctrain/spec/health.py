@@ -19,11 +19,14 @@ class HealthSpec:
     allocation), ``exclude`` (left out of the job's next start), ``report`` (the job log,
     ``status`` and ``report`` only); None: replace when the job has a spare, else report.
     A node is slow when its ranks' own time per step is ``slow_factor`` times the other
-    nodes' for ``slow_for_s`` seconds."""
+    nodes' for ``slow_for_s`` seconds. ``preflight``: before each run's first step, a
+    matrix multiply timed on every node, and one far slower than the others left out when
+    a spare can take its place (a few seconds a run)."""
 
     on_slow: str | None = None
     slow_factor: float = SLOW_FACTOR
     slow_for_s: float = SLOW_FOR_S
+    preflight: bool = False      # time a GEMM on every node before each run's first step
 
     @classmethod
     def from_dict(cls, data: Any) -> "HealthSpec":
@@ -43,4 +46,9 @@ class HealthSpec:
                 not 2 <= for_s <= 86400:
             raise SpecError(f"health.slow_for_s={for_s!r} must be seconds from 2 to 86400 "
                             f"(how long a node must stay slow; {SLOW_FOR_S:g} by default)")
-        return cls(on_slow=on_slow, slow_factor=float(factor), slow_for_s=float(for_s))
+        preflight = d.get("preflight", False)
+        if not isinstance(preflight, bool):
+            raise SpecError(f"health.preflight={preflight!r} must be true or false (a matrix "
+                            "multiply timed on every node before each run's first step)")
+        return cls(on_slow=on_slow, slow_factor=float(factor), slow_for_s=float(for_s),
+                   preflight=preflight)

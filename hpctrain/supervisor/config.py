@@ -49,6 +49,7 @@ class Config:
     peer_copies: bool = False            # [elastic]: snapshots kept in node memory too
     on_slow: str = ""                    # [health]: replace, exclude, report ("": by spares)
     slow_rule: SlowRule = SlowRule()     # [health]: when a node is slow
+    preflight: bool = False              # [health]: a GEMM timed on each node first
     batch_node: str = ""                 # SLURMD_NODENAME: where this supervisor runs
     master_addr: str = ""                # the rendezvous (MASTER_ADDR, MASTER_PORT): the
     master_port: int = 0                 # script's choice (supervisor/rendezvous.py)
@@ -123,7 +124,7 @@ class Config:
             container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
             spare_nodes=_int(env, p.SPARE_NODES, 0),
             peer_copies=env.get(nodemem.PEER_COPIES) == "1",
-            on_slow=env.get(p.ON_SLOW, ""),
+            on_slow=env.get(p.ON_SLOW, ""), preflight=env.get(p.PREFLIGHT) == "1",
             slow_rule=SlowRule(_float(env, p.SLOW_FACTOR, defaults.SLOW_FACTOR),
                                _float(env, p.SLOW_FOR_S, defaults.SLOW_FOR_S)),
             batch_node=env.get("SLURMD_NODENAME", ""),

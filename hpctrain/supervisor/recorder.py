@@ -60,11 +60,13 @@ class Recorder:
                                       attempt=attempt, at=f"{self.clock():.1f}", **how,
                                       **hang_fields(hang), **crash_field(crash)))
 
-    def slow(self, node: str, factor: float, own_s: float, others_s: float, attempt: int,
-             action: str) -> None:
-        """A node found slow (``node`` "": the whole job), and what it got."""
+    def slow(self, node: str, factor: float, attempt: int, action: str,
+             **figures: float) -> None:
+        """A node found slow (``node`` "": the whole job), what it got, and the figures it
+        was found by (``own_s``/``others_s`` while the step ran; ``gflops``/
+        ``others_gflops`` by the preflight check)."""
         self.state.append_ledger(line("slow", node=node or "-", factor=f"{factor:.2f}",
-                                      own_s=f"{own_s:.4g}", others_s=f"{others_s:.4g}",
+                                      **{k: f"{v:.4g}" for k, v in figures.items()},
                                       restart_count=self.restart_count, attempt=attempt,
                                       at=f"{self.clock():.1f}", action=action))
 

@@ -73,6 +73,23 @@ class SlowWatch:
     named: set[str] = field(default_factory=set)
     pace_s: float | None = None           # the job's own pace, once every rank has a figure
     slower_since: float | None = None
+    worst: tuple[float, str] = (0.0, "")  # the highest node factor seen, and whose
+    worst_job: float = 0.0                # ...and the job's, against its own pace
+
+    def seen(self) -> str:
+        """What this watch saw, for the job log at the step's end ("" when it had nothing
+        to compare): the proof that no node was slow, or how close one came."""
+        parts = []
+        if self.worst[1]:
+            parts.append(f"the slowest node's own time per step was at most "
+                         f"{self.worst[0]:.2f}x the other nodes' ({self.worst[1]})")
+        if self.worst_job:
+            parts.append(f"the job's at most {self.worst_job:.2f}x its own earlier pace")
+        if not parts:
+            return ""
+        named = sorted(n or "the whole job" for n in self.named)
+        return "; ".join(parts) + f" (slow at {self.rule.factor:g}x for {self.rule.for_s:g} s): " \
+            + (f"found slow: {', '.join(named)}" if named else "no node slow")
 
     def look(self, records: Mapping[int, Progress], now: float) -> list[Finding]:
         """The nodes found slow at this look (each once), and the whole job's slowdown."""
@@ -94,6 +111,8 @@ class SlowWatch:
         if not others:
             return None
         ref = statistics.median(others)
+        if own / ref > self.worst[0]:
+            self.worst = (own / ref, node)
         if own < rule.factor * ref or own - ref < rule.min_gap_s:
             self.suspects.pop(node, None)
             return None
@@ -111,6 +130,7 @@ class SlowWatch:
         if self.pace_s is None:
             self.pace_s = median
             return None
+        self.worst_job = max(self.worst_job, median / self.pace_s)
         rule = self.rule
         if median < rule.factor * self.pace_s or median - self.pace_s < rule.min_gap_s:
             self.slower_since = None
@@ -123,3 +143,15 @@ class SlowWatch:
         self.named.add("")
         return Finding("", median / self.pace_s, median, self.pace_s, lasted,
                        min(r.boundaries for r in training))
+
+
+def slow_at_start(gflops: Mapping[str, float], factor: float) -> dict[str, float]:
+    """The preflight check's verdict: the nodes whose rate is ``factor`` times below the
+    median of the other nodes' ({node: how many times slower}, slowest first); nothing
+    with fewer than two answers."""
+    out = {}
+    for node, rate in gflops.items():
+        others = [v for n, v in gflops.items() if n != node]
+        if others and rate > 0 and rate * factor <= statistics.median(others):
+            out[node] = statistics.median(others) / rate
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))

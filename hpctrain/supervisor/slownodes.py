@@ -12,10 +12,20 @@ its factor) and given what ``[health] on_slow`` says:
 
 The batch node is never replaced (the supervisor and the rendezvous are there): it is
 reported, and a requeue leaves it out. A job never stops for a slow node.
+
+With ``[health] preflight``, before each run's first step every node of the allocation
+times a matrix multiply (:mod:`hpctrain.runtime.preflight`); a node far slower than the
+others' median is left out of the step when a spare can take its place (the policy's
+``replace`` or ``exclude``), else reported and left out of a requeue.
 """
 
 from __future__ import annotations
 
+import sys
+
+from hpctrain.errors import HpctrainError
+from hpctrain.protocol import preflight
+from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.gather import Gather
 from hpctrain.supervisor.hang import Watch
@@ -25,7 +35,9 @@ from hpctrain.supervisor.nodes import BadNodes
 from hpctrain.supervisor.recorder import Recorder
 from hpctrain.supervisor.runstate import RunState
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
-from hpctrain.supervisor.slow import LOOK_S, Finding, SlowWatch
+from hpctrain.supervisor.slow import LOOK_S, Finding, SlowWatch, slow_at_start
+
+PREFLIGHT_TIMEOUT_S = 120.0   # the check on every node: start-up (torch) and the GEMM
 
 
 class SlowNodes:
@@ -45,8 +57,16 @@ class SlowNodes:
         return self.cfg.on_slow or ("replace" if self.cfg.spare_nodes else "report")
 
     def begin(self, attempt: int) -> None:
-        """A new attempt: its pace is judged afresh (its ranks start their figures anew)."""
+        """A new attempt: its pace is judged afresh (its ranks start their figures anew);
+        what the last one's watch saw is said first."""
+        self.said()
         self.watch, self.attempt = SlowWatch(self.cfg.slow_rule), attempt
+
+    def said(self) -> None:
+        """The job log's line on what the attempt's watch saw (nothing to compare: none)."""
+        if seen := self.watch.seen():
+            say(f"pace: {seen}")
+        self.watch = SlowWatch(self.cfg.slow_rule)
 
     def look(self, step: StepProcess, watch: Watch) -> int | None:
         """At most every LOOK_S: the nodes found slow, each said and acted on; the step's
@@ -65,11 +85,13 @@ class SlowNodes:
         if not f.node:
             say(f"the whole job runs {f.factor:.2f}x slower than its own pace earlier: "
                 f"{f.evidence()}; every node alike, no node to blame (nothing done)")
-            self.books.slow("", f.factor, f.own_s, f.others_s, self.attempt, "report")
+            self.books.slow("", f.factor, self.attempt, "report", own_s=f.own_s,
+                            others_s=f.others_s)
             return None
         action, why = self.action(f.node)
         say(f"slow node {f.node}: {f.evidence()}; {why}")
-        self.books.slow(f.node, f.factor, f.own_s, f.others_s, self.attempt, action)
+        self.books.slow(f.node, f.factor, self.attempt, action, own_s=f.own_s,
+                        others_s=f.others_s)
         if action == "replace":
             return self.losses.take_out(step, (f.node,), "slow")
         if action == "exclude":
@@ -94,3 +116,48 @@ class SlowNodes:
         """Is a good node of the allocation held, not running the step?"""
         allocated = self.seen.allocated(self.seen.ask())
         return any(n not in self.run.on and n not in self.bad.found for n in allocated)
+
+    # ---- before a run's first step ([health] preflight) -----------------------------------
+    def preflight(self, view: JobView | None) -> None:
+        """Time a matrix multiply on every node of the allocation; leave the ones far slower
+        than the others' median out of the step when a spare can take their place (noted
+        bad: the placement and a requeue leave them out), else report them. A check that
+        cannot run, or a node that does not answer, judges nothing: the step starts."""
+        nodes = self.seen.allocated(view)
+        argv = [sys.executable, "-m", preflight.MODULE, f"{preflight.SECONDS:g}"]
+        start = self.slurm.monotonic()
+        try:
+            out = self.slurm.run_on(argv, nodes, PREFLIGHT_TIMEOUT_S)
+        except HpctrainError as exc:
+            say(f"preflight could not run ({exc}): the step starts without it")
+            return
+        speeds = preflight.parse_output(out)
+        took = self.slurm.monotonic() - start
+        said = ", ".join(f"{n} {speeds[n].gflops:.3g}" for n in nodes if n in speeds)
+        quiet = [n for n in nodes if n not in speeds]
+        device = next(iter(speeds.values())).device if speeds else "?"
+        say(f"preflight: a {preflight.SECONDS:g} s matrix multiply on each node ({device}), "
+            f"GFLOP/s: {said or 'no answer'}"
+            + (f"; no answer from {','.join(quiet)} (not judged)" if quiet else "")
+            + f"; {took:.1f} s in all")
+        if len(speeds) < 2 and quiet:
+            say(f"preflight's output: {out.strip()[-500:]}")
+        spares = len(nodes) - self.cfg.nodes - len(self.bad.found)
+        for node, factor in slow_at_start({n: s.gflops for n, s in speeds.items()},
+                                          self.cfg.slow_rule.factor).items():
+            others = sorted(s.gflops for n, s in speeds.items() if n != node)
+            if self.policy != "report" and node != self.cfg.batch_node and spares > 0:
+                spares -= 1
+                action, why = "replace", "left out of the step: a spare takes its place"
+            else:
+                action = "exclude" if self.policy != "report" else "report"
+                why = {"exclude": "no spare to take its place (or the batch node): the run "
+                                  "goes on with it, a requeue leaves it out",
+                       "report": "nothing done ([health] on_slow = report)"}[action]
+            say(f"preflight: node {node} is {factor:.1f}x slower than the others' median "
+                f"({speeds[node].gflops:.3g} GFLOP/s against {others[len(others) // 2]:.3g}); "
+                f"{why}")
+            self.books.slow(node, factor, self.attempt, action, gflops=speeds[node].gflops,
+                            others_gflops=others[len(others) // 2])
+            if action != "report":
+                self.bad.note({node: "slow"})

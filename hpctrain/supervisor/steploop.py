@@ -98,6 +98,8 @@ class StepLoop:
         while True:
             if cfg.health_check and (code := self.check_health(view)) is not None:
                 return code
+            if cfg.preflight and attempt == 0:   # each run's first step: a slow node left out
+                self.slow.preflight(view)
             offset = log_size(logfile) if logfile else 0
             after = f", after a {last_cause}" if last_cause else ""
             again = f", in-place restart {attempt}" if attempt else ""
@@ -113,6 +115,7 @@ class StepLoop:
             status, run.hang, watch = self.watch(step, watch)
             attempt = watch.attempt
             self.losses.said_end(status, watch)
+            self.slow.said()               # what the slow-node watch saw of this attempt
             facts = self.ended(status, watch, log_segment(logfile, offset)
                                if status and logfile else "")
             self.losses.release_left()

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -69,6 +70,58 @@ def _cluster_left_usable(request: pytest.FixtureRequest):
                             "after scancel")
             time.sleep(0.5)
     dev.make_nodes_usable()
+
+
+# issue 56's target, 0 false alarms of the slow-node detector over every job of the suite:
+# what the job logs written during the session say (a test that slows a node on purpose
+# leaves helpers.jobs.SLOW_EXPECTED beside its job logs)
+SLOW_ALARMS = ("hpctrain: slow node ", "hpctrain: the whole job runs ")
+LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
+
+
+def job_logs_since(roots: list[Path], since: float) -> list[Path]:
+    """The job logs under ``roots`` written since ``since`` (folders older than it are not
+    entered: the shared storage keeps earlier runs' files)."""
+    found = []
+    for root in roots:
+        for top in (root.iterdir() if root.is_dir() else ()):
+            try:
+                if top.stat().st_mtime < since:
+                    continue
+            except OSError:
+                continue
+            for folder, _, files in os.walk(top):
+                for name in files:
+                    path = Path(folder) / name
+                    try:
+                        if name.endswith(LOG_SUFFIXES) and path.stat().st_mtime >= since \
+                                and path.stat().st_size < 50 << 20:
+                            found.append(path)
+                    except OSError:
+                        pass
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_false_slow_alarm(tmp_path_factory: pytest.TempPathFactory):
+    """After the session: no job log of this worker's jobs says a node (or the whole job)
+    was slow, but those of the tests that slow one; and how many said what the detector saw
+    (``hpctrain: pace:``), the proof it looked."""
+    from helpers.jobs import SHARED, SLOW_EXPECTED
+
+    start = time.time()
+    yield
+    alarms, looked = [], 0
+    for path in job_logs_since([tmp_path_factory.getbasetemp(), SHARED], start):
+        if any((parent / SLOW_EXPECTED).exists() for parent in path.parents):
+            continue
+        text = path.read_text(errors="replace")
+        looked += text.count("hpctrain: pace: ")
+        alarms += [f"{path}: {line}" for line in text.splitlines()
+                   if line.startswith(SLOW_ALARMS)]
+    assert not alarms, f"the slow-node detector raised {len(alarms)} false alarm(s) " \
+                       f"({looked} pace line(s) in this session's job logs):\n" + \
+                       "\n".join(alarms[:20])
 
 
 @pytest.fixture(scope="session")

@@ -37,8 +37,14 @@ LOST, LAST = "n2", "n3"     # the step's second node, then the spare that replac
 
 
 def job_out(root: Path, job: str) -> str:
+    """The supervisor's and srun's lines of the job's log, whole (the ranks' tracebacks,
+    which a lost peer fills it with, only at the end: the last 3000 characters)."""
     path = root / f"job-{job}.out"
-    return path.read_text(errors="replace")[-5000:] if path.exists() else "(no job output)"
+    if not path.exists():
+        return "(no job output)"
+    text = path.read_text(errors="replace")
+    ours = [line for line in text.splitlines() if line.startswith(("hpctrain:", "srun:"))]
+    return "\n".join(ours) + "\n--- the log's end ---\n" + text[-3000:]
 
 
 def sruns_of(root: Path) -> list[int]:

@@ -28,7 +28,7 @@ from hpctrain import protocol
 from hpctrain.slurm import client
 from helpers import admin
 from helpers.cluster import status
-from helpers.jobs import isolate
+from helpers.jobs import SLOW_EXPECTED, isolate
 from helpers.lossjobs import PROGRAMS, empty_queue, job_log
 from helpers.lossjobs import submit as submit_spec
 from helpers.reference import reference
@@ -134,6 +134,7 @@ def loop_args(out: str) -> list[str]:
 def test_a_node_slowed_mid_run_is_replaced_by_the_spare(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)
+    (root / SLOW_EXPECTED).touch()       # its job log names a slow node on purpose
     dev = admin.Cluster()
     empty_queue()
     cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), *loop_args(str(root))]

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hpctrain import protocol as p
+from hpctrain.protocol.preflight import NodeSpeed
 from hpctrain.errors import SlurmError
 from hpctrain.protocol import channel
 from hpctrain.runtime.relay import Relay
@@ -558,6 +559,10 @@ class FakeSlurm:
 
     def run_on(self, argv: list[str], nodes: list[str], timeout: float) -> str:
         self.calls.append(("run_on", " ".join(argv[1:3]), ",".join(nodes)))
+        if "hpctrain.runtime.preflight" in argv:     # a slow node multiplies at a third
+            self.now += 3.0
+            return "".join(NodeSpeed(n, 3.0 if n in self.slow else 10.0).line() + "\n"
+                           for n in nodes if n not in self.dead)
         return ""
 
     def probe_nodes(self, nodes: list[str], timeout: float) -> FakeProbe:

@@ -74,3 +74,43 @@ def test_no_slow_node_no_alarm(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     code, fake, verdict, ledger = supervise(tmp_path, "runtime", steps=STEPS, **SPARES)
     assert verdict["cause"] == "completed" and slow_lines(ledger) == [], ledger
+
+
+def test_preflight_leaves_a_node_slow_from_the_start_out_of_the_first_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", events=[(0.0, "slow:n2")],
+                                            steps=STEPS, preflight=True, **SPARES)
+    log = capsys.readouterr().err
+    assert verdict["cause"] == "completed", log
+    assert "preflight: a 1 s matrix multiply on each node (cpu), GFLOP/s: n1 10, n2 3, " \
+           "n3 10" in log, log
+    assert "preflight: node n2 is 3.3x slower than the others' median (3 GFLOP/s against " \
+           "10); left out of the step: a spare takes its place" in log, log
+    assert asked(fake, "start_step") == [("start_step", "n1", "n3")], fake.calls
+    [line] = slow_lines(ledger)
+    assert "node=n2" in line and "action=replace" in line and "gflops=3" in line, line
+
+
+def test_preflight_without_a_spare_goes_on_and_a_requeue_leaves_the_node_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Two nodes, no spare, ``on_slow = "exclude"``: n2 is slow from the start; the run
+    goes on with it (never worse off than without the check), a preemption's requeue
+    leaves it out. (Left out, the policy without a spare is report: nothing excluded.)"""
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime",
+                                            events=[(0.0, "slow:n2"), (30.0, "preempt")],
+                                            steps=STEPS, preflight=True,
+                                            on_slow="exclude", **NO_SPARE)
+    log = capsys.readouterr().err
+    assert "no spare to take its place" in log and verdict["cause"] == "preemption", log
+    assert "action=exclude" in slow_lines(ledger)[0]
+    assert ("set_excluded", "n2") in asked(fake, "set_excluded"), fake.calls
+
+
+def test_a_preflight_that_cannot_run_judges_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", events=[(0.0, "slow:n2")],
+                                            steps=STEPS, preflight=True,
+                                            **{**SPARES, "allocation": ("n1",),
+                                               "nodelist": "n1", "job_nodes": 1, "nodes": 1,
+                                               "spare_nodes": 0, "world": 2})
+    assert verdict["cause"] == "completed" and slow_lines(ledger) == [], ledger
