@@ -20,7 +20,13 @@ the measurement on, every 100th without). ``--step-ms`` of busy compute per step
 for a real step's work (a 20 ms step is short for a GPU job: the ratio is an upper bound).
 
 Figures: per loop, the median over rounds of the block's mean step time (rank 0) for each
-way, and the median of the rounds' ratios pace/plain.
+way, and the median of the rounds' ratios pace/plain. On a 2-core machine four ranks'
+blocks drift by a few percent: a ratio within that spread is "no cost seen".
+
+``--micro`` measures the cost itself, in one process (a gloo group of one): a blocking
+``all_reduce`` of one number with and without the wrapper, and a DDP iteration of a small
+MLP with its timers sampled every iteration and every 100th (microseconds per call,
+medians of --rounds runs of 2000 calls), plus a step boundary with the figure read.
 """
 
 from __future__ import annotations
@@ -106,13 +112,79 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     dist.destroy_process_group()
 
 
+def micro(rounds: int) -> None:
+    """The wrapper's, the boundary's and DDP's timers' own cost, per call (one process)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.runtime import pace as pace_mod
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    pace = pace_mod.install(pace_mod.Pace())
+    timed = dist.all_reduce
+    plain = timed.__wrapped__
+    one = torch.ones(1)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]))
+    x = torch.randn(16, 64)
+
+    def per_call(fn, n: int = 2000) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - start) / n * 1e6
+
+    def ddp_step(rate: int):
+        ddp._set_ddp_runtime_logging_sample_rate(rate)
+        return lambda: ddp(x).sum().backward()    # (setting the rate each call: both alike)
+
+    def boundary() -> None:
+        pace.boundary()
+        pace.own()
+
+    def nothing(tensor: object, op: object = None, group: object = None,
+                async_op: bool = False) -> None:
+        return None
+
+    wrapped_nothing = pace_mod._timed(nothing)   # the wrapper alone, around a no-op
+    got: dict[str, list[float]] = {}
+    cases = [("all_reduce", lambda: plain(one)), ("all_reduce+wrapper", lambda: timed(one)),
+             ("no-op", lambda: nothing(one)), ("no-op+wrapper", lambda: wrapped_nothing(one)),
+             ("ddp step, timers every 100th", lambda: ddp_step(100)()),
+             ("ddp step, timers every step", lambda: ddp_step(1)()),
+             ("boundary + figure", boundary)]
+    for fn in (c[1] for c in cases):     # warm every path before anything is timed
+        per_call(fn, 200)
+    for r in range(rounds):               # the order turns each round: drift falls alike
+        for name, fn in (cases if r % 2 == 0 else cases[::-1]):
+            n = 300 if "ddp" in name else 20000 if "no-op" in name else 2000
+            got.setdefault(name, []).append(per_call(fn, n))
+    dist.destroy_process_group()
+    print(f"pace_bench --micro: medians of {rounds} runs, microseconds per call")
+    for name, values in got.items():
+        print(f"  {name:<30} {statistics.median(values):9.2f} us")
+    med = {k: statistics.median(v) for k, v in got.items()}
+    print(f"  the wrapper alone costs {med['no-op+wrapper'] - med['no-op']:.2f} us a "
+          f"collective (around a no-op); around gloo's all_reduce "
+          f"{med['all_reduce+wrapper'] - med['all_reduce']:.2f} us, within that call's noise; "
+          f"DDP's timers every step add "
+          f"{med['ddp step, timers every step'] - med['ddp step, timers every 100th']:.1f} us "
+          "an iteration (negative: within noise)")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--block", type=int, default=40)
     ap.add_argument("--step-ms", type=float, default=20.0)
+    ap.add_argument("--micro", action="store_true", help="the cost per call, one process")
     args = ap.parse_args()
+    if args.micro:
+        micro(args.rounds)
+        return 0
     import tempfile
 
     import torch.multiprocessing as mp

@@ -163,29 +163,33 @@ def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
     except (TypeError, ValueError):
         params = []
     at = params.index("async_op") if "async_op" in params else None
+    compiling = _compiling_check()
+    clock = time.perf_counter
 
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
         pace = _pace
         if pace is None or kwargs.get("async_op") or (at is not None and len(args) > at
-                                                      and args[at]) or _compiling():
+                                                      and args[at]) or compiling():
             return fn(*args, **kwargs)
-        start = time.perf_counter()
+        start = clock()
         try:
             return fn(*args, **kwargs)
         finally:
-            pace.collective(time.perf_counter() - start)
+            pace.waited += clock() - start
 
     timed._hpctrain_timed = True     # type: ignore[attr-defined]
     return timed
 
 
-def _compiling() -> bool:
-    """Inside torch.compile's tracing: no clock reads (they would break the graph)."""
+def _compiling_check() -> Callable[[], bool]:
+    """Are we inside torch.compile's tracing? There, no clock reads (they would break the
+    graph). Looked up once: the wrapper runs on every collective."""
     import torch
 
     compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and compiler.is_compiling())
+    check = getattr(compiler, "is_compiling", None)
+    return check if callable(check) else (lambda: False)
 
 
 def watch_new_ddps() -> None:

@@ -29,11 +29,20 @@ class BadNodes:
         self.needed = needed
         # node -> why (node_fail, hang, drain, ...): the run state's (RunState.bad)
         self.found: dict[str, str] = {} if found is None else found
+        # node -> why: nodes this run keeps using (a slow one it cannot replace, the batch
+        # node) that a requeue leaves out
+        self.later: dict[str, str] = {}
 
     def note(self, nodes: dict[str, str]) -> None:
         """Note ``nodes`` ({node: why}) as bad; the first reason found for a node stays."""
         for node, why in nodes.items():
             self.found.setdefault(node, why)
+
+    def note_later(self, nodes: dict[str, str]) -> None:
+        """Note ``nodes`` ({node: why}) for a requeue to leave out, while this run goes on
+        with them (not bad for its placement)."""
+        for node, why in nodes.items():
+            self.later.setdefault(node, why)
 
     def check(self, view: JobView | None) -> dict[str, str]:
         """This run's nodes Slurm calls unhealthy ({node: state}); noted as bad."""
@@ -67,15 +76,16 @@ class BadNodes:
     def to_exclude(self, view: JobView | None) -> dict[str, str]:
         """The bad nodes to add to the job's ExcNodeList ({node: why}); {} when there are
         none, exclusion is off, or the partition would keep too few nodes without them."""
-        if not self.found or not self.enabled or view is None:
+        found = {**self.later, **self.found}
+        if not found or not self.enabled or view is None:
             return {}
         excluded = set(hostlist.expand(view.excluded)) if view.excluded else set()
         try:
             partition = set(self.slurm.partition_nodes(view.partition))
         except SlurmError as exc:
-            say(f"could not ask Slurm whether {','.join(self.found)} can be left out: {exc}")
+            say(f"could not ask Slurm whether {','.join(found)} can be left out: {exc}")
             return {}
-        nodes, why_not = exclusion(self.found, excluded, view.partition, partition,
+        nodes, why_not = exclusion(found, excluded, view.partition, partition,
                                    max(self.needed, view.num_nodes, 1))
         if why_not:
             say(why_not)

@@ -21,6 +21,7 @@ others' median is left out of the step when a spare can take its place (the poli
 
 from __future__ import annotations
 
+import statistics
 import sys
 
 from hpctrain.errors import HpctrainError
@@ -94,8 +95,8 @@ class SlowNodes:
                         others_s=f.others_s)
         if action == "replace":
             return self.losses.take_out(step, (f.node,), "slow")
-        if action == "exclude":
-            self.bad.note({f.node: "slow"})
+        if action == "exclude":        # this run goes on with it; a requeue leaves it out
+            self.bad.note_later({f.node: "slow"})
         return None
 
     def action(self, node: str) -> tuple[str, str]:
@@ -145,19 +146,25 @@ class SlowNodes:
         spares = len(nodes) - self.cfg.nodes - len(self.bad.found)
         for node, factor in slow_at_start({n: s.gflops for n, s in speeds.items()},
                                           self.cfg.slow_rule.factor).items():
-            others = sorted(s.gflops for n, s in speeds.items() if n != node)
-            if self.policy != "report" and node != self.cfg.batch_node and spares > 0:
-                spares -= 1
-                action, why = "replace", "left out of the step: a spare takes its place"
-            else:
-                action = "exclude" if self.policy != "report" else "report"
-                why = {"exclude": "no spare to take its place (or the batch node): the run "
-                                  "goes on with it, a requeue leaves it out",
-                       "report": "nothing done ([health] on_slow = report)"}[action]
+            others = statistics.median(s.gflops for n, s in speeds.items() if n != node)
+            action, why = self.at_start(node, spares)
+            spares -= action == "replace"
             say(f"preflight: node {node} is {factor:.1f}x slower than the others' median "
-                f"({speeds[node].gflops:.3g} GFLOP/s against {others[len(others) // 2]:.3g}); "
-                f"{why}")
+                f"({speeds[node].gflops:.3g} GFLOP/s against {others:.3g}); {why}")
             self.books.slow(node, factor, self.attempt, action, gflops=speeds[node].gflops,
-                            others_gflops=others[len(others) // 2])
-            if action != "report":
+                            others_gflops=others)
+            if action == "replace":      # bad: the step is placed without it
                 self.bad.note({node: "slow"})
+            elif action == "exclude":
+                self.bad.note_later({node: "slow"})
+
+    def at_start(self, node: str, spares: int) -> tuple[str, str]:
+        """What a node the preflight found slow gets (``spares``: good nodes beyond the
+        step's), and the job log's words: left out while a spare can take its place (at
+        the start nothing is lost), else by the policy."""
+        if self.policy == "report":
+            return "report", "nothing done ([health] on_slow = report)"
+        if node != self.cfg.batch_node and spares > 0:
+            return "replace", "left out of the step: a spare takes its place"
+        where = "it is the batch node" if node == self.cfg.batch_node else "no spare is left"
+        return "exclude", f"{where}: the run goes on with it, a requeue leaves it out"

@@ -180,10 +180,45 @@ def test_a_node_slowed_mid_run_is_replaced_by_the_spare(
     during = pace(t_slow + 2, starts[-1]["time"])
     after = pace(respawned, 1e12)
     print(f"\nfigures[slow-node]: named {named[0] - t_slow:.1f} s and the first step on the "
-          f"spare {respawned - t_slow:.1f} s after the slowdown; step time before {before:.3f} s, slowed {during:.3f} s, on the "
-          f"spare {after:.3f} s ({after / before:.2f}x before); {found[0] if found else ''}")
+          f"spare {respawned - t_slow:.1f} s after the slowdown; step time before "
+          f"{before:.3f} s, slowed {during:.3f} s, on the spare {after:.3f} s "
+          f"({after / before:.2f}x before); {found[0] if found else ''}")
     assert named[0] - t_slow < 45 and respawned - t_slow < 90, (named, respawned - t_slow)
     assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
     final = [[torch.load(d / f"rank-{r}.pt") for r in range(4)]
              for d in (ref.path / "final", root / "final")]
     assert bitwise_equal(*final)
+
+
+@pytest.mark.torch
+def test_a_node_slow_from_the_start_is_left_out_by_the_preflight_check(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """n2 slowed before the job (its slurmd's group: everything it starts is slow); with
+    ``[health] preflight = true`` and a spare, the job's first step runs on n1,n3."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    (root / SLOW_EXPECTED).touch()
+    dev = admin.Cluster()
+    empty_queue()
+    cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), "--steps", "10",
+           "--save-every", "5", "--step-sleep", "0.05", "--ckpt-dir", str(root / "ckpt"),
+           "--events", str(root / "events.jsonl"), "--init"]
+    dev.slow_node("n2", 0.2)
+    try:
+        job = submit_spec(root, spec_toml(
+            name="preflight", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
+            output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
+            run={"launcher": "srun", "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
+            checkpoint={"dir": str(root / "ckpt")}, elastic={"spare_nodes": 1},
+            health={"preflight": True}))
+        state = wait_done(job, 300)
+    finally:
+        dev.restore_node("n2")
+    out = job_log(root, job)
+    assert state == "COMPLETED", out
+    lines = [line for line in out.splitlines() if line.startswith("hpctrain: preflight")]
+    print("\nfigures[preflight]: " + " | ".join(lines))
+    assert any("node n2 is" in line and "left out of the step: a spare takes its place"
+               in line for line in lines), out
+    first = next(line for line in out.splitlines() if "starting the training step" in line)
+    assert "on n1,n3 (spare: none)" in first, out
+    assert status(job)["slow_nodes"].get("n2", 0) >= 1.5

@@ -101,7 +101,8 @@ def test_preflight_without_a_spare_goes_on_and_a_requeue_leaves_the_node_out(
                                             steps=STEPS, preflight=True,
                                             on_slow="exclude", **NO_SPARE)
     log = capsys.readouterr().err
-    assert "no spare to take its place" in log and verdict["cause"] == "preemption", log
+    assert "no spare is left: the run goes on with it" in log, log
+    assert verdict["cause"] == "preemption", log
     assert "action=exclude" in slow_lines(ledger)[0]
     assert ("set_excluded", "n2") in asked(fake, "set_excluded"), fake.calls
 
