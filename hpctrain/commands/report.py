@@ -165,6 +165,11 @@ def format_text(r: Report) -> str:
         lines.append(f"  spare nodes: held {r.spare_gpu_s:.0f} GPU-s idle ({share} the "
                      f"allocation); {r.spare_restarts} lost node(s) replaced by a spare in "
                      "the allocation (each a requeue without one)")
+    if r.slow_by_node:
+        lines.append("  slow nodes: " + ", ".join(
+            f"{'the whole job' if n == '-' else n} {s:.0f} GPU-s" for n, s in
+            r.slow_by_node.items()) + " (the steps' time beyond the healthy pace while "
+            "it was slow)")
     if r.note:
         lines.append(f"  the work was done, then: {r.note}")
     if r.goodput is None:
@@ -172,7 +177,7 @@ def format_text(r: Report) -> str:
                      "hpctrain.runtime)")
     else:
         parts = ", ".join(f"{c} {r.gpu_s[c] / r.allocated_gpu_s:.1%}" for c in CATEGORIES
-                          if c != "kept")
+                          if c != "kept" and (c != "slow" or r.gpu_s[c]))
         lines.append(f"goodput: {r.goodput:.1%} of {r.allocated_gpu_s:.0f} GPU-s allocated "
                      f"({r.kept_steps} steps kept, {r.lost_steps} lost and re-done); "
                      f"the rest: {parts}")

@@ -12,7 +12,10 @@ or an allowed crash). Within an attempt, rank 0's history has a line per step bo
 - **start-up**: the attempt's start to its first step (imports, rendezvous, loading);
 - **saving**: blocking checkpoint saves;
 - **stopping**: the last step to the attempt's end (a hang's wait, an emergency save's
-  tail, shutting down).
+  tail, shutting down);
+- **slow**: the steps' time beyond the attempt's healthy pace while a node was found slow
+  (the ledger's ``slow`` lines: the stretch of steps slower than 1.25x the pace before it,
+  around when the node was first seen slow), per node in :attr:`Report.slow_by_node`.
 
 A restart in the allocation begins its attempt either in the running processes
 (``inprocess``: hpctrain.runtime.run) or as a new training step (``new``); its *recovery*
@@ -33,7 +36,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-CATEGORIES = ("kept", "redone", "startup", "saving", "stopping", "other")
+CATEGORIES = ("kept", "slow", "redone", "startup", "saving", "stopping", "other")
+SLOWED = 1.25        # a step this many times the healthy pace belongs to a slow stretch
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,8 @@ class Attempt:
     last_at: float | None = None
     seconds: dict[str, float] = field(default_factory=dict)   # category -> s
     saving: list[tuple[float, float]] = field(default_factory=list)   # (from, to) of saves
+    # (from, to, node, seconds beyond the healthy pace) of each stretch a node was slow
+    slow: list[tuple[float, float, str, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -112,6 +118,8 @@ class Report:
     note: str = ""        # what the last run's verdict adds: "rank 1 then died at exit (...)"
     spare_gpu_s: float = 0.0   # [elastic]: GPU-seconds the spare nodes held idle
     spare_restarts: int = 0    # ...and the node losses recovered on one, in the allocation
+    slow_by_node: dict[str, float] = field(default_factory=dict)   # GPU-s lost to a slow
+    #                                                    node ("-": the whole job slowed)
 
     def restarts(self, mode: str) -> list[Attempt]:
         """The attempts a restart in the allocation began the ``mode`` way ("inprocess",
@@ -147,15 +155,20 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
         for att in run.attempts:
             mine = [e for e in events if e.get("restart") == att.restart
                     and e.get("attempt") == att.attempt and att.begin - 1 <= e["t"] <= att.end]
-            steps_all += _account(att, mine, kept_at)
+            durations = _account(att, mine, kept_at)
+            steps_all += durations
+            _slow(att, mine, durations, _slow_lines(ledger, att))
     step_s = statistics.median(steps_all) if steps_all else None
     for run in reports:
         _recoveries(run.attempts)
     gpu_s = {c: 0.0 for c in CATEGORIES}
+    slow_by_node: dict[str, float] = {}
     for run in reports:
         for att in run.attempts:
             for cat, sec in att.seconds.items():
                 gpu_s[cat] += sec * run.working_gpus
+            for _, _, node, extra in att.slow:
+                slow_by_node[node] = slow_by_node.get(node, 0.0) + extra * run.working_gpus
     allocated = sum(r.allocated_gpu_s for r in runs)
     spare = sum(max(0.0, r.allocated_gpu_s - r.elapsed_s * rep.working_gpus)
                 for r, rep in zip(runs, reports) if rep.step_gpus)
@@ -167,7 +180,8 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
                   lost_steps=len(completions) - len(kept_at), step_s=step_s,
                   known=bool(completions), points=points, note=note, spare_gpu_s=spare,
                   spare_restarts=sum(1 for k, f in ledger
-                                     if k == "restart" and f.get("cause") == "node_fail"))
+                                     if k == "restart" and f.get("cause") == "node_fail"),
+                  slow_by_node=slow_by_node)
 
 
 def _of_run(fields: Mapping[str, str], restart: int) -> bool:
@@ -262,6 +276,54 @@ def _account(att: Attempt, events: Sequence[Mapping[str, Any]],
     att.first_at, att.last_at = steps[0]["t"], steps[-1]["t"]
     att.seconds = secs
     return durations
+
+
+def _slow_lines(ledger: Sequence[tuple[str, Mapping[str, str]]],
+                att: Attempt) -> list[tuple[str, float, float]]:
+    """(node, since, at) of each slow node the ledger names in ``att`` (``-``: the job)."""
+    out = []
+    for kind, f in ledger:
+        if kind == "slow" and _of_run(f, att.restart) and f.get("attempt", "0") == \
+                str(att.attempt):
+            try:
+                out.append((f.get("node", "-"), float(f["since"]), float(f["at"])))
+            except (KeyError, ValueError):
+                continue
+    return out
+
+
+def _slow(att: Attempt, events: Sequence[Mapping[str, Any]], durations: Sequence[float],
+          found: Sequence[tuple[str, float, float]]) -> None:
+    """Move each slow stretch's time beyond the healthy pace from the steps' categories
+    to ``slow``. The healthy pace: the median step before the node was first seen slow
+    (fewer than 3 such steps: not known, nothing moved); the stretch: the steps around
+    that moment slower than SLOWED times it, back to where they began (the detector sees
+    a slowdown a few steps late) and on to where they end."""
+    steps = [e for e in events if e.get("event") == "step"][1:]   # durations[i] ends steps[i]
+    for node, since, at in found:
+        before = [d for e, d in zip(steps, durations) if e["t"] < since]
+        if len(before) < 3:
+            continue
+        healthy = statistics.median(before)
+        slowed = [d > SLOWED * healthy for d in durations]
+        near = min(range(len(steps)), key=lambda i: abs(steps[i]["t"] - since), default=None)
+        if near is None or not slowed[near]:
+            near = next((i for i, e in enumerate(steps) if e["t"] >= since and slowed[i]),
+                        None)
+        if near is None:
+            continue
+        first = last = near
+        while first > 0 and slowed[first - 1]:
+            first -= 1
+        while last + 1 < len(steps) and slowed[last + 1]:
+            last += 1
+        extra = sum(durations[i] - healthy for i in range(first, last + 1))
+        begin = steps[first]["t"] - durations[first]
+        att.slow.append((begin, steps[last]["t"], node, extra))
+        moved = min(extra, att.seconds.get("kept", 0.0))
+        att.seconds["kept"] = att.seconds.get("kept", 0.0) - moved
+        att.seconds["redone"] = att.seconds.get("redone", 0.0) - (extra - moved)
+        att.seconds["slow"] = att.seconds.get("slow", 0.0) + extra
 
 
 def _saving_intervals(events: Sequence[Mapping[str, Any]], end: float) -> list[tuple[float, float]]:

@@ -20,10 +20,10 @@ from hpctrain.report.efficiency import Efficiency
 
 WIDTH, LANE, LEFT, RIGHT = 960, 34, 70, 90   # RIGHT: room for the last cause
 COLORS = {"queue": "#8da4bd", "startup": "#f0b429", "kept": "#3f9142", "redone": "#c0392b",
-          "saving": "#2f6fb0", "stopping": "#7d5ba6", "other": "#d4d4d4"}
+          "saving": "#2f6fb0", "stopping": "#7d5ba6", "other": "#d4d4d4", "slow": "#e67e22"}
 LABELS = {"queue": "queued (not allocated)", "startup": "start-up", "kept": "kept steps",
           "redone": "redone steps (lost work)", "saving": "saving", "stopping": "stopping",
-          "other": "other"}
+          "other": "other", "slow": "slowed by a slow node"}
 WORDS = (
     ("goodput", "the share of the allocated GPU-time (each run's elapsed time x its GPUs) "
                 "spent on steps whose result was kept; the rest is in the table below"),
@@ -34,6 +34,8 @@ WORDS = (
                 "running processes or new ones, without a requeue"),
     ("kept / redone steps", "a step whose result survived, or one done again because an "
                             "interruption lost it (red, here and in the plots)"),
+    ("slowed", "the steps' time beyond the job's healthy pace while a node was found slow "
+               "(orange: the stretch; the node in its tooltip and the table)"),
 )
 
 
@@ -161,7 +163,8 @@ def _segments(att: Attempt, points: list[tuple[float, int, bool]]
             out.append((start, t, kind))
             start = t
     out.append((att.last_at, att.end, "stopping"))
-    return [s for s in out if s[1] > s[0]] + [(a, b, "saving") for a, b in att.saving]
+    return [s for s in out if s[1] > s[0]] + [(a, b, "saving") for a, b in att.saving] + \
+        [(a, b, "slow") for a, b, _, _ in att.slow]
 
 
 def _rect(a: float, b: float, y: float, kind: str, title: str) -> str:

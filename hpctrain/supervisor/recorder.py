@@ -66,7 +66,8 @@ class Recorder:
         was found by (``own_s``/``others_s`` while the step ran; ``gflops``/
         ``others_gflops`` by the preflight check)."""
         self.state.append_ledger(line("slow", node=node or "-", factor=f"{factor:.2f}",
-                                      **{k: f"{v:.4g}" for k, v in figures.items()},
+                                      **{k: f"{v:.1f}" if k == "since" else f"{v:.4g}"
+                                         for k, v in figures.items()},
                                       restart_count=self.restart_count, attempt=attempt,
                                       at=f"{self.clock():.1f}", action=action))
 

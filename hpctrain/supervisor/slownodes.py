@@ -87,12 +87,12 @@ class SlowNodes:
             say(f"the whole job runs {f.factor:.2f}x slower than its own pace earlier: "
                 f"{f.evidence()}; every node alike, no node to blame (nothing done)")
             self.books.slow("", f.factor, self.attempt, "report", own_s=f.own_s,
-                            others_s=f.others_s)
+                            others_s=f.others_s, since=self.slurm.time() - f.lasted_s)
             return None
         action, why = self.action(f.node)
         say(f"slow node {f.node}: {f.evidence()}; {why}")
         self.books.slow(f.node, f.factor, self.attempt, action, own_s=f.own_s,
-                        others_s=f.others_s)
+                        others_s=f.others_s, since=self.slurm.time() - f.lasted_s)
         if action == "replace":
             return self.losses.take_out(step, (f.node,), "slow")
         if action == "exclude":        # this run goes on with it; a requeue leaves it out

@@ -145,8 +145,8 @@ def test_the_html_page_carries_the_runs_causes_and_numbers_of_the_json() -> None
     assert f"{r.goodput:.1%}" in text and "10 steps kept, 3 lost" in text
     for cause in ("hang", "preemption", "completed"):
         assert cause in text
-    # the timeline draws the table's categories, and the queue
-    assert {"queue", *CATEGORIES} <= set(parsed.classes)
+    # the timeline draws the table's categories, and the queue (a slow node: below)
+    assert {"queue", *CATEGORIES} - {"slow"} <= set(parsed.classes)
     # lost work is visible: re-done steps drawn red, as dots and in the lanes
     assert len(re.findall('fill="#c0392b"/>', page)) == 3
     assert 'fill="#c0392b" class="redone"' in page
@@ -173,7 +173,8 @@ def test_the_pages_colours_and_words_agree_and_it_says_what_goodput_and_attempts
         assert legend in page, kind
         if kind != "queue":
             assert f'background:{COLORS[kind]}"></span> {label}</td>' in page, kind
-        assert f'fill="{COLORS[kind]}" class="{kind}"' in page, kind   # drawn so
+        if kind != "slow":     # (drawn only where a node was slow: below)
+            assert f'fill="{COLORS[kind]}" class="{kind}"' in page, kind   # drawn so
     for kind in ("kept", "redone"):                               # the steps plot's legend
         assert f'<tspan fill="{COLORS[kind]}">&#9679;</tspan><tspan> {LABELS[kind]}' in page
     # the queue's colour stands out from the white page (not a near-white grey)
@@ -303,3 +304,32 @@ def test_the_report_says_what_the_spares_held_idle_and_what_they_replaced() -> N
            "replaced by a spare in the allocation" in format_text(r)
     plain = build("7", [replace(run, gpus=4, gpu_s=None)], [], history)
     assert "spare nodes" not in format_text(plain)
+
+
+def test_a_slow_nodes_extra_time_is_its_own_category_per_node_and_drawn() -> None:
+    """Issue 56: 1 s steps from 200 s; n2 slow from step 16 (2 s steps), first seen slow
+    at 219 s (the rank's median lags), named at 230 s and replaced: the next attempt runs
+    1 s steps again. The slow stretch's time beyond the healthy 1 s is ``slow``, n2's."""
+    from hpctrain.commands.report import format_text
+
+    runs = [RunFacts(0, "COMPLETED", 190.0, 200.0, 300.0, 100.0, "n[1-3]", GPUS)]
+    ledger = entries("slow node=n2 factor=2.00 own_s=2 others_s=1 restart_count=0 "
+                     "attempt=0 at=230.0 action=replace since=219.0\n"
+                     "restart cause=node_fail restart_count=0 attempt=1 at=233.0\n")
+    t, events = 200.0, [ev(200.0, 0, 0, event="phase", phase="training")]
+    for step in range(24):                  # 16 at 1 s, then 8 at 2 s
+        t += 1.0 if step < 16 else 2.0
+        events.append(ev(t, 0, 0, event="step", step=step, n=step + 1))
+    events += [ev(240.0 + i, 0, 1, event="step", step=24 + i, n=i + 1) for i in range(10)]
+    r = build("42", runs, ledger, events, final_cause="completed")
+    first = r.runs[0].attempts[0]
+    [(begin, end, node, extra)] = first.slow
+    assert node == "n2" and extra == pytest.approx(8.0) and (begin, end) == (216.0, 232.0)
+    assert r.slow_by_node == {"n2": pytest.approx(8.0 * GPUS)}
+    assert r.gpu_s["slow"] == pytest.approx(8.0 * GPUS)
+    assert sum(r.gpu_s.values()) == pytest.approx(r.allocated_gpu_s)
+    assert "slow nodes: n2 32 GPU-s" in format_text(r)
+    page = to_html(r)
+    assert 'class="slow"' in page and "slowed by a slow node" in page
+    # no slow line: nothing moved
+    assert build("42", runs, ledger[1:], events).gpu_s["slow"] == 0
