@@ -6,7 +6,7 @@ read from rank 0's history by ``hpctrain report``), the model's FLOPs per unit o
 the partition's facts (its peak TFLOPS per GPU, the price of a GPU-hour).
 
 - **throughput**: units (tokens or samples) of every completed step, redone ones too,
-  per second of step time (the report's kept + redone seconds);
+  per second of step time (the report's kept + slow + redone seconds);
 - **MFU**: the model FLOPs those steps did per second per GPU, over the partition's peak;
 - **MFU of the allocation**: the kept steps' FLOPs over every allocated GPU-second at peak
   (start-ups, saves, lost work and stops included): what ``hpctrain plan``'s assumed MFU
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from hpctrain.report.build import Report
+
+STEP_CATEGORIES = ("kept", "slow", "redone")    # the report's categories that are step time
 
 POINTS = 60      # throughput-over-time points at most (a window of steps each)
 
@@ -54,7 +56,7 @@ class Efficiency:
     unit: str                           # "tokens" | "samples" | "" (the script said none)
     work_done: float                    # units of every completed step
     work_kept: float                    # units of the kept steps
-    step_s: float                       # seconds of step time (kept + redone)
+    step_s: float                       # seconds of step time (kept + slow + redone)
     throughput: float | None            # units per second of step time
     flops_per_unit: float | None        # model FLOPs per token (or sample)
     mfu: float | None
@@ -78,9 +80,10 @@ def measure(report: Report, work: Sequence[tuple[float, float]], unit: str,
     units = [_units_at(t, work) for t, _, _ in report.points]
     done = sum(units)
     kept = sum(u for u, (_, _, was_kept) in zip(units, report.points) if was_kept)
-    step_s = sum(att.seconds.get("kept", 0.0) + att.seconds.get("redone", 0.0)
+    # the steps' whole time: a slow node's extra ("slow") is step time too
+    step_s = sum(sum(att.seconds.get(c, 0.0) for c in STEP_CATEGORIES)
                  for run in report.runs for att in run.attempts)
-    step_gpu_s = report.gpu_s.get("kept", 0.0) + report.gpu_s.get("redone", 0.0)
+    step_gpu_s = sum(report.gpu_s.get(c, 0.0) for c in STEP_CATEGORIES)
     peak = facts.peak_tflops * 1e12
     flops = flops_per_unit if flops_per_unit and done else None
     gpu_hours = report.allocated_gpu_s / 3600
