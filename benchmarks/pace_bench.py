@@ -8,9 +8,9 @@ Four ranks (their own processes, gloo on this machine's loopback) train a data-p
 MLP two ways, block by block in the same processes (the order rotates each round, so the
 machine's drift falls on both alike):
 
-- ``plain``: each gradient all-reduced with torch.distributed's own ``all_reduce`` (the
-  runtime's wrapper taken off), DDP's timers at their default sample rate;
-- ``pace``: the runtime's measurement on, as a job gets it: every blocking collective
+- ``plain``: the runtime's timing of ``Work.wait`` taken off, DDP's timers at their
+  default sample rate;
+- ``pace``: the runtime's measurement on, as a job gets it: every collective's wait
   timed, a step boundary per step (:class:`hpctrain.runtime.pace.Pace`), and the figure
   read each step (the heartbeat reads it every 2 s: the worst case).
 
@@ -36,6 +36,7 @@ import os
 import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,8 +66,6 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     pace = pace_mod.install(pace_mod.Pace())
-    timed = {name: getattr(dist, name) for name in pace_mod.COLLECTIVES if hasattr(dist, name)}
-    plain = {name: fn.__wrapped__ for name, fn in timed.items()}
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
     ddp = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]))
@@ -85,8 +84,7 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str)
             pace.own()
 
     def use(on: bool, loop: str) -> None:
-        for name, fn in (timed if on else plain).items():
-            setattr(dist, name, fn)
+        pace_mod.time_waits(on)
         if loop == "ddp":
             ddp._set_ddp_runtime_logging_sample_rate(1 if on else 100)
 
@@ -123,9 +121,15 @@ def micro(rounds: int) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
     pace = pace_mod.install(pace_mod.Pace())
-    timed = dist.all_reduce
-    plain = timed.__wrapped__
     one = torch.ones(1)
+
+    def plain(tensor: object) -> None:
+        pace_mod.time_waits(False)
+        dist.all_reduce(tensor)
+
+    def timed(tensor: object) -> None:
+        pace_mod.time_waits(True)
+        dist.all_reduce(tensor)
     ddp = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)]))
     x = torch.randn(16, 64)
@@ -149,6 +153,7 @@ def micro(rounds: int) -> None:
         return None
 
     wrapped_nothing = pace_mod._timed(nothing)   # the wrapper alone, around a no-op
+    pace.owner = threading.get_ident()
     got: dict[str, list[float]] = {}
     cases = [("all_reduce", lambda: plain(one)), ("all_reduce+wrapper", lambda: timed(one)),
              ("no-op", lambda: nothing(one)), ("no-op+wrapper", lambda: wrapped_nothing(one)),

@@ -5,32 +5,32 @@ the same wall time; what tells a slow node's ranks apart is how much of it was t
 work. The slow rank works the whole step, its peers work less and wait in a collective for
 it. Measured here, for any script under ``hpctrain.runtime`` (its heartbeat carries the
 figure, :class:`hpctrain.protocol.progress.Progress`'s ``own``; the supervisor's
-:mod:`hpctrain.supervisor.slow` compares the nodes):
+:mod:`hpctrain.supervisor.slow` compares the nodes), as the step's wall time less:
 
-- **plain ``torch.distributed`` collectives** (``all_reduce``, ``broadcast``, ``all_gather``,
-  ``reduce_scatter``, ``barrier``, ...; the runtime's own stop agreement at every step
-  boundary): the time a blocking call takes is the rank's wait plus the transfer; a step's
-  own time is its wall time less those. An ``async_op=True`` call is not timed (its wait
-  happens in ``work.wait()``, which torch does not let us wrap): a script that overlaps all
-  its communication shows every rank's whole step.
-- **DistributedDataParallel** (the gradients' all-reduce runs inside ``backward()``, in
-  C++): DDP's own timers (sampled every iteration here: ``forward`` and ``backward``
-  compute time, which exclude the wait for the buckets' all-reduce), for every DDP made
-  once the runtime started or, with the Lightning and Hugging Face callbacks, once the
-  callback was imported (:func:`watch_new_ddps`).
-- Time in a phase other than training (a save, a load, an evaluation between steps) is
-  not a step's: left out.
+- **the waits of torch.distributed collectives**: every ``Work.wait()`` made from Python
+  (a blocking ``all_reduce``, ``broadcast``, ``barrier``, ... waits through it, whatever
+  name the script imported it by; so does ``handle.wait()`` of an ``async_op=True`` call),
+  on the training loop's thread only (an async checkpoint's commit waits on its writer's
+  thread: not the step's). With gloo the wait is the CPU's; with NCCL ``wait()`` only
+  orders the GPU's stream, so on GPUs this part measures little (DDP's below does);
+- **DistributedDataParallel's gradient wait** (its all-reduce runs inside ``backward()``,
+  in C++): from DDP's own timers, sampled every iteration, the time its buckets'
+  communication went on after the backward's compute ended, for every DDP made once the
+  runtime started or, with the Lightning and Hugging Face callbacks, once the callback was
+  imported (:func:`watch_new_ddps`). DDP reports an iteration at the next one's forward:
+  a step's figure may carry the one before's wait, which the median evens out;
+- time in a phase other than training (a save, a load, an evaluation between steps).
 
 The figure sent is the median of the newest WINDOW steps: one slow step, a save or a GC
-pause moves it little. The cost: two clock reads per collective and per step, a sorted
-list of WINDOW numbers per heartbeat (a benchmark: benchmarks/pace_bench.py).
+pause moves it little. The cost (benchmarks/pace_bench.py): a clock read on each side of a
+wait, a sample of DDP's timers per iteration, a sorted list of WINDOW numbers a heartbeat.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import statistics
+import threading
 import time
 import weakref
 from collections import deque
@@ -38,11 +38,6 @@ from collections.abc import Callable
 from typing import Any
 
 WINDOW = 8                   # steps: the figure is the median of the newest ones
-# the blocking collectives of torch.distributed timed as waits (those a module has)
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-               "all_gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-               "all_to_all", "all_to_all_single", "barrier", "gather", "scatter",
-               "broadcast_object_list")
 NS = 1e-9
 
 
@@ -59,6 +54,7 @@ class Pace:
         self.steps: deque[float] = deque(maxlen=WINDOW)
         self.ddps: weakref.WeakSet[Any] = weakref.WeakSet()
         self._ddp_sample: dict[int, int] = {}   # each DDP's newest sample seen (its start)
+        self.owner = threading.get_ident()      # the training loop's thread (its boundaries)
 
     # ---- the training loop's side ---------------------------------------------------------
     def collective(self, seconds: float) -> None:
@@ -75,12 +71,12 @@ class Pace:
             self.paused_at = None
 
     def boundary(self) -> None:
-        """A step ended: its own time kept (from DDP's timers when a DDP ran in it)."""
+        """A step ended: its own time kept (its wall time less its waits and pauses)."""
         now = self.clock()
+        self.owner = threading.get_ident()
+        ddp_wait = self._ddp_wait()
         if self.last is not None and self.paused_at is None:
-            own = self._ddp_own()
-            if own is None:
-                own = now - self.last - self.waited - self.left_out
+            own = now - self.last - self.waited - ddp_wait - self.left_out
             self.steps.append(max(own, 0.0))
         self.last, self.waited, self.left_out = now, 0.0, 0.0
         if self.paused_at is not None:
@@ -105,10 +101,10 @@ class Pace:
             return          # a torch without DDP's timers: the wall-time measure stands
         self.ddps.add(module)
 
-    def _ddp_own(self) -> float | None:
-        """The compute time (forward + backward) of each DDP's newest iteration, summed;
-        None when no DDP ran a new one since the last boundary."""
-        total, fresh = 0.0, False
+    def _ddp_wait(self) -> float:
+        """The gradient wait of each DDP's newest iteration (its communication after its
+        backward's compute ended), summed; 0 when no DDP ran a new one since."""
+        total = 0.0
         for module in list(self.ddps):
             try:
                 data = module._get_ddp_logging_data()
@@ -118,10 +114,11 @@ class Pace:
             if not start or self._ddp_sample.get(id(module)) == start:
                 continue
             self._ddp_sample[id(module)] = start
-            fresh = True
-            total += (int(data.get("forward_compute_time", 0) or 0) +
-                      int(data.get("backward_compute_time", 0) or 0)) * NS
-        return total if fresh else None
+            comm_end = int(data.get("backward_comm_time_end", 0) or 0)
+            compute_end = int(data.get("backward_compute_time_end", 0) or 0)
+            if comm_end and compute_end:
+                total += max(comm_end - compute_end, 0) * NS
+        return total
 
 
 _pace: Pace | None = None
@@ -135,46 +132,45 @@ def current() -> Pace | None:
 
 
 def install(pace: Pace) -> Pace:
-    """Make ``pace`` this process's: torch.distributed's blocking collectives and every
-    DistributedDataParallel made from now on report to it (installed once per process;
-    a new attempt's reporter takes it over)."""
+    """Make ``pace`` this process's: torch.distributed's waits and every
+    DistributedDataParallel made from now on report to it (the patches are made once per
+    process; a new attempt's reporter takes them over)."""
     global _pace
     _pace = pace
-    _wrap_collectives()
+    time_waits()
     watch_new_ddps()
     for module in list(_made):
         pace.watch_ddp(module)
     return pace
 
 
-def _wrap_collectives() -> None:
-    import torch.distributed as dist
+def time_waits(on: bool = True) -> None:
+    """Time every ``Work.wait()`` made from Python for the current Pace (``on``), or take
+    the timing off again (``benchmarks/pace_bench.py`` compares the two)."""
+    from torch._C._distributed_c10d import Work
 
-    for name in COLLECTIVES:     # (a second install finds them wrapped: left as they are)
-        fn = getattr(dist, name, None)
-        if fn is not None and not getattr(fn, "_hpctrain_timed", False):
-            setattr(dist, name, _timed(fn))
+    wait = Work.wait
+    timed = getattr(wait, "_hpctrain_timed", False)
+    if on and not timed:
+        Work.wait = _timed(wait)                 # type: ignore[method-assign]
+    elif not on and timed:
+        Work.wait = wait.__wrapped__             # type: ignore[attr-defined]
 
 
-def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` with the time of each blocking call given to the current Pace."""
-    try:
-        params = list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        params = []
-    at = params.index("async_op") if "async_op" in params else None
+def _timed(wait: Callable[..., Any]) -> Callable[..., Any]:
+    """``Work.wait`` with the time of each call on the training loop's thread given to the
+    current Pace."""
     compiling = _compiling_check()
-    clock = time.perf_counter
+    clock, ident = time.perf_counter, threading.get_ident
 
-    @functools.wraps(fn)
-    def timed(*args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(wait)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
         pace = _pace
-        if pace is None or kwargs.get("async_op") or (at is not None and len(args) > at
-                                                      and args[at]) or compiling():
-            return fn(*args, **kwargs)
+        if pace is None or ident() != pace.owner or compiling():
+            return wait(self, *args, **kwargs)
         start = clock()
         try:
-            return fn(*args, **kwargs)
+            return wait(self, *args, **kwargs)
         finally:
             pace.waited += clock() - start
 
@@ -184,7 +180,7 @@ def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _compiling_check() -> Callable[[], bool]:
     """Are we inside torch.compile's tracing? There, no clock reads (they would break the
-    graph). Looked up once: the wrapper runs on every collective."""
+    graph). Looked up once: the wrapper runs on every wait."""
     import torch
 
     compiler = getattr(torch, "compiler", None)

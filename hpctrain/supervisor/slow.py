@@ -3,12 +3,19 @@ LOOK_S and acts, :mod:`hpctrain.supervisor.slownodes`).
 
 Each rank's heartbeat carries its own time per step (:mod:`hpctrain.runtime.pace`: the step
 less its waits for the others, the median of its newest steps). A node's figure is its
-slowest rank's (one slow GPU slows its node); it is compared with the median of the ranks
-on the other nodes, never with a median it is part of (two nodes of two ranks: a median of
-four would hide half the gap). A node is slow when its figure is ``factor`` times that
-and ``min_gap_s`` more per step, without a break for ``for_s`` and ``min_steps`` step
-boundaries: one slow step, a save (its ranks are not in training) or a GC pause never
-lasts that long in the median. Each node is named once per attempt.
+*fastest* rank's: a node is slow when every rank on it is (a throttled node, its CPU, its
+memory, its links), never because one rank does more work than the rest (rank 0's
+logging, an evaluation on one rank: a common pattern, and no fault of the node). It is
+compared with the median of the ranks on the other nodes, never with a median it is part
+of (two nodes of two ranks: a median of four would hide half the gap). A node is slow when
+its figure is ``factor`` times that and ``min_gap_s`` more per step, without a break for
+``for_s`` and ``min_steps`` step boundaries: one slow step, a save (its ranks are not in
+training) or a GC pause never lasts that long in the median. Each node is named once per
+attempt.
+
+One rank alone slower than the rest (by the same rule, against every other rank) is said
+too, and nothing more: more work given to that rank, or one slow GPU among its node's, the
+figures cannot tell which.
 
 The job's own history too: once every rank has a figure, the job's median is kept as its
 pace; when the whole job (every node alike) runs ``factor`` times slower than that for
@@ -49,10 +56,14 @@ class Finding:
     lasted_s: float        # how long it has been so
     steps: int             # step boundaries it passed meanwhile
 
+    rank: int | None = None  # one rank alone, not its node
+
     def evidence(self) -> str:
         """For the job log: what was seen."""
-        who = f"node {self.node}'s slowest rank" if self.node else "the job's median rank"
-        than = "the other nodes' ranks" if self.node else "its own pace earlier"
+        who = f"rank {self.rank} on {self.node}" if self.rank is not None else \
+            f"every rank on node {self.node}" if self.node else "the job's median rank"
+        than = "the other ranks" if self.rank is not None else \
+            "the other nodes' ranks" if self.node else "its own pace earlier"
         return (f"{who} took {self.own_s:.3g} s of its own per step against {self.others_s:.3g} s "
                 f"for {than} ({self.factor:.2f}x), for {self.lasted_s:.0f} s and "
                 f"{self.steps} steps")
@@ -98,30 +109,51 @@ class SlowWatch:
         for record in training:
             by_node.setdefault(record.node, []).append(record)
         found = [f for node in by_node if (f := self._judge(node, by_node, now)) is not None]
+        ranks = [f for r in training if r.node not in self.suspects and r.node not in self.named
+                 and (f := self._rank(r, training, now)) is not None]
         whole = self._whole(training, len(records), now) if not self.suspects else None
-        return found + ([whole] if whole is not None else [])
+        return found + ranks + ([whole] if whole is not None else [])
+
+    def _rank(self, record: Progress, training: list[Progress], now: float) -> Finding | None:
+        """One rank alone slower than every other rank's median, long enough: said once."""
+        others = [r.own for r in training if r.rank != record.rank]
+        key = f"rank {record.rank}"
+        if len(others) < 2 or not self._slow_for(key, record.own, statistics.median(others),
+                                                  record.boundaries, now):
+            return None
+        seen = self.suspects[key]
+        self.named.add(key)
+        return Finding(record.node, record.own / statistics.median(others), record.own,
+                       statistics.median(others), now - seen.since,
+                       record.boundaries - seen.boundaries, rank=record.rank)
+
+    def _slow_for(self, key: str, own: float, ref: float, boundaries: int, now: float) -> bool:
+        """Has ``key`` been ``factor`` times ``ref`` (and min_gap_s more) long enough, and
+        not been named yet? Its suspicion starts, goes on or ends here."""
+        rule = self.rule
+        if own < rule.factor * ref or own - ref < rule.min_gap_s:
+            self.suspects.pop(key, None)
+            return False
+        seen = self.suspects.setdefault(key, _Suspect(now, boundaries))
+        return key not in self.named and now - seen.since >= rule.for_s and \
+            boundaries - seen.boundaries >= rule.min_steps
 
     def _judge(self, node: str, by_node: dict[str, list[Progress]],
                now: float) -> Finding | None:
         others = [r.own for n, rs in by_node.items() if n != node for r in rs]
         mine = by_node[node]
-        own = max(r.own for r in mine)
+        own = min(r.own for r in mine)          # every rank on it: its fastest too
         boundaries = min(r.boundaries for r in mine)
-        rule = self.rule
         if not others:
             return None
         ref = statistics.median(others)
         if own / ref > self.worst[0]:
             self.worst = (own / ref, node)
-        if own < rule.factor * ref or own - ref < rule.min_gap_s:
-            self.suspects.pop(node, None)
+        if not self._slow_for(node, own, ref, boundaries, now):
             return None
-        seen = self.suspects.setdefault(node, _Suspect(now, boundaries))
-        lasted, steps = now - seen.since, boundaries - seen.boundaries
-        if node in self.named or lasted < rule.for_s or steps < rule.min_steps:
-            return None
+        seen = self.suspects[node]
         self.named.add(node)
-        return Finding(node, own / ref, own, ref, lasted, steps)
+        return Finding(node, own / ref, own, ref, now - seen.since, boundaries - seen.boundaries)
 
     def _whole(self, training: list[Progress], ranks: int, now: float) -> Finding | None:
         if not training or len(training) < ranks:

@@ -83,6 +83,11 @@ class SlowNodes:
 
     def found(self, step: StepProcess, f: Finding) -> int | None:
         """Say ``f``, enter it, act on it by policy; the step's status if it ended."""
+        if f.rank is not None:
+            say(f"uneven ranks: {f.evidence()}; one rank, not its node (more work given to "
+                "that rank, rank 0's logging or an evaluation, or one slow GPU among its "
+                "node's: the figures cannot tell which): nothing done")
+            return None
         if not f.node:
             say(f"the whole job runs {f.factor:.2f}x slower than its own pace earlier: "
                 f"{f.evidence()}; every node alike, no node to blame (nothing done)")

@@ -27,7 +27,7 @@ def test_without_a_spare_a_slow_node_is_reported_and_the_job_goes_on(
     assert (code, verdict["cause"]) == (0, "completed"), log
     [line] = slow_lines(ledger)
     assert "node=n2 factor=2.00" in line and "action=report" in line, line
-    assert "slow node n2: node n2's slowest rank took 0.5 s of its own per step against " \
+    assert "slow node n2: every rank on node n2 took 0.5 s of its own per step against " \
            "0.25 s for the other nodes' ranks (2.00x)" in log, log
     assert "nothing done ([health] on_slow = report" in log
     at = float(line.split(" at=")[1].split()[0]) - float(fake.wall(10.0))

@@ -1,7 +1,9 @@
-"""Adversarial cluster probe of issue 56 (a tester's): a job with NO slow node whose
-rank 0 does a little extra work each step (logging, a metric, a quick eval on rank 0 only,
-a common pattern), torchrun launcher, a spare node (on_slow = replace by default). Every
-node is equally fast: no node may be named slow, none replaced or excluded."""
+"""No slow node, one busier rank (issue 56's false alarm, found by an adversarial run on
+2026-11-29): rank 0 does a little more work each step than the others (logging, a metric,
+an evaluation on rank 0 only: a common pattern), under torchrun, with a spare node
+(``on_slow`` left out: replace). Every node is equally fast: no node is named slow, none
+replaced or excluded; the job log says the rank was uneven, and nothing more. (It used to
+name the batch node slow and leave it out of the next requeue.)"""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.cluster import status
-from helpers.jobs import SLOW_EXPECTED, isolate
+from helpers.jobs import isolate
 from helpers.lossjobs import empty_queue, job_log
 from helpers.lossjobs import submit as submit_spec
 from helpers.slurm import squeue_state, wait_done
@@ -40,7 +42,6 @@ SCRIPT = textwrap.dedent('''
 def test_rank0_extra_work_is_not_a_slow_node(cluster, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)
-    (root / SLOW_EXPECTED).touch()     # the suite-wide check: this test asserts itself
     (root / "train.py").write_text(SCRIPT)
     empty_queue()
     job = submit_spec(root, spec_toml(
@@ -55,7 +56,8 @@ def test_rank0_extra_work_is_not_a_slow_node(cluster, tmp_path: Path,
         if squeue_state(job):
             client.run(["scancel", job], check=False)
     out = job_log(root, job)
-    print(out)
-    print(status(job))
+    row = status(job)
     assert state == "COMPLETED", out
-    assert "slow node" not in out, out
+    assert "slow node" not in out and row["slow_nodes"] == {}, out
+    assert "uneven ranks: rank 0 on n1 took" in out and "nothing done" in out, out
+    assert "restarting" not in out and "will not run on" not in out, out

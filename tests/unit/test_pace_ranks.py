@@ -1,8 +1,11 @@
-"""Adversarial probes of issue 56's pace measure and detector (written by a tester).
-
-Real gloo process groups (sleep as 'work', so the 2-core machine's contention does not
-matter), each rank's Pace installed as the runtime does (hpctrain.runtime.pace.install),
-their figures fed to the detector as the supervisor would."""
+"""The pace measure and the detector together, on real gloo process groups of four ranks
+(two "nodes" of two), in the cases an adversarial run (2026-11-29) found them wrong: rank 0
+doing more work than the rest (not a slow node), a collective imported before the runtime
+started (still a wait), a collective on another thread (an async checkpoint's commit: not
+the step's wait), DDP with a node slow outside forward and backward (its gradient wait
+taken out). Sleep stands for work, so the 2-core machine's contention does not matter;
+each rank's Pace installed as the runtime does (hpctrain.runtime.pace.install), the
+figures fed to the detector as the supervisor would."""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import torch.multiprocessing as mp
 from hpctrain.protocol.dialog import Attempt
 from hpctrain.protocol.progress import Progress
 from hpctrain.supervisor.slow import LOOK_S, SlowWatch
+
+pytestmark = pytest.mark.torch
 
 WORLD, PER_NODE, STEPS = 4, 2, 12
 
@@ -40,7 +45,6 @@ def _rank(rank: int, port: int, scenario: str, out) -> None:
     side = dist.new_group(backend="gloo") if scenario == "thread" else None
     t = torch.ones(10)
     p.boundary()
-    walls = []
     writer = None
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64)) \
         if scenario == "ddp_input" else None
@@ -80,9 +84,7 @@ def _rank(rank: int, port: int, scenario: str, out) -> None:
             dist.all_reduce(t)
         else:
             dist.all_reduce(t)
-        walls.append(time.perf_counter() - (p.last or 0))
         p.boundary()
-    print('rank', rank, 'wall per step', sorted(round(w, 3) for w in walls)[len(walls)//2], flush=True)
     out.put((rank, p.own()))
     dist.barrier()
     dist.destroy_process_group()
@@ -108,7 +110,7 @@ def detect(own: dict[int, float], seconds: float = 60.0) -> list[str]:
         recs = {r: Progress(r, Attempt("run", 0, 0), 0.0, 0.0, node=f"n{r // PER_NODE + 1}",
                             step=str(step), boundaries=step, phase="training", own=s)
                 for r, s in own.items()}
-        found += [f.node or "job" for f in watch.look(recs, t)]
+        found += [f.node or "job" for f in watch.look(recs, t) if f.rank is None]
         t += LOOK_S
     return found
 
@@ -140,10 +142,10 @@ def test_a_collective_in_another_thread_is_not_the_training_loops_wait() -> None
 
 
 def test_ddp_a_node_slow_outside_forward_and_backward_is_named() -> None:
-    """Under DistributedDataParallel the figure is DDP's forward+backward timers only: a
-    node slow in anything else (input pipeline, optimizer step, loss/metrics between
-    backward and the next forward) is never seen, though the same node under a manual
-    all_reduce (wall time less waits) would be."""
+    """Under DistributedDataParallel a node slow outside forward and backward (its input
+    pipeline) shows: the others' wait for it is DDP's gradient wait, taken out."""
     own = measure("ddp_input")
     print("own per rank", own)
-    assert detect(own) == ["n2"], f"n2 missed: {own}"
+    # n2's ranks spend 0.2 s a step more of their own than n1's: the figure shows it
+    assert min(own[2], own[3]) - max(own[0], own[1]) > 0.15, f"n2's 0.2 s unseen: {own}"
+    assert detect(own) == ["n2"], own
