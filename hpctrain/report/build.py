@@ -261,7 +261,9 @@ def _account(att: Attempt, events: Sequence[Mapping[str, Any]],
     durations = []
     for prev, e in zip(steps, steps[1:]):
         durations.append(max(0.0, e["t"] - prev["t"] - _overlap(saving, prev["t"], e["t"])))
-    first = statistics.median(durations) if durations else 0.0
+    # the first step's time: the median step, but never more than began with the attempt
+    first = min(statistics.median(durations) if durations else 0.0,
+                max(steps[0]["t"] - att.begin, 0.0))
     for i, e in enumerate(steps):
         took = durations[i - 1] if i else first
         kept = kept_at.get(_step_id(e)) == e["t"]
@@ -300,7 +302,8 @@ def _slow(att: Attempt, events: Sequence[Mapping[str, Any]], durations: Sequence
     that moment slower than SLOWED times it, back to where they began (the detector sees
     a slowdown a few steps late) and on to where they end."""
     steps = [e for e in events if e.get("event") == "step"][1:]   # durations[i] ends steps[i]
-    for node, since, at in found:
+    counted: set[int] = set()       # a step in two stretches (two nodes, a node and the
+    for node, since, at in found:   # whole job) counts once, for the first named
         before = [d for e, d in zip(steps, durations) if e["t"] < since]
         if len(before) < 3:
             continue
@@ -317,7 +320,11 @@ def _slow(att: Attempt, events: Sequence[Mapping[str, Any]], durations: Sequence
             first -= 1
         while last + 1 < len(steps) and slowed[last + 1]:
             last += 1
-        extra = sum(durations[i] - healthy for i in range(first, last + 1))
+        mine = [i for i in range(first, last + 1) if i not in counted]
+        counted.update(mine)
+        extra = sum(durations[i] - healthy for i in mine)
+        if not mine:
+            continue
         begin = steps[first]["t"] - durations[first]
         att.slow.append((begin, steps[last]["t"], node, extra))
         moved = min(extra, att.seconds.get("kept", 0.0))

@@ -9,17 +9,21 @@ figure, :class:`hpctrain.protocol.progress.Progress`'s ``own``; the supervisor's
 
 - **the waits of torch.distributed collectives**: every ``Work.wait()`` made from Python
   (a blocking ``all_reduce``, ``broadcast``, ``barrier``, ... waits through it, whatever
-  name the script imported it by; so does ``handle.wait()`` of an ``async_op=True`` call),
+  name the script imported it by; so does ``handle.wait()`` of an ``async_op=True`` call,
+  and ``handle.get_future().wait()``), but not the functional collectives' (DTensor,
+  ``torch.distributed._functional_collectives``: their wait is an operator),
   on the training loop's thread only (an async checkpoint's commit waits on its writer's
   thread: not the step's). With gloo the wait is the CPU's; with NCCL ``wait()`` only
   orders the GPU's stream, so on GPUs this part measures little (DDP's below does);
 - **DistributedDataParallel's gradient wait** (its all-reduce runs inside ``backward()``,
   in C++): from DDP's own timers, sampled every iteration, the time its buckets'
-  communication went on after the backward's compute ended, for every DDP made once the
+  communication went on after the backward's compute ended, every iteration's (read after
+  each forward: a step of several iterations counts them all), for every DDP made once the
   runtime started or, with the Lightning and Hugging Face callbacks, once the callback was
   imported (:func:`watch_new_ddps`). DDP reports an iteration at the next one's forward:
   a step's figure may carry the one before's wait, which the median evens out;
-- time in a phase other than training (a save, a load, an evaluation between steps).
+- time in a phase other than training (a save, a load, an evaluation between steps), and
+  a wait within it only once.
 
 The figure sent is the median of the newest WINDOW steps: one slow step, a save or a GC
 pause moves it little. The cost (benchmarks/pace_bench.py): a clock read on each side of a
@@ -48,7 +52,7 @@ class Pace:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.clock = clock
         self.last: float | None = None   # the last step boundary
-        self.waited = 0.0                # in blocking collectives since then
+        self.waited = 0.0                # in collectives' waits since then (DDP's too)
         self.left_out = 0.0              # in other phases since then
         self.paused_at: float | None = None
         self.steps: deque[float] = deque(maxlen=WINDOW)
@@ -58,7 +62,9 @@ class Pace:
 
     # ---- the training loop's side ---------------------------------------------------------
     def collective(self, seconds: float) -> None:
-        self.waited += seconds
+        """A wait for the others of ``seconds``; in a paused phase it is left out already."""
+        if self.paused_at is None:
+            self.waited += seconds
 
     def pause(self) -> None:
         """A phase that is not a step's began (a save, a load, between steps)."""
@@ -74,17 +80,17 @@ class Pace:
         """A step ended: its own time kept (its wall time less its waits and pauses)."""
         now = self.clock()
         self.owner = threading.get_ident()
-        ddp_wait = self._ddp_wait()
         if self.last is not None and self.paused_at is None:
-            own = now - self.last - self.waited - ddp_wait - self.left_out
+            own = now - self.last - self.waited - self.left_out
             self.steps.append(max(own, 0.0))
         self.last, self.waited, self.left_out = now, 0.0, 0.0
         if self.paused_at is not None:
             self.paused_at = now
 
     def restart(self) -> None:
-        """A new attempt (or a step begins after other work): nothing before counts."""
+        """A new attempt: nothing before counts, its figures start anew."""
         self.last, self.waited, self.left_out, self.paused_at = None, 0.0, 0.0, None
+        self.steps.clear()
 
     # ---- the heartbeat's side -------------------------------------------------------------
     def own(self) -> float | None:
@@ -94,31 +100,33 @@ class Pace:
 
     # ---- DistributedDataParallel ----------------------------------------------------------
     def watch_ddp(self, module: Any) -> None:
-        """Read ``module``'s (a DDP's) timers at each boundary, sampled every iteration."""
+        """Read ``module``'s (a DDP's) timers after each of its forwards, sampled every
+        iteration: each iteration's gradient wait counts, however many a step has."""
         try:
             module._set_ddp_runtime_logging_sample_rate(1)
         except (AttributeError, RuntimeError):
             return          # a torch without DDP's timers: the wall-time measure stands
-        self.ddps.add(module)
+        if module not in self.ddps:
+            self.ddps.add(module)
+            module.register_forward_hook(lambda m, _in, _out: self._ddp_sampled(m))
 
-    def _ddp_wait(self) -> float:
-        """The gradient wait of each DDP's newest iteration (its communication after its
-        backward's compute ended), summed; 0 when no DDP ran a new one since."""
-        total = 0.0
-        for module in list(self.ddps):
-            try:
-                data = module._get_ddp_logging_data()
-            except (AttributeError, RuntimeError):
-                continue
-            start = int(data.get("forward_compute_time_start", 0) or 0)
-            if not start or self._ddp_sample.get(id(module)) == start:
-                continue
-            self._ddp_sample[id(module)] = start
-            comm_end = int(data.get("backward_comm_time_end", 0) or 0)
-            compute_end = int(data.get("backward_compute_time_end", 0) or 0)
-            if comm_end and compute_end:
-                total += max(comm_end - compute_end, 0) * NS
-        return total
+    def _ddp_sampled(self, module: Any) -> None:
+        """After a DDP's forward (it has logged the iteration before): that iteration's
+        gradient wait, its buckets' communication after the backward's compute ended."""
+        if _pace is not self or threading.get_ident() != self.owner:
+            return
+        try:
+            data = module._get_ddp_logging_data()
+        except (AttributeError, RuntimeError):
+            return
+        start = int(data.get("forward_compute_time_start", 0) or 0)
+        if not start or self._ddp_sample.get(id(module)) == start:
+            return
+        self._ddp_sample[id(module)] = start
+        comm_end = int(data.get("backward_comm_time_end", 0) or 0)
+        compute_end = int(data.get("backward_compute_time_end", 0) or 0)
+        if comm_end and compute_end:
+            self.collective(max(comm_end - compute_end, 0) * NS)
 
 
 _pace: Pace | None = None
@@ -147,14 +155,16 @@ def install(pace: Pace) -> Pace:
 def time_waits(on: bool = True) -> None:
     """Time every ``Work.wait()`` made from Python for the current Pace (``on``), or take
     the timing off again (``benchmarks/pace_bench.py`` compares the two)."""
+    from torch._C import Future
     from torch._C._distributed_c10d import Work
 
-    wait = Work.wait
-    timed = getattr(wait, "_hpctrain_timed", False)
-    if on and not timed:
-        Work.wait = _timed(wait)                 # type: ignore[method-assign]
-    elif not on and timed:
-        Work.wait = wait.__wrapped__             # type: ignore[attr-defined]
+    for kind in (Work, Future):      # a Work's wait, and its future's (work.get_future())
+        wait = kind.wait
+        timed = getattr(wait, "_hpctrain_timed", False)
+        if on and not timed:
+            kind.wait = _timed(wait)             # type: ignore[method-assign]
+        elif not on and timed:
+            kind.wait = wait.__wrapped__         # type: ignore[attr-defined]
 
 
 def _timed(wait: Callable[..., Any]) -> Callable[..., Any]:
@@ -172,7 +182,7 @@ def _timed(wait: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return wait(self, *args, **kwargs)
         finally:
-            pace.waited += clock() - start
+            pace.collective(clock() - start)
 
     timed._hpctrain_timed = True     # type: ignore[attr-defined]
     return timed

@@ -17,9 +17,11 @@ One rank alone slower than the rest (by the same rule, against every other rank)
 too, and nothing more: more work given to that rank, or one slow GPU among its node's, the
 figures cannot tell which.
 
-The job's own history too: once every rank has a figure, the job's median is kept as its
-pace; when the whole job (every node alike) runs ``factor`` times slower than that for
-``for_s``, it is said once (a change that slowed everyone: no node to blame).
+The job's own history too: once every rank has a figure, the job's best median so far is
+its pace (slow warm-up steps do not set it); when the whole job (every node alike) runs
+``factor`` times slower than that for ``for_s``, it is said once (a change that slowed
+everyone: no node to blame). When half the nodes or more are slow they set the other
+nodes' median themselves: no node is named, and this rule says the job slowed.
 """
 
 from __future__ import annotations
@@ -80,9 +82,9 @@ class SlowWatch:
     """One attempt's look at its nodes' pace (a new attempt: a new watch)."""
 
     rule: SlowRule = SlowRule()
-    suspects: dict[str, _Suspect] = field(default_factory=dict)
+    suspects: dict[str, _Suspect] = field(default_factory=dict)   # nodes, and "rank N"
     named: set[str] = field(default_factory=set)
-    pace_s: float | None = None           # the job's own pace, once every rank has a figure
+    pace_s: float | None = None           # the job's best pace, once every rank has a figure
     slower_since: float | None = None
     worst: tuple[float, str] = (0.0, "")  # the highest node factor seen, and whose
     worst_job: float = 0.0                # ...and the job's, against its own pace
@@ -111,7 +113,8 @@ class SlowWatch:
         found = [f for node in by_node if (f := self._judge(node, by_node, now)) is not None]
         ranks = [f for r in training if r.node not in self.suspects and r.node not in self.named
                  and (f := self._rank(r, training, now)) is not None]
-        whole = self._whole(training, len(records), now) if not self.suspects else None
+        nodes_suspect = any(not key.startswith("rank ") for key in self.suspects)
+        whole = self._whole(training, len(records), now) if not nodes_suspect else None
         return found + ranks + ([whole] if whole is not None else [])
 
     def _rank(self, record: Progress, training: list[Progress], now: float) -> Finding | None:
@@ -159,8 +162,9 @@ class SlowWatch:
         if not training or len(training) < ranks:
             return None
         median = statistics.median(r.own for r in training)
-        if self.pace_s is None:
+        if self.pace_s is None or median < self.pace_s:   # its best pace (after warm-up)
             self.pace_s = median
+            self.slower_since = None
             return None
         self.worst_job = max(self.worst_job, median / self.pace_s)
         rule = self.rule

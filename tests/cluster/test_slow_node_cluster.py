@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpctrain import protocol
+from hpctrain import hostlist, protocol
 from hpctrain.slurm import client
 from helpers import admin
 from helpers.cluster import status
@@ -222,3 +222,48 @@ def test_a_node_slow_from_the_start_is_left_out_by_the_preflight_check(
     first = next(line for line in out.splitlines() if "starting the training step" in line)
     assert "on n1,n3 (spare: none)" in first, out
     assert status(job)["slow_nodes"].get("n2", 0) >= 1.5
+
+
+@pytest.mark.torch
+def test_without_a_spare_exclude_leaves_a_slow_node_out_of_the_next_start(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No spare, ``on_slow = "exclude"``: n2 slowed mid-run is named and this run goes on
+    with it; somebody's requeue then (``scontrol requeue``) starts the next run without
+    it (ExcNodeList), and the job completes bitwise as an undisturbed run."""
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    (root / SLOW_EXPECTED).touch()
+    dev = admin.Cluster()
+    empty_queue()
+    cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), *loop_args(str(root))]
+    job = submit_spec(root, spec_toml(
+        name="slow-exclude", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
+        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
+        run={"launcher": "srun", "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
+        checkpoint={"dir": str(root / "ckpt")}, health={"on_slow": "exclude"}))
+    ref = reference(PROGRAMS / "plain_dp_loop.py", 4,
+                    [a.replace(str(root), "{out}") for a in loop_args(str(root))])
+    try:
+        wait_until(lambda: max((e["step"] for e in events(root / "events.jsonl", "step")),
+                               default=-1) >= 25, 240, "step 25")
+        dev.slow_node("n2", 0.2)
+        wait_until(lambda: "slow node n2:" in job_log(root, job), 120, "n2 named slow")
+        client.run(["scontrol", "requeue", job])
+        dev.restore_node("n2")
+        state = wait_done(job, 400)
+    finally:
+        dev.restore_node("n2")
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    out = job_log(root, job)
+    assert state == "COMPLETED", out
+    assert "a requeue will leave it out ([health] on_slow = exclude)" in out, out
+    assert f"job {job} will not run on n2 again (slow)" in out, out
+    runs = [hostlist.expand(line) for line in client.run(
+        ["sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "NodeList"]).stdout.split()]
+    assert "n2" in runs[0] and "n2" not in runs[-1] and len(runs[-1]) == 2, runs
+    row = status(job)
+    assert row["slow_nodes"].get("n2", 0) >= 1.5 and "n2" in row["excluded_nodes"], row
+    assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
+    final = [[torch.load(d / f"rank-{r}.pt") for r in range(4)]
+             for d in (ref.path / "final", root / "final")]
+    assert bitwise_equal(*final)

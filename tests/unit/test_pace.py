@@ -51,16 +51,33 @@ def test_one_slow_step_a_save_and_a_pause_move_the_median_little() -> None:
     assert pace.own() == pytest.approx(0.10)
 
 
-def test_a_new_attempt_forgets_nothing_but_its_start() -> None:
+def test_a_new_attempt_starts_its_figures_anew() -> None:
     clock = Clock()
     pace = Pace(clock)
     pace.boundary()
-    steps(pace, clock, 0.2, 0.0, 4)
+    steps(pace, clock, 1.0, 0.0, 4)
     pace.restart()
+    assert pace.own() is None             # the last attempt's figures say nothing of this one
     clock.t += 30.0                       # the restart itself: not a step
     pace.boundary()
-    steps(pace, clock, 0.2, 0.0, 1)
+    steps(pace, clock, 0.2, 0.0, 3)
     assert pace.own() == pytest.approx(0.2)
+
+
+def test_a_wait_inside_a_pause_is_left_out_once() -> None:
+    """A synchronous save's commit waits for the others while the phase is saving: that
+    time is left out as the save's, not taken off the step a second time."""
+    clock = Clock()
+    pace = Pace(clock)
+    pace.boundary()
+    for _ in range(4):
+        clock.t += 0.1                    # the step's own work
+        pace.pause()
+        clock.t += 0.3
+        pace.collective(0.3)              # the save's barrier, inside the pause
+        pace.resume()
+        pace.boundary()
+    assert pace.own() == pytest.approx(0.1)
 
 
 @pytest.mark.torch
@@ -90,3 +107,57 @@ def test_a_ddps_own_timers_give_its_compute_not_its_wait() -> None:
     finally:
         dist.destroy_process_group()
         pace_mod._pace = None
+
+
+class FakeDDP:
+    """What the measure reads of a DistributedDataParallel (a stand-in, the timers as DDP
+    gives them: the iteration before's, in ns, read after a forward)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, int] = {}
+        self.hooks: list = []
+        self.n = 0
+
+    def _set_ddp_runtime_logging_sample_rate(self, rate: int) -> None:
+        pass
+
+    def _get_ddp_logging_data(self) -> dict[str, int]:
+        return dict(self.data)
+
+    def register_forward_hook(self, hook) -> None:
+        self.hooks.append(hook)
+
+    def iteration(self, clock: Clock, compute: float, wait: float) -> None:
+        """A forward (DDP logs the iteration before, the hooks read it), then this one's
+        compute and its gradient wait."""
+        for hook in self.hooks:
+            hook(self, (), None)
+        self.n += 1
+        start = clock.t
+        clock.t += compute
+        computed = clock.t
+        clock.t += wait
+        self.data = {"forward_compute_time_start": int(start * 1e9) + self.n,
+                     "backward_compute_time_end": int(computed * 1e9),
+                     "backward_comm_time_end": int(clock.t * 1e9)}
+
+
+def test_every_ddp_iteration_of_a_step_has_its_wait_taken_out() -> None:
+    """stop_requested() every 4 iterations (or accumulation without no_sync): each
+    iteration's 0.2 s gradient wait comes off the step, not only the newest one's."""
+    from hpctrain.runtime import pace as pace_mod
+
+    clock = Clock()
+    pace = Pace(clock)
+    ddp = FakeDDP()
+    before, pace_mod._pace = pace_mod._pace, pace
+    try:
+        pace.watch_ddp(ddp)
+        pace.boundary()
+        for _ in range(6):
+            for _ in range(4):
+                ddp.iteration(clock, compute=0.1, wait=0.2)
+            pace.boundary()
+    finally:
+        pace_mod._pace = before
+    assert pace.own() == pytest.approx(0.4)      # 4 x 0.1 of compute

@@ -333,3 +333,40 @@ def test_a_slow_nodes_extra_time_is_its_own_category_per_node_and_drawn() -> Non
     assert 'class="slow"' in page and "slowed by a slow node" in page
     # no slow line: nothing moved
     assert build("42", runs, ledger[1:], events).gpu_s["slow"] == 0
+
+
+def slow_job(ledger_text: str):
+    """10 steps of 1 s from 230 s, then 20 of 3 s: 40 s beyond the healthy pace."""
+    runs = [RunFacts(0, "COMPLETED", 190.0, 200.0, 330.0, 130.0, "n[1-3]", GPUS)]
+    t, events = 230.0, [ev(230.0, 0, 0, event="phase", phase="training")]
+    for step in range(30):
+        t += 1.0 if step < 10 else 3.0
+        events.append(ev(t, 0, 0, event="step", step=step, n=step + 1))
+    return build("42", runs, entries(ledger_text), events, final_cause="completed")
+
+
+@pytest.mark.parametrize("lines", [
+    "slow node=n2 factor=3 restart_count=0 attempt=0 at=255.0 action=report since=245.0\n"
+    "slow node=n3 factor=3 restart_count=0 attempt=0 at=256.0 action=report since=246.0\n",
+    "slow node=- factor=3 restart_count=0 attempt=0 at=255.0 action=report since=243.0\n"
+    "slow node=n2 factor=3 restart_count=0 attempt=0 at=270.0 action=report since=260.0\n"])
+def test_two_slow_lines_over_one_stretch_count_its_time_once(lines: str) -> None:
+    """Two nodes named in one stretch, or the whole job and then a node: the steps' extra
+    time counts once, for the first named (an adversarial run found it counted twice, and
+    a category negative)."""
+    r = slow_job(lines)
+    assert r.gpu_s["slow"] == pytest.approx(20 * 2.0 * GPUS)
+    assert sum(r.gpu_s.values()) == pytest.approx(r.allocated_gpu_s)
+    assert all(v >= 0 for v in r.gpu_s.values()), r.gpu_s
+
+
+def test_the_categories_never_sum_to_more_than_allocated() -> None:
+    """The first step is credited the median step time, but never more than passed since
+    the attempt began (a start-up shorter than a step made the sum pass the allocation)."""
+    runs = [RunFacts(0, "COMPLETED", 190.0, 200.0, 300.0, 100.0, "n[1-3]", GPUS)]
+    t, events = 200.0, [ev(200.0, 0, 0, event="phase", phase="training")]
+    for step in range(30):
+        t += 1.0 if step < 10 else 3.0
+        events.append(ev(t, 0, 0, event="step", step=step, n=step + 1))
+    r = build("42", runs, entries(""), events, final_cause="completed")
+    assert sum(r.gpu_s.values()) == pytest.approx(r.allocated_gpu_s), r.gpu_s
