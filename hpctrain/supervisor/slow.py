@@ -100,9 +100,11 @@ class SlowWatch:
             parts.append(f"the job's at most {self.worst_job:.2f}x its own earlier pace")
         if not parts:
             return ""
-        named = sorted(n or "the whole job" for n in self.named)
+        nodes = sorted(n or "the whole job" for n in self.named if not n.startswith("rank "))
+        ranks = sorted(n for n in self.named if n.startswith("rank "))
         return "; ".join(parts) + f" (slow at {self.rule.factor:g}x for {self.rule.for_s:g} s): " \
-            + (f"found slow: {', '.join(named)}" if named else "no node slow")
+            + (f"found slow: {', '.join(nodes)}" if nodes else "no node slow") \
+            + (f"; uneven: {', '.join(ranks)}" if ranks else "")
 
     def look(self, records: Mapping[int, Progress], now: float) -> list[Finding]:
         """The nodes found slow at this look (each once), and the whole job's slowdown."""
@@ -113,8 +115,11 @@ class SlowWatch:
         found = [f for node in by_node if (f := self._judge(node, by_node, now)) is not None]
         ranks = [f for r in training if r.node not in self.suspects and r.node not in self.named
                  and (f := self._rank(r, training, now)) is not None]
-        nodes_suspect = any(not key.startswith("rank ") for key in self.suspects)
-        whole = self._whole(training, len(records), now) if not nodes_suspect else None
+        whole = None
+        if any(not key.startswith("rank ") for key in self.suspects):
+            self.slower_since = None        # a node is suspect: not the whole job's doing
+        else:
+            whole = self._whole(by_node, len(training) == len(records), now)
         return found + ranks + ([whole] if whole is not None else [])
 
     def _rank(self, record: Progress, training: list[Progress], now: float) -> Finding | None:
@@ -158,10 +163,14 @@ class SlowWatch:
         self.named.add(node)
         return Finding(node, own / ref, own, ref, now - seen.since, boundaries - seen.boundaries)
 
-    def _whole(self, training: list[Progress], ranks: int, now: float) -> Finding | None:
-        if not training or len(training) < ranks:
+    def _whole(self, by_node: dict[str, list[Progress]], every_rank: bool,
+               now: float) -> Finding | None:
+        """The whole job against its own best pace: its figure is the median of the nodes'
+        (each its fastest rank's, as a node is judged), once every rank has one."""
+        if not by_node or not every_rank:
             return None
-        median = statistics.median(r.own for r in training)
+        median = statistics.median(min(r.own for r in rs) for rs in by_node.values())
+        boundaries = min(r.boundaries for rs in by_node.values() for r in rs)
         if self.pace_s is None or median < self.pace_s:   # its best pace (after warm-up)
             self.pace_s = median
             self.slower_since = None
@@ -177,8 +186,7 @@ class SlowWatch:
         if "" in self.named or lasted < rule.for_s:
             return None
         self.named.add("")
-        return Finding("", median / self.pace_s, median, self.pace_s, lasted,
-                       min(r.boundaries for r in training))
+        return Finding("", median / self.pace_s, median, self.pace_s, lasted, boundaries)
 
 
 def slow_at_start(gflops: Mapping[str, float], factor: float) -> dict[str, float]:

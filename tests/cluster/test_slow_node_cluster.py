@@ -162,7 +162,9 @@ def test_a_node_slowed_mid_run_is_replaced_by_the_spare(
     assert "on n1,n3 (spare: none)" in out, out
     row = status(job)
     assert row["cause"] == "completed" and row["restarts_in_place"] == {"node_fail": 1}, row
-    assert row["slow_nodes"].get("n2", 0) >= 1.5 and "-" not in row["slow_nodes"], row
+    # (the whole job's pace may be said too: on a loaded machine, CI's three workers, it
+    # really is slower than its best; that is a line in the log, never an act)
+    assert row["slow_nodes"].get("n2", 0) >= 1.5 and "n1" not in row["slow_nodes"], row
     steps = events(root / "events.jsonl", "step")
     starts = events(root / "events.jsonl", "start")
     assert sorted({e["step"] for e in steps}) == list(range(TOTAL))

@@ -7,6 +7,7 @@ name the batch node slow and leave it out of the next requeue.)"""
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -59,5 +60,6 @@ def test_rank0_extra_work_is_not_a_slow_node(cluster, tmp_path: Path,
     row = status(job)
     assert state == "COMPLETED", out
     assert "slow node" not in out and row["slow_nodes"] == {}, out
-    assert "uneven ranks: rank 0 on n1 took" in out and "nothing done" in out, out
+    # (torchrun places rank 0 on either node)
+    assert re.search(r"uneven ranks: rank 0 on n[12] took", out) and "nothing done" in out, out
     assert "restarting" not in out and "will not run on" not in out, out
