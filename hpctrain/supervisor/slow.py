@@ -49,12 +49,13 @@ class SlowRule:
 
 @dataclass(frozen=True)
 class Finding:
-    """A node found slow (``node`` "": the whole job against its own pace)."""
+    """A node found slow (``node`` "": the whole job against its own best pace; ``rank``
+    set: one rank alone, on ``node``)."""
 
     node: str
     factor: float          # its own time per step over the others' (or the job's pace)
     own_s: float           # its own time per step
-    others_s: float        # the others' median (or the job's pace before)
+    others_s: float        # the others' median (or the job's best pace)
     lasted_s: float        # how long it has been so
     steps: int             # step boundaries it passed meanwhile
 
@@ -63,9 +64,9 @@ class Finding:
     def evidence(self) -> str:
         """For the job log: what was seen."""
         who = f"rank {self.rank} on {self.node}" if self.rank is not None else \
-            f"every rank on node {self.node}" if self.node else "the job's median rank"
+            f"every rank on node {self.node}" if self.node else "the job's median node"
         than = "the other ranks" if self.rank is not None else \
-            "the other nodes' ranks" if self.node else "its own pace earlier"
+            "the other nodes' ranks" if self.node else "its own best pace"
         return (f"{who} took {self.own_s:.3g} s of its own per step against {self.others_s:.3g} s "
                 f"for {than} ({self.factor:.2f}x), for {self.lasted_s:.0f} s and "
                 f"{self.steps} steps")
@@ -97,7 +98,7 @@ class SlowWatch:
             parts.append(f"the slowest node's own time per step was at most "
                          f"{self.worst[0]:.2f}x the other nodes' ({self.worst[1]})")
         if self.worst_job:
-            parts.append(f"the job's at most {self.worst_job:.2f}x its own earlier pace")
+            parts.append(f"the job's at most {self.worst_job:.2f}x its own best pace")
         if not parts:
             return ""
         nodes = sorted(n or "the whole job" for n in self.named if not n.startswith("rank "))

@@ -89,7 +89,7 @@ class SlowNodes:
                 "node's: the figures cannot tell which): nothing done")
             return None
         if not f.node:
-            say(f"the whole job runs {f.factor:.2f}x slower than its own pace earlier: "
+            say(f"the whole job runs {f.factor:.2f}x slower than its own best pace: "
                 f"{f.evidence()}; every node alike, no node to blame (nothing done)")
             self.books.slow("", f.factor, self.attempt, "report", own_s=f.own_s,
                             others_s=f.others_s, since=self.slurm.time() - f.lasted_s)
