@@ -31,7 +31,7 @@ from helpers.cluster import status
 from helpers.jobs import SLOW_EXPECTED, isolate
 from helpers.lossjobs import PROGRAMS, empty_queue, job_log
 from helpers.lossjobs import submit as submit_spec
-from helpers.reference import reference
+from helpers.reference import Reference, reference
 from helpers.slurm import sbatch, squeue_state, wait_done, wait_until
 from helpers.specs import spec_toml
 from helpers.torchrun import bitwise_equal, events
@@ -130,6 +130,34 @@ def loop_args(out: str) -> list[str]:
             "--events", f"{out}/events.jsonl", "--final", f"{out}/final", "--init"]
 
 
+def loop_job(root: Path, name: str, args: list[str], **spec: object) -> str:
+    """The plainest DP loop (``args``) on n1,n2 of partition ``wide``, DP=4 under srun,
+    submitted; ``spec``: the spec's other tables ([elastic], [health])."""
+    cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), *args]
+    return submit_spec(root, spec_toml(
+        name=name, partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
+        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
+        run={"launcher": "srun", "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
+        checkpoint={"dir": str(root / "ckpt")}, **spec))
+
+
+def undisturbed(root: Path) -> Reference:
+    """The same loop, undisturbed, under a local torchrun (4 ranks)."""
+    return reference(PROGRAMS / "plain_dp_loop.py", 4,
+                     [a.replace(str(root), "{out}") for a in loop_args(str(root))])
+
+
+def past_step(root: Path, step: int) -> None:
+    wait_until(lambda: max((e["step"] for e in events(root / "events.jsonl", "step")),
+                           default=-1) >= step, 240, f"step {step}")
+
+
+def bitwise_as_undisturbed(ref: Reference, root: Path) -> bool:
+    assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
+    return bitwise_equal(*[[torch.load(d / f"rank-{r}.pt") for r in range(4)]
+                           for d in (ref.path / "final", root / "final")])
+
+
 @pytest.mark.torch
 def test_a_node_slowed_mid_run_is_replaced_by_the_spare(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,17 +165,10 @@ def test_a_node_slowed_mid_run_is_replaced_by_the_spare(
     (root / SLOW_EXPECTED).touch()       # its job log names a slow node on purpose
     dev = admin.Cluster()
     empty_queue()
-    cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), *loop_args(str(root))]
-    job = submit_spec(root, spec_toml(
-        name="slow-node", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
-        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
-        run={"launcher": "srun", "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
-        checkpoint={"dir": str(root / "ckpt")}, elastic={"spare_nodes": 1}))
-    ref = reference(PROGRAMS / "plain_dp_loop.py", 4,
-                    [a.replace(str(root), "{out}") for a in loop_args(str(root))])
+    job = loop_job(root, "slow-node", loop_args(str(root)), elastic={"spare_nodes": 1})
+    ref = undisturbed(root)
     try:
-        wait_until(lambda: max((e["step"] for e in events(root / "events.jsonl", "step")),
-                               default=-1) >= 25, 240, "step 25")
+        past_step(root, 25)
         t_slow = time.time()
         dev.slow_node("n2", 0.2)
         state = wait_done(job, 400)
@@ -186,10 +207,7 @@ def test_a_node_slowed_mid_run_is_replaced_by_the_spare(
           f"{before:.3f} s, slowed {during:.3f} s, on the spare {after:.3f} s "
           f"({after / before:.2f}x before); {found[0] if found else ''}")
     assert named[0] - t_slow < 45 and respawned - t_slow < 90, (named, respawned - t_slow)
-    assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
-    final = [[torch.load(d / f"rank-{r}.pt") for r in range(4)]
-             for d in (ref.path / "final", root / "final")]
-    assert bitwise_equal(*final)
+    assert bitwise_as_undisturbed(ref, root)
 
 
 @pytest.mark.torch
@@ -201,17 +219,12 @@ def test_a_node_slow_from_the_start_is_left_out_by_the_preflight_check(
     (root / SLOW_EXPECTED).touch()
     dev = admin.Cluster()
     empty_queue()
-    cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), "--steps", "10",
-           "--save-every", "5", "--step-sleep", "0.05", "--ckpt-dir", str(root / "ckpt"),
-           "--events", str(root / "events.jsonl"), "--init"]
+    args = ["--steps", "10", "--save-every", "5", "--step-sleep", "0.05", "--ckpt-dir",
+            str(root / "ckpt"), "--events", str(root / "events.jsonl"), "--init"]
     dev.slow_node("n2", 0.2)
     try:
-        job = submit_spec(root, spec_toml(
-            name="preflight", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
-            output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
-            run={"launcher": "srun", "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
-            checkpoint={"dir": str(root / "ckpt")}, elastic={"spare_nodes": 1},
-            health={"preflight": True}))
+        job = loop_job(root, "preflight", args, elastic={"spare_nodes": 1},
+                       health={"preflight": True})
         state = wait_done(job, 300)
     finally:
         dev.restore_node("n2")
@@ -236,17 +249,10 @@ def test_without_a_spare_exclude_leaves_a_slow_node_out_of_the_next_start(
     (root / SLOW_EXPECTED).touch()
     dev = admin.Cluster()
     empty_queue()
-    cmd = [sys.executable, str(PROGRAMS / "plain_dp_loop.py"), *loop_args(str(root))]
-    job = submit_spec(root, spec_toml(
-        name="slow-exclude", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
-        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
-        run={"launcher": "srun", "command": cmd, "env": {"OMP_NUM_THREADS": "1"}},
-        checkpoint={"dir": str(root / "ckpt")}, health={"on_slow": "exclude"}))
-    ref = reference(PROGRAMS / "plain_dp_loop.py", 4,
-                    [a.replace(str(root), "{out}") for a in loop_args(str(root))])
+    job = loop_job(root, "slow-exclude", loop_args(str(root)), health={"on_slow": "exclude"})
+    ref = undisturbed(root)
     try:
-        wait_until(lambda: max((e["step"] for e in events(root / "events.jsonl", "step")),
-                               default=-1) >= 25, 240, "step 25")
+        past_step(root, 25)
         dev.slow_node("n2", 0.2)
         wait_until(lambda: "slow node n2:" in job_log(root, job), 120, "n2 named slow")
         client.run(["scontrol", "requeue", job])
@@ -265,7 +271,4 @@ def test_without_a_spare_exclude_leaves_a_slow_node_out_of_the_next_start(
     assert "n2" in runs[0] and "n2" not in runs[-1] and len(runs[-1]) == 2, runs
     row = status(job)
     assert row["slow_nodes"].get("n2", 0) >= 1.5 and "n2" in row["excluded_nodes"], row
-    assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
-    final = [[torch.load(d / f"rank-{r}.pt") for r in range(4)]
-             for d in (ref.path / "final", root / "final")]
-    assert bitwise_equal(*final)
+    assert bitwise_as_undisturbed(ref, root)
