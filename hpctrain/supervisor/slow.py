@@ -9,8 +9,10 @@ logging, an evaluation on one rank: a common pattern, and no fault of the node).
 compared with the median of the ranks on the other nodes, never with a median it is part
 of (two nodes of two ranks: a median of four would hide half the gap). A node is slow when
 its figure is ``factor`` times that and ``min_gap_s`` more per step, without a break for
-``for_s`` and ``min_steps`` step boundaries: one slow step, a save (its ranks are not in
-training) or a GC pause never lasts that long in the median. Each node is named once per
+``for_s`` and ``min_steps`` step boundaries (a break: two looks in a row below it; one is
+forgiven, as the others' median of a few ranks jumps for a look when one of them saves or a
+neighbour's load hits it): one slow step, a save (its ranks are not in training) or a GC
+pause never lasts that long in the median. Each node is named once per
 attempt.
 
 One rank alone slower than the rest (by the same rule, against every other rank) is said
@@ -60,6 +62,7 @@ class Finding:
     steps: int             # step boundaries it passed meanwhile
 
     rank: int | None = None  # one rank alone, not its node
+    dips: int = 0            # single looks below the threshold meanwhile (each forgiven)
 
     def evidence(self) -> str:
         """For the job log: what was seen."""
@@ -69,13 +72,16 @@ class Finding:
             "the other nodes' ranks" if self.node else "its own best pace"
         return (f"{who} took {self.own_s:.3g} s of its own per step against {self.others_s:.3g} s "
                 f"for {than} ({self.factor:.2f}x), for {self.lasted_s:.0f} s and "
-                f"{self.steps} steps")
+                f"{self.steps} steps" + (f" (below {self.dips} look(s) of them, never two in a row)"
+                                         if self.dips else ""))
 
 
 @dataclass
 class _Suspect:
     since: float
     boundaries: int
+    below: bool = False    # the newest look found it below the threshold (one look's grace)
+    dips: int = 0          # looks below the threshold since it became suspect
 
 
 @dataclass
@@ -136,16 +142,26 @@ class SlowWatch:
         seen = self.suspects[key]
         self.named.add(key)
         return Finding(record.node, record.own / ref, record.own, ref, now - seen.since,
-                       record.boundaries - seen.boundaries, rank=record.rank)
+                       record.boundaries - seen.boundaries, rank=record.rank, dips=seen.dips)
 
     def _slow_for(self, key: str, own: float, ref: float, boundaries: int, now: float) -> bool:
         """Has ``key`` been ``factor`` times ``ref`` (and min_gap_s more) long enough, and
         not been named yet? Its suspicion starts, goes on or ends here."""
         rule = self.rule
+        seen = self.suspects.get(key)
         if own < rule.factor * ref or own - ref < rule.min_gap_s:
-            self.suspects.pop(key, None)
+            # one look below is a grace, two in a row end the suspicion: with few ranks to
+            # compare with, one of them in a save or a burst of a neighbour's load pulls the
+            # others' median up for a look (CI's loaded machine: a node at a third of the
+            # speed named only after 57 s, its clock restarted by such looks)
+            if seen is None or seen.below:
+                self.suspects.pop(key, None)
+            else:
+                seen.below, seen.dips = True, seen.dips + 1
             return False
-        seen = self.suspects.setdefault(key, _Suspect(now, boundaries))
+        if seen is None:
+            seen = self.suspects[key] = _Suspect(now, boundaries)
+        seen.below = False
         return key not in self.named and now - seen.since >= rule.for_s and \
             boundaries - seen.boundaries >= rule.min_steps
 
@@ -163,7 +179,8 @@ class SlowWatch:
             return None
         seen = self.suspects[node]
         self.named.add(node)
-        return Finding(node, own / ref, own, ref, now - seen.since, boundaries - seen.boundaries)
+        return Finding(node, own / ref, own, ref, now - seen.since, boundaries - seen.boundaries,
+                       dips=seen.dips)
 
     def _whole(self, by_node: dict[str, list[Progress]], every_rank: bool,
                now: float) -> Finding | None:

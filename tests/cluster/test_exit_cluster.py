@@ -210,9 +210,10 @@ def check_runtime_cell(cell: Cell, launcher: str) -> None:
         assert run("report", cell.job_id)["note"] == verdict["detail"], cell
     elif cell.exit == "teardown_signal" and launcher == "torchrun":
         # torchrun's agent takes the warning as TERM and ends the finished ranks: nothing
-        # was left to save, so no requeue either
-        assert verdict["detail"] == "the stop (SIGUSR1) then ended the step as they left", \
-            (cell, verdict)
+        # was left to save, so no requeue either; a rank torn down by it may die of gloo's
+        # abort (its own signal named after the stop)
+        assert verdict["detail"].startswith(
+            "the stop (SIGUSR1) then ended the step as they left"), (cell, verdict)
     else:
         assert verdict["detail"] == "", (cell, verdict)
     want = {"time_limit": 1} if cell.exit == "requeue" else {}

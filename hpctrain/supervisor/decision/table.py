@@ -102,14 +102,18 @@ def death_at_exit(f: Facts) -> str | None:
     died_of = f.failure.signal if f.failure is not None else None
     if died_of is None and f.status > 128:     # srun: 128 + the task's signal
         died_of = signal_name(f.status)
-    if died_of is not None and not died_of.startswith("status"):
-        rank = f.failure.rank if f.failure is not None else None
-        who = "a rank" if rank is None else f"rank {rank}"
-        return f"{who} then died at exit ({died_of})"
+    died = died_of is not None and not died_of.startswith("status")
+    rank = f.failure.rank if f.failure is not None else None
+    who = "a rank" if rank is None else f"rank {rank}"
     if f.caught:
         # the stop was passed on while they left: torchrun's agent dies of a TERM with its
-        # own exit code 1, and takes the finished ranks with it
-        return f"the stop (SIG{f.caught[-1].name}) then ended the step as they left"
+        # own exit code 1, and takes the finished ranks with it; a rank torn down that way
+        # can die of its own signal (gloo's abort), a fact said beside the stop, never
+        # instead of it
+        stop = f"the stop (SIG{f.caught[-1].name}) then ended the step as they left"
+        return f"{stop}; {who} died of {died_of}" if died else stop
+    if died:
+        return f"{who} then died at exit ({died_of})"
     return None                                # an exit code: the script's own choice
 
 
