@@ -86,3 +86,27 @@ class Mesh:
     def pp_group(self, rank: int) -> list[int]:
         c = self.coords(rank)
         return [self.rank(Coords(p, c.dp, c.tp)) for p in range(self.pp)]
+
+
+# ---- shrinking the data-parallel width ([elastic] min_nodes) --------------------------------
+def shrink_widths(nodes: int, min_nodes: int, gpus_per_node: int, tp: int, pp: int) -> list[int]:
+    """The node counts, largest first, below ``nodes`` and at least ``min_nodes``, a step of
+    this layout may shrink to: whole model-parallel groups (``tp * pp`` ranks each) and a
+    data-parallel width that divides the full one, so that a whole accumulation keeps the
+    global batch (dp 4 -> 2: two micro-batches a step; dp 6 -> 4 is not offered)."""
+    group = tp * pp
+    full_dp = nodes * gpus_per_node // group
+    out = []
+    for n in range(nodes - 1, max(min_nodes, 1) - 1, -1):
+        ranks = n * gpus_per_node
+        if ranks % group == 0 and full_dp % (ranks // group) == 0:
+            out.append(n)
+    return out
+
+
+def source_rank(rank: int, tp: int, dp: int, pp: int, full_dp: int) -> int:
+    """The rank of the full-width layout whose state ``rank`` of a shrunk one (``dp`` of
+    ``full_dp`` replicas) takes: the same pipeline stage and tensor slice of the replica
+    with the same data-parallel index (the replicas hold the same model and optimizer)."""
+    c = rank_to_coords(rank, tp, dp, pp)
+    return coords_to_rank(c.pp, c.dp, c.tp, tp, full_dp, pp)

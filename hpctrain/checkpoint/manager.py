@@ -426,18 +426,37 @@ class CheckpointManager:
         if not path.is_dir():
             raise CheckpointError(f"no checkpoint for step {step} in {self.root}: "
                                   f"choose one of {storage.committed_steps(self.root)}")
+        rank = self._source_rank()
         try:   # this rank's part of it: the head and its own record
-            manifest = read_rank_view(path, self.comm.rank)
+            manifest = read_rank_view(path, rank)
+            if rank != self.comm.rank and manifest.world_size != self._full_world():
+                rank = self.comm.rank      # saved after the shrink: its ranks are ours
+                manifest = read_rank_view(path, rank)
         except CheckpointError as exc:
             raise CheckpointCorrupt(str(exc)) from None
         self.check_trusted()
         if manifest.kind != "torch":
             raise CheckpointError(f"step {step} is a {manifest.kind} checkpoint: "
                                   "load it with hpctrain.checkpoint.load_deepspeed")
-        misfit = load_step(path, manifest, state, self.comm.rank,
+        misfit = load_step(path, manifest, state, rank,
                            self.verify if verify is None else verify, self.unpickle, fit,
                            ready)
         return misfit.line(self.comm.rank if self.comm.active else None)
+
+    def _source_rank(self) -> int:
+        """The rank whose part of a full-width step this rank loads: its own, but in a step
+        the supervisor shrank to fewer replicas ([elastic] min_nodes) the rank of the same
+        stage and tensor slice in the replica with its data-parallel index."""
+        from hpctrain.checkpoint.peerload import shrunk_sources
+
+        sources = shrunk_sources(self.comm.world)
+        return sources[self.comm.rank] if sources is not None else self.comm.rank
+
+    def _full_world(self) -> int:
+        from hpctrain.checkpoint.peerload import shrunk_shape
+
+        shape = shrunk_shape(self.comm.world)
+        return self.comm.world if shape is None else self.comm.world // shape[1] * shape[3]
 
     def check_trusted(self) -> None:
         """Refuse a root that somebody else could have written (planted steps, pickles that

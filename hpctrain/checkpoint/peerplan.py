@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 SHOWN = 4                             # ranks named in a line about what is missing
+ONE_NODE = "the job runs on one node"  # why no copies: no partner node
 
 
 def partners(hosts: Sequence[str]) -> list[int | None]:
@@ -53,7 +54,7 @@ def assign(where: Sequence[tuple[str, int]], have_supervisor: bool,
     node's directory for the copies is not provably the user's (copies off everywhere)."""
     nodes = [node for node, _ in where]
     plan = partners(nodes)
-    why = "the job runs on one node" if plan and plan[0] is None else \
+    why = ONE_NODE if plan and plan[0] is None else \
         "no supervisor (it removes the copies from node memory at the run's end)" \
         if not have_supervisor else unsafe
     wards: list[list[int]] = [[] for _ in where]
@@ -102,23 +103,28 @@ class Plan:
 
 
 def restore_plan(nodes: Sequence[str], held: Mapping[str, Sequence[Held]],
-                 durable: int | None) -> Plan:
+                 durable: int | None, sources: Sequence[int] | None = None) -> Plan:
     """The newest step, no older than the ``durable`` step, of which every rank (rank r on
     ``nodes[r]`` now) has a whole copy in some node's memory (``held``: node -> its
-    copies), and where each rank's comes from; or none, with why in the line."""
+    copies), and where each rank's comes from; or none, with why in the line.
+    ``sources``: the rank whose copy each rank takes (a step shrunk to fewer data-parallel
+    replicas: :func:`hpctrain.mesh.source_rank`); left out, its own."""
     world = len(nodes)
+    source = list(sources) if sources is not None else list(range(world))
+    wanted = set(source)
     where: dict[tuple[int, int], dict[str, Held]] = {}    # (rank, step) -> node -> copy
     for node, copies in held.items():
         for c in copies:
-            if 0 <= c.rank < world:
+            if c.rank in wanted:
                 where.setdefault((c.rank, c.step), {})[node] = c
     steps = sorted({s for _, s in where}, reverse=True)
     for step in steps:
         if durable is not None and step < durable:
             break
-        if all((r, step) in where for r in range(world)):
-            return _routes(nodes, {r: where[(r, step)] for r in range(world)}, step, durable)
-    return Plan([Route(None) for _ in nodes], _why_none(world, where, steps, durable))
+        if all((source[r], step) in where for r in range(world)):
+            return _routes(nodes, {r: where[(source[r], step)] for r in range(world)}, step,
+                           durable)
+    return Plan([Route(None) for _ in nodes], _why_none(source, where, steps, durable))
 
 
 def _routes(nodes: Sequence[str], sources: Mapping[int, Mapping[str, Held]], step: int,
@@ -151,14 +157,14 @@ def _routes(nodes: Sequence[str], sources: Mapping[int, Mapping[str, Held]], ste
                         + "; ".join(parts))
 
 
-def _why_none(world: int, where: Mapping[tuple[int, int], Mapping[str, Held]],
+def _why_none(source: Sequence[int], where: Mapping[tuple[int, int], Mapping[str, Held]],
               steps: Sequence[int], durable: int | None) -> str:
     if not where:
         return "no copies in node memory"
     if durable is not None and steps[0] < durable:
         return f"the durable step {durable} is newer than every copy (newest: {steps[0]})"
     newest = steps[0]
-    missing = [r for r in range(world) if (r, newest) not in where]
+    missing = [r for r in dict.fromkeys(source) if (r, newest) not in where]
     held_by = {r: sorted(s for (q, s) in where if q == r) for r in missing[:SHOWN]}
     shown = "; ".join(f"rank {r}: " + (", ".join(map(str, s[-3:])) if s else "none")
                       for r, s in held_by.items())

@@ -59,12 +59,12 @@ from hpctrain import access
 from hpctrain.checkpoint import peerfile, peerload
 from hpctrain.checkpoint.fit import Fit
 from hpctrain.checkpoint.peerload import say
-from hpctrain.checkpoint.peerplan import Pairing, assign
+from hpctrain.checkpoint.peerplan import ONE_NODE, Pairing, assign
 from hpctrain.checkpoint.peerwire import (ACK, NO_ROOM, READY, NoRoom, Slots, header,
                                           open_own, read_header, recv_exact, release,
                                           reserve, shutdown)
 from hpctrain.checkpoint.tree import Chunk
-from hpctrain.protocol import RESTART_COUNT, RUN_ID, channel, nodemem
+from hpctrain.protocol import FULL_DP, RESTART_COUNT, RUN_ID, channel, nodemem
 
 CONNECT_S = 10.0                      # a partner that does not accept within this: no copy
 CLOSE_WAIT_S = 10.0                   # a closing manager waits this long for the last send
@@ -159,7 +159,10 @@ class PeerCopies:
             secret = secrets.token_hex(16)      # the copies' own: the job's ranks alone
             parts = [pickle.dumps((p, secret)) for p in pairing]
         mine, secret = pickle.loads(comm.scatter_bytes(parts))
-        if mine.why:
+        # a step shrunk onto one node: no partner for new copies, but the copies this node
+        # kept before the shrink are the state to restore (the lost node's ranks' too)
+        restore_only = mine.why == ONE_NODE and server is not None and bool(env.get(FULL_DP))
+        if mine.why and not restore_only:
             if server is not None:
                 server.close()
             if comm.rank == 0:
@@ -168,7 +171,13 @@ class PeerCopies:
         assert server is not None
         if mine.lister:      # what a killed earlier run of this job left on this node
             nodemem.remove_earlier(env, run_id, restart, node)
-        return cls(comm, directory, node, mine, secret, server)
+        copies = cls(comm, directory, node, mine._replace(why=""), secret, server)
+        if restore_only:
+            copies.off = "the step shrank onto one node: no partner node for new copies"
+            if comm.rank == 0:
+                say(f"peer copies of snapshots: {copies.off}; the copies this node kept "
+                    "before are restored, and the snapshots stay in each process's memory")
+        return copies
 
     # ---- a snapshot: kept in node memory, sent to the partner -----------------------------
     def allocate(self, index: int, nbytes: int) -> torch.Tensor:
@@ -410,7 +419,12 @@ class PeerCopies:
     def loaded(self, step: int | None) -> None:
         """Collective, after a load of ``step`` (or none): :func:`~hpctrain.checkpoint.
         peerload.forget`, then this rank's own copies of ``step`` adopted."""
-        peerload.forget(self.dir, self.rank, self.wards, self.keep, self.lister, step)
+        # a step shrunk to fewer replicas took other ranks' copies (a pipeline stage's
+        # rank numbers move): no copy of the step kept under its old rank may be adopted
+        sources = peerload.shrunk_sources(self.comm.world)
+        moved = sources is not None and any(s != r for r, s in enumerate(sources))
+        peerload.forget(self.dir, self.rank, self.wards, self.keep, self.lister,
+                        None if moved else step)
         self.comm.barrier()          # no rank stages a snapshot while a lister removes
         self._adopt()
 

@@ -319,6 +319,8 @@ def job_exports(spec: JobSpec, plan: LayoutPlan) -> list[tuple[str, str]]:
         (protocol.COLLECTIVE_TIMEOUT_S, wd.collective_timeout_s)) if value is not None]
     if plan.spare_nodes:
         pairs.append((protocol.SPARE_NODES, plan.spare_nodes))
+    if plan.min_nodes is not None and plan.min_nodes < plan.nodes:
+        pairs.append((protocol.MIN_NODES, plan.min_nodes))
     health = spec.health      # each said only when the spec gives it (the defaults agree)
     pairs += [(name, value) for name, value, default in (
         (protocol.ON_SLOW, health.on_slow, None),

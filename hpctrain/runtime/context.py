@@ -70,6 +70,10 @@ class Context:
     tp_size = property(lambda self: self.env.tp)
     dp_size = property(lambda self: self.env.dp)
     pp_size = property(lambda self: self.env.pp)
+    # the global batch kept after a shrink ([elastic] min_nodes): each rank takes this many
+    # micro-batches a step (1 at full width); full_dp_size: the job's unshrunk dp
+    accumulation = property(lambda self: self.env.accumulation)
+    full_dp_size = property(lambda self: self.env.full_dp or self.env.dp)
     pp_rank = property(lambda self: self.env.coords[0])
     dp_rank = property(lambda self: self.env.coords[1])
     tp_rank = property(lambda self: self.env.coords[2])

@@ -44,6 +44,13 @@ class Environment:
     signal_lead_s: float | None  # HPCTRAIN_SIGNAL_LEAD_S, the template's --signal lead
     model_params: float | None = None  # HPCTRAIN_MODEL_PARAMS: the spec's [model] params
     model_mode: str = "train"          # HPCTRAIN_MODEL_MODE: ...and how it is trained
+    full_dp: int | None = None  # HPCTRAIN_FULL_DP: a shrunk step's full data-parallel width
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches a rank takes each step to keep the global batch: 1 at full width;
+        after a shrink ([elastic] min_nodes) the full dp over the dp now (4 -> 2: 2)."""
+        return self.full_dp // self.dp if self.full_dp else 1
 
     @property
     def coords(self) -> tuple[int, int, int]:
@@ -86,7 +93,19 @@ class Environment:
             signal_lead_s=_float(env, protocol.SIGNAL_LEAD_S),
             model_params=_float(env, protocol.MODEL_PARAMS),
             model_mode=env.get(protocol.MODEL_MODE) or "train",
+            full_dp=_full_dp(env, dp),
         )
+
+
+def _full_dp(env: Mapping[str, str], dp: int) -> int | None:
+    """The job's full dp width when the supervisor shrank this step (None: not shrunk)."""
+    if protocol.FULL_DP not in env:
+        return None
+    full = _int(env, protocol.FULL_DP, dp)
+    if full < dp or full % dp:
+        raise LayoutError(f"{protocol.FULL_DP}={full} is not a multiple of the step's dp={dp}: "
+                          "the supervisor sets both when it shrinks a step; do not set it")
+    return full if full != dp else None
 
 
 def _node(env: Mapping[str, str]) -> str | None:

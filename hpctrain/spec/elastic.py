@@ -1,5 +1,6 @@
 """``[elastic]``: spare nodes a job holds so that a lost node costs a restart inside the
-allocation, not a requeue (docs/fault-recovery.md, "A lost node and a spare")."""
+allocation, not a requeue, and how far it may shrink when none is left
+(docs/fault-recovery.md, "A lost node and a spare", "Shrinking without a spare")."""
 
 from __future__ import annotations
 
@@ -20,14 +21,20 @@ class ElasticSpec:
     allocation. Spares cost their GPU-hours for the whole job (``plan``, ``report``)."""
 
     spare_nodes: int = 0
+    # the fewest nodes the step may shrink to when a node is lost and no spare is left
+    # (whole model-parallel groups, the global batch kept by accumulation); None: never
+    # shrink (a lost node without a spare requeues the job)
+    min_nodes: int | None = None
     # every rank's newest snapshot (CheckpointManager.snapshot, an async save's staged copy)
     # also kept in its node's memory and a partner's on another node, so that a lost node
     # costs at most the snapshot interval (hpctrain.checkpoint.peers); None: on with spares
     peer_copies: bool | None = None
 
     def copies(self, nodes: int) -> bool:
-        """Are peer copies on for a step on ``nodes`` nodes (a partner needs another)?"""
-        wanted = self.spare_nodes > 0 if self.peer_copies is None else self.peer_copies
+        """Are peer copies on for a step on ``nodes`` nodes (a partner needs another)? On
+        by default with spares or a shrink: both restore from them."""
+        wanted = self.spare_nodes > 0 or self.min_nodes is not None \
+            if self.peer_copies is None else self.peer_copies
         return wanted and nodes > 1
 
     @classmethod
@@ -43,4 +50,10 @@ class ElasticSpec:
             raise SpecError(f"elastic.peer_copies={copies!r} must be true or false (snapshots "
                             "also kept in a partner node's memory; on by default with "
                             "spare_nodes)")
-        return cls(spare_nodes=spares, peer_copies=copies)
+        least = d.get("min_nodes")
+        if least is not None and (isinstance(least, bool) or not isinstance(least, int)
+                                  or least < 1):
+            raise SpecError(f"elastic.min_nodes={least!r} must be a whole number >= 1 (the "
+                            "fewest nodes the step may shrink to when a node is lost and no "
+                            "spare is left; leave it out never to shrink)")
+        return cls(spare_nodes=spares, peer_copies=copies, min_nodes=least)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.errors import LayoutError
-from hpctrain.mesh import Coords, Mesh, coords_to_rank, divisors, rank_to_coords
+from hpctrain.mesh import Coords, Mesh, coords_to_rank, divisors, rank_to_coords, shrink_widths
 from hpctrain.spec.checks import slurm_time_seconds
 from hpctrain.spec.model import JobSpec
 from hpctrain.spec.partitions import Partition
@@ -38,6 +38,7 @@ class LayoutPlan:
     time_s: int | None       # None: no time limit
     spare_nodes: int = 0     # held beyond ``nodes`` for a lost one ([elastic])
     peer_copies: bool = False    # snapshots also in a partner node's memory ([elastic])
+    min_nodes: int | None = None  # the fewest nodes the step may shrink to ([elastic])
 
     @property
     def job_nodes(self) -> int:
@@ -85,11 +86,36 @@ def plan_layout(spec: JobSpec, partition: Partition) -> LayoutPlan:
                           f"{fix} <= {partition.max_nodes}")
     time_s = _check_time(spec, partition)
     layout = _check_layout(spec, gpn)
+    _check_shrink(spec, gpn)
     per_node = 1 if spec.run.launcher == "torchrun" else gpn
     return LayoutPlan(layout=layout, nodes=spec.nodes, gpus_per_node=gpn,
                       launcher=spec.run.launcher, tasks_per_node=per_node,
                       procs_per_task=gpn // per_node, partition=partition.name, time_s=time_s,
-                      spare_nodes=spares, peer_copies=spec.elastic.copies(spec.nodes))
+                      spare_nodes=spares, peer_copies=spec.elastic.copies(spec.nodes),
+                      min_nodes=spec.elastic.min_nodes)
+
+
+def _check_shrink(spec: JobSpec, gpn: int) -> None:
+    """``[elastic] min_nodes``: at most ``nodes``, and some smaller width the layout can
+    shrink to (whole model-parallel groups, a data-parallel width dividing the full one)."""
+    least = spec.elastic.min_nodes
+    if least is None or least == spec.nodes:
+        return
+    if least > spec.nodes:
+        raise LayoutError(f"elastic.min_nodes={least} is more than nodes={spec.nodes}: use "
+                          f"min_nodes <= {spec.nodes} (the fewest the step may shrink to)")
+    tp, pp = spec.layout.tp, spec.layout.pp
+    if not shrink_widths(spec.nodes, least, gpn, tp, pp):
+        full_dp = spec.nodes * gpn // (tp * pp)
+        could = [n for n in range(spec.nodes - 1, 0, -1)
+                 if shrink_widths(spec.nodes, n, gpn, tp, pp)[-1:] == [n]]
+        hint = f"set min_nodes to one of {_choices(sorted(could))}" if could else \
+            "this layout cannot shrink: leave min_nodes out (a lost node requeues the job)"
+        raise LayoutError(
+            f"elastic.min_nodes={least}: no width from {spec.nodes - 1} down to {least} "
+            f"node(s) holds whole model-parallel groups (tp={tp} x pp={pp}) with a data-"
+            f"parallel width dividing dp={full_dp} (the global batch kept by accumulation): "
+            f"{hint}")
 
 
 def _check_time(spec: JobSpec, partition: Partition) -> int | None:

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from hpctrain import protocol as p
 from hpctrain.protocol import defaults, nodemem
 from hpctrain.errors import SupervisorError
+from hpctrain.mesh import shrink_widths
+from hpctrain.supervisor.elastic import resized
 from hpctrain.supervisor.decision import Budget, Caught
 from hpctrain.supervisor.watchdog import Limits
 from hpctrain.supervisor.slow import SlowRule
@@ -46,6 +48,9 @@ class Config:
     container: dict | None = None        # the step's container (HPCTRAIN_CONTAINER), if any
     submit_dir: str = ""                 # SLURM_SUBMIT_DIR: mounted into a container
     spare_nodes: int = 0                 # [elastic]: nodes held to replace a lost one
+    min_nodes: int = 0                   # [elastic]: the fewest to shrink to (0: never)
+    tp: int = 1                          # the layout (HPCTRAIN_TP, HPCTRAIN_PP): a shrink
+    pp: int = 1                          # keeps whole model-parallel groups
     peer_copies: bool = False            # [elastic]: snapshots kept in node memory too
     on_slow: str = ""                    # [health]: replace, exclude, report ("": by spares)
     slow_rule: SlowRule = SlowRule()     # [health]: when a node is slow
@@ -54,11 +59,35 @@ class Config:
     master_addr: str = ""                # the rendezvous (MASTER_ADDR, MASTER_PORT): the
     master_port: int = 0                 # script's choice (supervisor/rendezvous.py)
 
-    def where_on(self, nodes: str, port: int = 0) -> str:
-        """Where the step runs, for the job log: its ranks on ``nodes``, the rendezvous (on
-        ``port`` when it moved from the script's)."""
+    def where_on(self, nodes: str, port: int = 0, world: int = 0) -> str:
+        """Where the step runs, for the job log: its ranks (``world``: a shrunk step's) on
+        ``nodes``, the rendezvous (on ``port`` when it moved from the script's)."""
         return self.where.replace("{nodes}", nodes).replace(
-            "{port}", str(port or self.master_port or "?"))
+            "{port}", str(port or self.master_port or "?")).replace(
+            "{world}", str(world or self.world))
+
+    @property
+    def shrinks(self) -> bool:
+        """[elastic] min_nodes: may the step go on on fewer nodes when no spare is left?"""
+        return 0 < self.min_nodes < self.nodes
+
+    @property
+    def elastic(self) -> bool:
+        """Does a lost node cost a restart in this allocation (a spare, or a shrink)
+        instead of a requeue: found by its ranks' silence, taken from the job?"""
+        return bool(self.spare_nodes) or self.shrinks
+
+    @property
+    def widths(self) -> list[int]:
+        """The node counts the step may run on, the full one first: [elastic] min_nodes's
+        smaller ones (whole model-parallel groups, the global batch kept) when the
+        launcher's argv can be resized to them (:func:`~.elastic.resized`)."""
+        if not self.shrinks:
+            return [self.nodes]
+        smaller = shrink_widths(self.nodes, self.min_nodes, self.world // self.nodes,
+                                self.tp, self.pp)
+        return [self.nodes, *(w for w in smaller
+                              if resized(self.argv, w, self.nodes) is not None)]
 
     @property
     def step_signal(self) -> str:
@@ -122,14 +151,15 @@ class Config:
             health_check_timeout_s=_int(env, p.HEALTH_CHECK_TIMEOUT_S,
                                         defaults.HEALTH_CHECK_TIMEOUT_S),
             container=parse_container(env), submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
-            spare_nodes=_int(env, p.SPARE_NODES, 0),
+            spare_nodes=_int(env, p.SPARE_NODES, 0), min_nodes=_int(env, p.MIN_NODES, 0),
+            tp=_int(env, p.TP, 1), pp=_int(env, p.PP, 1),
             peer_copies=env.get(nodemem.PEER_COPIES) == "1",
             on_slow=env.get(p.ON_SLOW, ""), preflight=env.get(p.PREFLIGHT) == "1",
             slow_rule=SlowRule(_float(env, p.SLOW_FACTOR, defaults.SLOW_FACTOR),
                                _float(env, p.SLOW_FOR_S, defaults.SLOW_FOR_S)),
             batch_node=env.get("SLURMD_NODENAME", ""),
             master_addr=env.get("MASTER_ADDR", ""), master_port=_int(env, "MASTER_PORT", 0),
-            where=f"{env.get(p.WORLD_SIZE, '?')} rank(s) on {{nodes}}, rendezvous "
+            where="{world} rank(s) on {nodes}, rendezvous "
                   f"{env.get('MASTER_ADDR', '?')}:{{port}}")
 
 

@@ -1,5 +1,6 @@
-"""Spare nodes (``[elastic] spare_nodes``): which of the allocation's nodes the training step
-runs on, and how a lost one is told from its ranks' silence. Pure; the supervisor asks Slurm
+"""Spare nodes (``[elastic] spare_nodes``) and shrinking (``[elastic] min_nodes``): which of
+the allocation's nodes the training step runs on, how many, and how a lost one is told from
+its ranks' silence. Pure; the supervisor asks Slurm
 and acts (:mod:`hpctrain.supervisor.run`).
 
 Seen on the devcluster (Slurm 22.05, SlurmdTimeout=10): a node killed under a running step
@@ -25,15 +26,46 @@ CORROBORATED_BEATS, CORROBORATED_MIN_S = 2, 4.0
 
 
 def step_nodes(allocation: Sequence[str], bad: Sequence[str], batch_node: str,
-               needed: int) -> list[str] | None:
-    """The ``needed`` nodes the step runs on: the allocation's, in its order, without the
-    bad ones, the batch node first (it hosts the rendezvous and the supervisor); None when
-    too few are left (no spare left: the job must be requeued)."""
+               widths: Sequence[int]) -> list[str] | None:
+    """The nodes the step runs on: as many as the first of ``widths`` (the full width,
+    then the ones it may shrink to, [elastic] min_nodes) the good nodes allow, the
+    allocation's in its order without the bad ones, the batch node first (it hosts the
+    rendezvous and the supervisor); None when too few are left for the smallest (no spare
+    left and no shrink: the job must be requeued). Good nodes beyond the width are held,
+    as spares are."""
     good = [n for n in allocation if n not in set(bad)]
     if batch_node in good:
         good.remove(batch_node)
         good.insert(0, batch_node)
-    return good[:needed] if len(good) >= needed else None
+    fits = next((w for w in widths if len(good) >= w), None)
+    return good[:fits] if fits is not None else None
+
+
+def resized(argv: Sequence[str], nodes: int, full: int) -> list[str] | None:
+    """The launcher's argv for a step shrunk from ``full`` nodes to ``nodes``: srun's
+    ``--nodes=`` and ``--ntasks=`` (the tasks per node kept) and torchrun's ``--nnodes=``
+    rewritten; as it is at full width; None when the argv does not say them in the form
+    hpctrain renders (a site's own template): a shrink would start the wrong world."""
+    args = list(argv)
+    if nodes == full:
+        return args
+    if "srun" not in args:
+        return None
+    at = args.index("srun")
+    seen = set()
+    for i, word in enumerate(args):
+        name, eq, value = word.partition("=")
+        if not eq or not value.isdigit():
+            continue
+        if i > at and name in ("--nodes", "--ntasks") and name not in seen:
+            seen.add(name)
+            count = int(value)
+            if count % full:
+                return None
+            args[i] = f"{name}={count // full * nodes}"
+        elif name == "--nnodes" and int(value) == full:
+            args[i] = f"--nnodes={nodes}"
+    return args if seen == {"--nodes", "--ntasks"} else None
 
 
 def with_nodes(argv: Sequence[str], nodes: Sequence[str]) -> list[str]:

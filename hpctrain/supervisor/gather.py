@@ -146,12 +146,12 @@ class Gather:
         bad = {} if frozen else {**{n: "answering no step" for n in run.unanswered},
                                  **unhealthy}
         healthy = None
-        if cfg.spare_nodes and spares:
+        if cfg.elastic and spares:
             healthy = len([n for n in self.allocated(view) if n not in self.run_bad])
         batch = cfg.batch_node if cfg.batch_node in run.unanswered else ""
         fault = cfg.batch_node if run.bad.get(cfg.batch_node) == "node_fault" else ""
         return InPlace(cfg.max_step_restarts, used, frozen, bad, left, cfg.signal_lead_s,
-                       healthy, cfg.nodes, batch, fault)
+                       healthy, cfg.nodes, batch, fault, fewest=cfg.widths[-1])
 
     # ---- the allocation's nodes ----------------------------------------------------------------
     @property

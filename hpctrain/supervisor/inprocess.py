@@ -119,7 +119,7 @@ class InProcess:
                                                    for r in records.values()):
                 return True
             # [elastic] the missing ranks' node is gone: they never will
-            lost = watch.silent(self.run.on) if self.cfg.spare_nodes else ()
+            lost = watch.silent(self.run.on) if self.cfg.elastic else ()
             return bool(lost)
 
         if self.waiter.until(arrived, ARRIVE_S, ARRIVE_POLL_S, step) and not lost:

@@ -101,7 +101,7 @@ class NodeLoss:
     def silent(self, step: StepProcess, watch: Watch) -> int | None:
         """[elastic] A node of the step whose every rank went silent: the step ended now (a
         failed step's status); None while none is."""
-        if self.cfg.spare_nodes and (lost := watch.silent(self.run.on)):
+        if self.cfg.elastic and (lost := watch.silent(self.run.on)):
             return self.abandon(step, lost)
         return None
 
@@ -181,7 +181,7 @@ class NodeLoss:
         frozen = run.hang.frozen_nodes if run.hang is not None else ()
         bad.note({node: "hang" for node in frozen})
         unhealthy = {} if frozen else {**bad.check(view), **self.left_out(run.faulty)}
-        if self.cfg.spare_nodes:
+        if self.cfg.elastic:
             bad.note({n: "node_fail" for n in self.gone(view) if n not in bad.found})
         found = EndNodes(unhealthy, self.lost_nodes(view), run.faulty, run.slow)
         run.lost = run.slow = ()       # taken into the facts: the next attempt starts clean
@@ -195,7 +195,7 @@ class NodeLoss:
         say(f"training step exited with status {status}" if not run.lost else
             f"training step ended: node(s) {','.join(run.slow)} taken out for slowness"
             if run.slow else f"training step ended: node(s) {','.join(run.lost)} lost")
-        if status and self.cfg.spare_nodes and not run.lost:
+        if status and self.cfg.elastic and not run.lost:
             say("the ranks were last heard: "
                 f"{last_heard(watch.records(), run.on, self.slurm.time())}")
 
@@ -207,7 +207,7 @@ class NodeLoss:
         unhealthy nodes."""
         cfg, run = self.cfg, self.run
         out = {node: "its ranks died without a word of their own" for node in faulty
-               if (cfg.spare_nodes and node != cfg.batch_node) or node in run.retried}
+               if (cfg.elastic and node != cfg.batch_node) or node in run.retried}
         run.retried.update(faulty)
         self.bad.note({node: "node_fault" for node in out})
         return out
@@ -223,7 +223,7 @@ class NodeLoss:
         longer in the job. A node given back earlier is not the step's: its state says
         nothing of this step."""
         run = self.run
-        if not self.cfg.spare_nodes:
+        if not self.cfg.elastic:
             down = [n for n in self.seen.allocated(None) if self.bad.found.get(n) == "node_fail"]
             return tuple(dict.fromkeys((*run.unanswered, *down)))
         return tuple(dict.fromkeys((*run.lost, *run.unanswered, *self.gone(view))))
@@ -236,7 +236,7 @@ class NodeLoss:
         left = [n for n in (*run.unanswered, *(n for n in run.faulty
                                                if self.bad.found.get(n) == "node_fault"))
                 if n != self.cfg.batch_node]
-        if left and self.cfg.spare_nodes:
+        if left and self.cfg.elastic:
             self.release(tuple(left))
 
     def release(self, lost: tuple[str, ...]) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
-from hpctrain.supervisor.elastic import step_nodes, with_nodes
+from hpctrain.supervisor.elastic import resized, step_nodes, with_nodes
 from hpctrain.supervisor.gather import Gather
 from hpctrain.supervisor.joblog import say
 from hpctrain.supervisor.nodes import BadNodes
@@ -34,8 +34,15 @@ class Spares:
         the run's; None when too few good ones are left."""
         cfg, run = self.cfg, self.run
         run.on = step_nodes(self.seen.allocated(view), list(self.bad.found), cfg.batch_node,
-                            cfg.nodes) or []
+                            cfg.widths) or []
         return run.on or None
+
+    @property
+    def world(self) -> int:
+        """The ranks of the step placed now: fewer than the job's after a shrink."""
+        cfg = self.cfg
+        return len(self.run.on) * (cfg.world // cfg.nodes) if cfg.elastic and self.run.on \
+            else cfg.world
 
     def place(self, argv: Sequence[str], view: JobView | None,
               attempt: int) -> tuple[list[str], str]:
@@ -46,7 +53,7 @@ class Spares:
         cfg = self.cfg
         port = self.seen.rendezvous.port
         everywhere = cfg.where_on(cfg.nodelist or "?", port)
-        if not cfg.spare_nodes:
+        if not cfg.elastic:
             return list(argv), everywhere
         nodes = self.nodes_for(view)
         if nodes is None:   # cannot happen after a decision to restart: said, not hidden
@@ -56,8 +63,18 @@ class Spares:
             if node not in self.left_out:
                 self.left_out.add(node)
                 self.books.excluded(node, why)
-        self.books.placed(attempt, nodes, cfg.world)   # a rank per GPU, whatever the launcher
+        world = self.world
+        self.books.placed(attempt, nodes, world)   # a rank per GPU, whatever the launcher
         held = [n for n in self.seen.allocated(view) if n not in nodes
                 and n not in self.bad.found]
-        return with_nodes(argv, nodes), \
-            cfg.where_on(f"{','.join(nodes)} (spare: {','.join(held) or 'none'})", port)
+        sized = resized(argv, len(nodes), cfg.nodes)
+        assert sized is not None       # cfg.widths offers only the widths it can resize
+        if len(nodes) < cfg.nodes:
+            dp = world // (cfg.tp * cfg.pp)
+            full_dp = cfg.world // (cfg.tp * cfg.pp)
+            say(f"shrunk to {len(nodes)} of {cfg.nodes} node(s): no spare left "
+                f"([elastic] min_nodes = {cfg.min_nodes}); data parallelism {dp} of {full_dp}, "
+                f"each rank taking {full_dp // dp} micro-batch(es) a step to keep the global "
+                "batch (ctx.accumulation); the next start asks Slurm for the full size again")
+        return with_nodes(sized, nodes), \
+            cfg.where_on(f"{','.join(nodes)} (spare: {','.join(held) or 'none'})", port, world)

@@ -16,11 +16,13 @@ from hpctrain.supervisor.statedir import StateDir
 
 
 def step_env(cfg: Config, state: StateDir, view: JobView | None, last_cause: str | None,
-             attempt: int = 0, channel: Mapping[str, str] | None = None) -> dict[str, str]:
+             attempt: int = 0, channel: Mapping[str, str] | None = None,
+             world: int = 0) -> dict[str, str]:
     """The step's environment: the batch step's, plus what the ranks read (the protocol's
-    files, the run id, the restart count and in-place attempt, the stop signals, and
+    files, the run id, the restart count and in-place attempt, the stop signals,
     ``channel``: how to reach the supervisor's progress board, and the rendezvous port
-    when it moved)."""
+    when it moved; ``world``: a shrunk step's ranks, its layout said anew and the full dp
+    width beside it, from which the ranks take their accumulation)."""
     env = {k: v for k, v in os.environ.items() if k != p.EARLY_SIGNALS}
     env.update({p.STATE_DIR: str(state.path), p.EXIT_FILE: str(state.file(p.EXIT)),
                 p.STOP_FILE: str(state.file(p.STOP)), p.RUN_ID: state.run_id,
@@ -30,6 +32,10 @@ def step_env(cfg: Config, state: StateDir, view: JobView | None, last_cause: str
                 # submitit's in-task handler (function jobs) takes the same signal
                 "SUBMITIT_PREEMPT_SIGNAL": cfg.requeue_signal})
     env.update(channel or {})
+    if world and world != cfg.world:
+        group = cfg.tp * cfg.pp
+        env.update({p.WORLD_SIZE: str(world), p.NODES: str(world * cfg.nodes // cfg.world),
+                    p.DP: str(world // group), p.FULL_DP: str(cfg.world // group)})
     if last_cause:
         env[p.LAST_EXIT_CAUSE] = last_cause
     if not env.get("SLURM_JOB_END_TIME") and view is not None and view.end_time:

@@ -107,10 +107,11 @@ class StepLoop:
             say(f"starting the training step of job {cfg.key}: {where}, "
                 f"restart {cfg.restart_count}{again}{after}")
             channel = {**self.board.env(), **self.seen.rendezvous.env()}
+            world = self.spares.world              # fewer ranks after a shrink
             step = self.slurm.start_step(placed, step_env(cfg, self.state, view, last_cause,
-                                                          attempt, channel))
-            watch = Watch(self.slurm, self.state, cfg.limits, cfg.world, cfg.restart_count,
-                          attempt, logs, cfg.nodes, self.board, silence)
+                                                          attempt, channel, world))
+            watch = Watch(self.slurm, self.state, cfg.limits, world, cfg.restart_count,
+                          attempt, logs, world * cfg.nodes // cfg.world, self.board, silence)
             self.slow.begin(attempt)
             status, run.hang, watch = self.watch(step, watch)
             attempt = watch.attempt
@@ -147,9 +148,9 @@ class StepLoop:
         (spare nodes) enough good nodes are left for the step without the failed ones;
         else the batch step's exit code once the job is requeued without them, or ended."""
         cfg, bad = self.cfg, self.actor.bad
-        count = len(self.seen.allocated(view)) if cfg.spare_nodes else cfg.nodes
+        count = len(self.seen.allocated(view)) if cfg.elastic else cfg.nodes
         failed = bad.run_check(cfg.health_check, count, cfg.health_check_timeout_s)
-        if not failed or (cfg.spare_nodes and self.spares.nodes_for(view) is not None):
+        if not failed or (cfg.elastic and self.spares.nodes_for(view) is not None):
             return None
         leave_out = bad.to_exclude(view)
         return self.actor.act(health_check(failed, leave_out), self.seen.facts(view),

@@ -131,9 +131,11 @@ class FakeStep:
 
     def __post_init__(self) -> None:
         self.attempt = self.first = int(self.env[p.STEP_ATTEMPT])
+        # a step the supervisor shrank says its world in its environment
+        self.world = int(self.env[p.WORLD_SIZE]) if p.FULL_DP in self.env else self.fake.world
 
     def node_of(self, rank: int) -> str:
-        return self.nodes[rank * len(self.nodes) // self.fake.world]
+        return self.nodes[rank * len(self.nodes) // self.world]
 
     def relay(self, node: str) -> Relay:
         """Node ``node``'s relay (the runtime's, sending every tick: the stand-in's beats
@@ -213,11 +215,11 @@ class FakeStep:
     def killed_on(self, node: str) -> None:
         """Every process of the step on ``node`` killed: its stepd tells srun, which ends
         the step; the ranks elsewhere fail of their lost peers and say so."""
-        tasks = [r for r in range(self.fake.world) if self.node_of(r) == node] \
+        tasks = [r for r in range(self.world) if self.node_of(r) == node] \
             if self.kind.launcher == "srun" else [list(self.nodes).index(node)]
         self.fake.log(f"srun: error: {node}: task {tasks[0]}: Killed")
         if self.kind.progress:
-            survivors = [r for r in range(self.fake.world) if self.node_of(r) != node]
+            survivors = [r for r in range(self.world) if self.node_of(r) != node]
             self.write_final(survivors, "restarting" if self.kind.inprocess else "exited")
             p.write_record(self.env[p.EXIT_FILE], {
                 "cause": "user_crash", "exit_code": 1, "requeue": 0, "step": self.done_steps,
@@ -265,7 +267,7 @@ class FakeStep:
             self.write_progress()
         elif word == "stop" and self.lost_on:
             # they leave; srun waits for the lost node's tasks until Slurm marks it down
-            self.write_final([r for r in range(self.fake.world)
+            self.write_final([r for r in range(self.world)
                               if self.node_of(r) not in self.lost_on], "exited")
             self.left = True
         elif word == "stop":
@@ -289,7 +291,7 @@ class FakeStep:
         """Each live rank's progress thread answers a stack request of its attempt (a
         frozen one, ``frozen``, does not)."""
         request = self.asked(p.DUMP)
-        for rank in range(self.fake.world) if request else ():
+        for rank in range(self.world) if request else ():
             if rank != self.frozen:
                 path = p.rank_file(self.env[p.STATE_DIR], p.STACKS, rank)
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -302,7 +304,7 @@ class FakeStep:
             return
         self.answer_stacks()
         changed = self.started + self.done_steps * self.step_s
-        for rank in range(self.fake.world):
+        for rank in range(self.world):
             if self.node_of(rank) in self.lost_on:
                 continue                                # gone with its node: no heartbeat
             waiting = self.waiting and rank != self.stuck   # stuck: still "training"

@@ -46,6 +46,12 @@ def parse() -> argparse.Namespace:
                     help="MB of each rank's own state beside the model (a big optimizer's, "
                          "as it were), every value its step and rank: a load of another "
                          "step's, or of another rank's, raises")
+    ap.add_argument("--global-batch", type=int, default=0,
+                    help="each step one fixed global batch of this many samples (its seed: "
+                         "the step), rank r taking samples r::world in ctx.accumulation "
+                         "micro-batches, the gradients summed over it: the same training "
+                         "at any data-parallel width (a shrink changes only the sums' order)")
+    ap.add_argument("--float64", action="store_true", help="the model and data in float64")
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--events", required=True)
     ap.add_argument("--final", default="")
@@ -85,6 +91,21 @@ def device_fault(kind: str, device: torch.device) -> None:
         torch.zeros(4, device=device)[torch.tensor([1 << 20], device=device)].sum().item()
 
 
+def global_step(args: argparse.Namespace, ctx: hpctrain.runtime.Context,
+                model: torch.nn.Module, step: int) -> None:
+    """This rank's part of step ``step``'s fixed global batch: samples rank::world, in
+    ``ctx.accumulation`` micro-batches (more after a shrink), each loss a share of the
+    global mean: summed over the ranks the gradient is the global batch's, at any width."""
+    dtype = next(model.parameters()).dtype
+    gen = torch.Generator().manual_seed(step)
+    x = torch.randn(args.global_batch, 16, generator=gen, dtype=dtype)
+    y = torch.randn(args.global_batch, 1, generator=gen, dtype=dtype)
+    mine = torch.arange(ctx.rank, args.global_batch, ctx.world_size)
+    for part in mine.tensor_split(ctx.accumulation):
+        xs, ys = x[part].to(ctx.device), y[part].to(ctx.device)
+        (((model(xs) - ys) ** 2).sum() / args.global_batch).backward()
+
+
 def ballast(args: argparse.Namespace, step: int, rank: int) -> dict:
     """The state's ballast at ``step`` on ``rank`` (none without --ballast-mb)."""
     if not args.ballast_mb:
@@ -96,7 +117,7 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     faults = faults_of(args, ctx)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    model.to(ctx.device)
+    model.to(ctx.device, torch.float64 if args.float64 else torch.float32)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     mgr = CheckpointManager(args.ckpt_dir, keep_last=2)
     state = {"model": model.state_dict(), "opt": opt.state_dict(), **ballast(args, 0, ctx.rank)}
@@ -109,7 +130,8 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     if ctx.rank == 0:
         log(args.events, event="start", step=start, attempt=ctx.attempt,
             restart=ctx.restart_count, pid=os.getpid(), device=str(ctx.device),
-            backend=str(dist.get_backend()))
+            backend=str(dist.get_backend()), world=ctx.world_size,
+            accumulation=ctx.accumulation)
     for step in range(start, args.steps):
         if faults.get("crash") == step:
             raise RuntimeError(f"simulated crash before step {step}")
@@ -122,18 +144,22 @@ def main(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
         for kind in ("oom", "device-error"):
             if faults.get(kind) == step:
                 device_fault(kind, ctx.device)
-        gen = torch.Generator().manual_seed(step * 1000 + ctx.rank)
-        x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
-        x, y = x.to(ctx.device), y.to(ctx.device)
         opt.zero_grad()
-        loss = ((model(x) - y) ** 2).mean()
-        loss.backward()
+        if args.global_batch:
+            global_step(args, ctx, model, step)
+        else:
+            gen = torch.Generator().manual_seed(step * 1000 + ctx.rank)
+            x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
+            x, y = x.to(ctx.device), y.to(ctx.device)
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
         busy = torch.ones(128, 128) / 128     # compute the state never sees: bitwise alike
         for _ in range(args.step_work):
             busy = busy @ busy
         for p in model.parameters():
             dist.all_reduce(p.grad)
-            p.grad /= ctx.world_size
+            if not args.global_batch:       # (there: a sum over the global batch already)
+                p.grad /= ctx.world_size
         opt.step()
         time.sleep(args.step_sleep)
         if ctx.rank == 0:

@@ -80,10 +80,10 @@ def test_a_rank_counts_the_steps_nodes_not_the_jobs() -> None:
 
 # ---- where the step runs -------------------------------------------------------------------
 def test_the_step_runs_on_the_batch_node_and_the_next_good_ones() -> None:
-    assert step_nodes(["n1", "n2", "n3"], [], "n1", 2) == ["n1", "n2"]
-    assert step_nodes(["n1", "n2", "n3"], ["n2"], "n1", 2) == ["n1", "n3"]
-    assert step_nodes(["n2", "n3", "n1"], [], "n1", 2) == ["n1", "n2"]   # batch node first
-    assert step_nodes(["n1", "n2", "n3"], ["n2", "n3"], "n1", 2) is None  # no spare left
+    assert step_nodes(["n1", "n2", "n3"], [], "n1", [2]) == ["n1", "n2"]
+    assert step_nodes(["n1", "n2", "n3"], ["n2"], "n1", [2]) == ["n1", "n3"]
+    assert step_nodes(["n2", "n3", "n1"], [], "n1", [2]) == ["n1", "n2"]   # batch node first
+    assert step_nodes(["n1", "n2", "n3"], ["n2", "n3"], "n1", [2]) is None  # no spare left
 
 
 def test_the_placement_goes_right_after_srun() -> None:

@@ -47,6 +47,7 @@ class InPlace:
     needed: int = 0              # ...and how many the step runs on
     batch_lost: str = ""         # the batch node, found lost: the step cannot run without it
     batch_fault: str = ""        # ...or its ranks died wordless again (a fault of the node)
+    fewest: int = 0              # ...and the fewest it may shrink to ([elastic] min_nodes)
 
     @property
     def obstacle(self) -> str:
@@ -61,9 +62,11 @@ class InPlace:
                    "again (the supervisor and the rendezvous are there: no step runs " \
                    "without it)"
         if self.healthy is not None:    # spare nodes: a bad node is left out, if one is left
-            if self.healthy < self.needed:
+            if self.healthy < self.least:
+                shrink = f" and it may shrink to no fewer than {self.least} ([elastic] " \
+                    "min_nodes)" if self.least < self.needed else ""
                 return f"{self.healthy} good node(s) left of the {self.needed} the step " \
-                       "needs: no spare node is left"
+                       f"needs: no spare node is left{shrink}"
         elif self.frozen:
             return f"rank(s) on {','.join(self.frozen)} stopped answering"
         elif self.unhealthy:
@@ -71,6 +74,16 @@ class InPlace:
         if self.left_s is not None and self.left_s < self.lead_s + MIN_LEFT_S:
             return f"only {max(self.left_s, 0):.0f} s of the allocation left"
         return ""
+
+    @property
+    def least(self) -> int:
+        """The fewest nodes a restart here may run on (the full width without a shrink)."""
+        return self.fewest or self.needed
+
+    @property
+    def shrinks(self) -> bool:
+        """Would a restart here run on fewer nodes than the full width (no spare left)?"""
+        return self.healthy is not None and self.healthy < self.needed
 
     @property
     def allowed(self) -> bool:

@@ -22,9 +22,10 @@ stopped          it caught SIGTERM/SIGINT, Slurm says nothing       cancelled   
 node-slow        a node of the step was taken out for slowness      node_fail       restart in place on a
                  ([health] on_slow = replace, a spare was left)                     spare, else requeue
 node-lost        a node of the step was lost (its ranks went        node_fail       restart in place on a
-                 silent, and it was taken from the job; or its                      spare, else requeue
-                 ranks died without a word and it answered no                       (max_node_failures)
-                 step)
+                 silent, and it was taken from the job; or its                      spare, else shrunk
+                 ranks died without a word and it answered no                       ([elastic] min_nodes),
+                 step)                                                              else requeue
+                                                                                    (max_node_failures)
 hang             the watchdog stopped a hung step                   hang            restart in place, else
                                                                                     requeue (max_hangs)
 runtime-requeue  the runtime asked for a requeue (75/76, record;    its cause       requeue
@@ -216,8 +217,10 @@ def decide(f: Facts) -> Decision:
             return Decision("stop", cause, step_code or 1, why, limit=limit,
                             detail=limit_text(limit, cause, count, f.restart_count))
     if cause in IN_PLACE and f.inplace.allowed:
-        spare = " on a spare node" if cause == "node_fail" and f.inplace.healthy is not None \
-            else ""
+        spare = "" if cause != "node_fail" or f.inplace.healthy is None else \
+            f", shrunk: {f.inplace.healthy} good node(s) left of {f.inplace.needed}, no " \
+            f"spare ([elastic] min_nodes={f.inplace.least})" if f.inplace.shrinks \
+            else " on a spare node"
         # a crash's own budget too: its default depends on the script (runtime.run or not)
         crash = f", crash recovery {f.restarts.get(cause, 0) + f.requeues.get(cause, 0) + 1} " \
                 f"of {'='.join(map(str, f.budget.limit_of(cause, f.wrapped) or ()))}" \
