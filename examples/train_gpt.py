@@ -96,11 +96,23 @@ class Stepper:
 
             stage = PipelineStage(model, ctx.pp_rank, ctx.pp_size, ctx.device,
                                   group=ctx.group("pp"))
-            self.schedule = ScheduleGPipe(stage, n_microbatches=MICROBATCHES, loss_fn=loss_fn)
+            # a shrunk job's rank takes several replicas' batches: as many microbatches more
+            self.schedule = ScheduleGPipe(stage, loss_fn=loss_fn,
+                                          n_microbatches=MICROBATCHES * ctx.accumulation)
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of step ``step``'s global batch: its replica's, and after a
+        shrink ([elastic] min_nodes) also those of the replicas lost, ``ctx.accumulation``
+        in all (full-width replica d + k * dp for k < accumulation): the same global batch,
+        and with every part one size, the same mean loss."""
+        ctx = self.ctx
+        parts = [batch_for(self.cfg, self.seed, step, ctx.dp_rank + k * ctx.dp_size)
+                 for k in range(ctx.accumulation)]
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
     def __call__(self, step: int) -> float:
         ctx = self.ctx
-        x, y = batch_for(self.cfg, self.seed, step, ctx.dp_rank)
+        x, y = self.batch(step)
         self.opt.zero_grad(set_to_none=True)
         if self.schedule is None:
             loss = loss_fn(self.model(x), y)
@@ -159,7 +171,8 @@ def train(ctx: hpctrain.runtime.Context, args: argparse.Namespace) -> int:
     cfg = Config()
     # what a step does, for `hpctrain report`'s throughput and MFU: every data-parallel
     # rank's batch of cfg.seq tokens, through the whole model (before build: it seeds)
-    ctx.set_work(tokens=cfg.batch * cfg.seq * ctx.dp_size, params=param_count(cfg))
+    ctx.set_work(tokens=cfg.batch * cfg.seq * ctx.dp_size * ctx.accumulation,
+                 params=param_count(cfg))
     model, opt = build(ctx, cfg, args.seed)
     prime_optimizer(model, opt)
     ckpt = checkpoints(args)   # the spec's [checkpoint] dir, keep_last and interval

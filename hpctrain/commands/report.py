@@ -151,6 +151,8 @@ def format_text(r: Report) -> str:
             how = f" ({HOW[att.mode]}" + (f", back in {att.recovery_s:.1f} s)"
                                           if att.recovery_s is not None else ")") \
                 if att.mode else ""
+            if att.shrunk:
+                how += f" on {att.gpus} GPU(s), shrunk: no spare left"
             lines.append(f"    attempt {att.attempt}{how}: start-up "
                          f"{s.get('startup', 0):.1f} s, {steps}, saving "
                          f"{s.get('saving', 0):.1f} s, stopping {s.get('stopping', 0):.1f} s, "
@@ -165,6 +167,10 @@ def format_text(r: Report) -> str:
         lines.append(f"  spare nodes: held {r.spare_gpu_s:.0f} GPU-s idle ({share} the "
                      f"allocation); {r.spare_restarts} lost node(s) replaced by a spare in "
                      "the allocation (each a requeue without one)")
+    if r.shrinks:
+        lines.append(f"  shrunk: {r.shrinks} lost node(s) recovered on fewer nodes in the "
+                     "allocation, no spare left ([elastic] min_nodes; each a requeue "
+                     "without it); the attempts after count their fewer GPUs")
     if r.slow_by_node:
         lines.append("  slow nodes: " + ", ".join(
             f"{'the whole job' if n == '-' else n} {s:.0f} GPU-s" for n, s in

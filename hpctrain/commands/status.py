@@ -165,6 +165,8 @@ def _job_row(view: JobStatus) -> Row:
     if view.slow_nodes:      # found slow: the node and its factor ("-": the whole job)
         nodes += " (slow " + ",".join(f"{'job' if n == '-' else n} {f:.1f}x"
                                       for n, f in view.slow_nodes.items()) + ")"
+    if view.shrunk:          # on fewer nodes since a node was lost with no spare left
+        nodes += f" (shrunk to {view.shrunk[0]} of {view.shrunk[1]} GPUs)"
     state = f"{info.state} {view.live}" if view.live else str(info.state)
     name = info.name or view.entry.name
     if view.point is not None:   # a sweep task: its overrides say which it is

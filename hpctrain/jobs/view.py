@@ -82,6 +82,11 @@ class JobStatus:
         return self.ledger.slow if self.ledger is not None else {}
 
     @property
+    def shrunk(self) -> tuple[int, int] | None:
+        """(GPUs now, at full width) while the job runs shrunk ([elastic] min_nodes)."""
+        return self.ledger.shrunk if self.ledger is not None else None
+
+    @property
     def hangs(self) -> int:
         return self.ledger.recoveries("hang") if self.ledger is not None else 0
 
@@ -93,6 +98,7 @@ class JobStatus:
                "restarts_in_place": self.restarts_in_place,
                "restarts_in_process": self.restarts_in_process,
                "excluded_nodes": self.excluded_nodes, "slow_nodes": self.slow_nodes,
+               "shrunk": list(self.shrunk) if self.shrunk else None,
                "progress": self.live,
                "progress_source": self.progress_source, "progress_step": self.progress_step,
                "hangs": self.hangs, "last_checkpoint_step": self.last_step,

@@ -47,6 +47,14 @@ class Ledger:
     crashes: tuple[str, ...] = ()   # each recovered crash's step and error digest (``crash=``)
     slow: dict[str, float] = field(default_factory=dict)   # node -> its factor when found
     #                                                        ("-": the whole job)
+    gpus: tuple[int, int] = (0, 0)  # the newest step's GPUs, and the most any step had
+
+    @property
+    def shrunk(self) -> tuple[int, int] | None:
+        """(GPUs now, at full width) while the newest step runs on fewer than the job's
+        steps have ([elastic] min_nodes, no spare left); None at full width."""
+        now, full = self.gpus
+        return (now, full) if 0 < now < full else None
 
     @property
     def total(self) -> int:
@@ -96,7 +104,10 @@ def parse_ledger(text: str) -> Ledger:
     last_restart, last_cause = 0, None
     crashes: list[str] = []
     slow: dict[str, float] = {}
+    gpus = (0, 0)
     for kind, fields in entries(text):
+        if kind == "step" and fields.get("gpus", "").isdigit():
+            gpus = (int(fields["gpus"]), max(gpus[1], int(fields["gpus"])))
         if kind in ("requeue", "restart") and fields.get("crash"):
             crashes.append(fields["crash"])
         if kind == "requeue" and fields.get("cause"):
@@ -118,7 +129,7 @@ def parse_ledger(text: str) -> Ledger:
             except ValueError:
                 pass
     return Ledger(requeues, stop, last_restart, last_cause, restarts, excluded, inprocess,
-                  tuple(crashes), slow)
+                  tuple(crashes), slow, gpus)
 
 
 def line(kind: str, **fields: object) -> str:

@@ -82,6 +82,8 @@ class Attempt:
     saving: list[tuple[float, float]] = field(default_factory=list)   # (from, to) of saves
     # (from, to, node, seconds beyond the healthy pace) of each stretch a node was slow
     slow: list[tuple[float, float, str, float]] = field(default_factory=list)
+    gpus: int = 0                         # the GPUs its step ran on ([elastic]: the ledger's)
+    shrunk: bool = False                  # ...fewer than the attempt before: no spare left
 
 
 @dataclass
@@ -118,6 +120,7 @@ class Report:
     note: str = ""        # what the last run's verdict adds: "rank 1 then died at exit (...)"
     spare_gpu_s: float = 0.0   # [elastic]: GPU-seconds the spare nodes held idle
     spare_restarts: int = 0    # ...and the node losses recovered on one, in the allocation
+    shrinks: int = 0           # [elastic] min_nodes: node losses recovered on fewer nodes
     slow_by_node: dict[str, float] = field(default_factory=dict)   # GPU-s lost to a slow
     #                                                    node ("-": the whole job slowed)
 
@@ -165,13 +168,16 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
     slow_by_node: dict[str, float] = {}
     for run in reports:
         for att in run.attempts:
+            gpus = _working(run, att)      # a shrunk attempt's time counts its fewer GPUs
             for cat, sec in att.seconds.items():
-                gpu_s[cat] += sec * run.working_gpus
+                gpu_s[cat] += sec * gpus
             for _, _, node, extra in att.slow:
-                slow_by_node[node] = slow_by_node.get(node, 0.0) + extra * run.working_gpus
+                slow_by_node[node] = slow_by_node.get(node, 0.0) + extra * gpus
     allocated = sum(r.allocated_gpu_s for r in runs)
-    spare = sum(max(0.0, r.allocated_gpu_s - r.elapsed_s * rep.working_gpus)
+    spare = sum(max(0.0, r.allocated_gpu_s - sum((att.end - att.begin) * _working(rep, att)
+                                                 for att in rep.attempts))
                 for r, rep in zip(runs, reports) if rep.step_gpus)
+    shrinks = sum(att.shrunk for run in reports for att in run.attempts)
     gpu_s["other"] = max(0.0, allocated - sum(v for k, v in gpu_s.items() if k != "other"))
     completions = [e for e in events if e.get("event") == "step"]
     points = [(e["t"], e["step"] if isinstance(e.get("step"), int) else e.get("n", 0),
@@ -180,8 +186,14 @@ def build(job: str, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Mappin
                   lost_steps=len(completions) - len(kept_at), step_s=step_s,
                   known=bool(completions), points=points, note=note, spare_gpu_s=spare,
                   spare_restarts=sum(1 for k, f in ledger
-                                     if k == "restart" and f.get("cause") == "node_fail"),
-                  slow_by_node=slow_by_node)
+                                     if k == "restart" and f.get("cause") == "node_fail")
+                  - shrinks, shrinks=shrinks, slow_by_node=slow_by_node)
+
+
+def _working(run: RunReport, att: Attempt) -> int:
+    """The GPUs an attempt's step time counts: its step's ([elastic]: the ledger's, fewer
+    after a shrink), never more than the run's allocation."""
+    return min(att.gpus, run.gpus) if att.gpus else run.working_gpus
 
 
 def _of_run(fields: Mapping[str, str], restart: int) -> bool:
@@ -212,9 +224,14 @@ def _run(run: RunFacts, runs: Sequence[RunFacts], ledger: Sequence[tuple[str, Ma
                     and _of_run(f, run.restart + 1)), "")
     cause = requeue or (final_cause if run is runs[-1] else "") or run.state.lower()
     attempts[-1].cause = cause
-    step_gpus = next((int(f["gpus"]) for k, f in ledger if k == "step"
-                      and _of_run(f, run.restart)
-                      and f.get("gpus", "").isdigit()), 0)
+    placed = {int(f.get("attempt", "0") or 0): int(f["gpus"]) for k, f in ledger
+              if k == "step" and _of_run(f, run.restart) and f.get("gpus", "").isdigit()}
+    step_gpus = placed[min(placed)] if placed else 0
+    width = step_gpus
+    for att in attempts:           # an in-process attempt keeps its step's width
+        att.gpus = placed.get(att.attempt, width)
+        att.shrunk = bool(width) and att.gpus < width
+        width = att.gpus
     return RunReport(run.restart, run.state, queue_s, run.elapsed_s, run.nodes, run.gpus,
                      cause, attempts, step_gpus)
 

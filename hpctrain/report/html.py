@@ -133,11 +133,14 @@ def timeline(r: Report) -> str:
         for att in run.attempts:
             for a, b, kind in _segments(att, r.points):
                 how = {"inprocess": " (in-process)", "new": " (new processes)"}.get(
-                    att.mode, "")
+                    att.mode, "") + (f" on {att.gpus} GPU(s), shrunk" if att.shrunk else "")
                 parts.append(_rect(x(a), x(b), y, kind, f"attempt {att.attempt}{how}: "
                                    f"{LABELS[kind]} {b - a:.1f} s"))
             parts.append(f'<text x="{x(att.end) + 2:.1f}" y="{y + 30}" font-size="10" '
                          f'class="cause">{escape(att.cause)}</text>')
+            if att.shrunk:        # the stretch at the smaller width, named on the lane
+                parts.append(f'<text x="{x(att.begin) + 2:.1f}" y="{y - 2}" font-size="10" '
+                             f'class="cause">shrunk to {att.gpus} GPU(s)</text>')
     axis_y = 20 + len(r.runs) * LANE + 6
     height = axis_y + 40
     return (f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" '

@@ -96,6 +96,11 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_in_the_same_run(
     row = status(job)
     assert row["cause"] == "completed" and row["restarts_in_place"] == {"node_fail": 1}, row
     assert row["requeues"] == {}, row                  # the same Slurm run
+    assert row["shrunk"] == [2, 4], row
+    report = subprocess.run([sys.executable, "-m", "hpctrain", "report", job, "--dir",
+                             str(root / "ckpt")], capture_output=True, text=True, timeout=120)
+    assert "on 2 GPU(s), shrunk: no spare left" in report.stdout, report.stdout + report.stderr
+    assert "shrunk: 1 lost node(s) recovered on fewer nodes" in report.stdout, report.stdout
     assert sorted({e["step"] for e in events(log, "step")}) == list(range(TOTAL))
     got = torch.load(root / "final" / "rank-0.pt")
     want = torch.load(ref.path / "ref" / "rank-0.pt")
@@ -108,3 +113,59 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_in_the_same_run(
           f"DP=4 run {diff:.2e} (float64)")
     assert first - t_lost < 30, (first - t_lost, out)
     assert diff <= TOLERANCE, diff
+
+
+def test_a_pipeline_job_shrinks_its_data_parallelism_only(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/train_gpt.py as pp=2 x dp=2 under srun: stage 0 on one node, stage 1 on the
+    other (tp fastest, then dp, then pp). Losing the second node loses stage 1's replicas:
+    the step shrinks to pp=2 x dp=1 on the batch node, rank 1 taking stage 1 of replica 0
+    (full-width rank 2), whose copy that node kept for its partner; each rank takes both
+    replicas' batches (ctx.accumulation 2), so the training is the undisturbed run's up to
+    float32 sums and Adam: 1e-3 (the same two runs from scratch, 40 steps, differ by
+    1.9e-4; dp=1 without the accumulation by 0.14, measured 2026-11-29)."""
+    from helpers.examples import example_spec, submit_example
+
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    dev = admin.Cluster()
+    empty_queue()
+    total = 40
+    extra = ("--inprocess", "--snapshot-every", "1", "--final-state", str(root / "final"))
+    spec = example_spec(root, name="shrink-pp", total=total, save_every=EVERY, step_sleep=0.2,
+                        layout={"pp": 2}, launcher="srun", partition="wide",
+                        extra=extra, elastic={"min_nodes": 1})
+    ref_args = ["--steps", str(total), "--save-every", str(EVERY), "--seed", "11",
+                "--ckpt-dir", "{out}/ckpt", "--log-file", "{out}/ref.jsonl",
+                "--final-state", "{out}/ref"]
+    ref = reference(PROGRAM.parents[2] / "examples" / "train_gpt.py", 4, ref_args, pp=2)
+    assert ref.wait(400) == 0, ref.out.read_text()[-3000:]
+    job = submit_example(root, spec)
+    log = root / "loss.jsonl"
+
+    def done() -> int:
+        rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        return max((r.get("step", 0) for r in rows if "loss" in r), default=0)
+    try:
+        wait_until(lambda: done() >= LOST_AFTER, 300, f"step {LOST_AFTER}")
+        batch, lost = job_nodes(job)
+        lose_node(dev, lost, job)
+        state = wait_done(job, 300)
+    finally:
+        dev.make_nodes_usable()
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    text = (root / f"job-{job}.out").read_text(errors="replace")
+    out = "\n".join(x for x in text.splitlines() if x.startswith(("hpctrain:", "srun:")))
+    assert state == "COMPLETED", out
+    assert "shrunk to 1 of 2 node(s)" in out and "data parallelism 1 of 2" in out, out
+    assert "peer copies: restoring step" in out and "from copies kept on" not in out, out
+    assert status(job)["shrunk"] == [2, 4]
+    worst = 0.0
+    for mine, theirs in ((0, 0), (1, 2)):    # the shrunk rank and its full-width source
+        got = torch.load(root / f"final.rank{mine}.pt")
+        want = torch.load(ref.path / f"ref.rank{theirs}.pt")
+        assert got.keys() == want.keys(), (mine, sorted(got), sorted(want))
+        worst = max(worst, *(float((got[k] - want[k]).abs().max()) for k in want))
+    print(f"\nfigures[shrink-pp]: pp=2 x dp=2 -> pp=2 x dp=1; largest parameter difference "
+          f"from the undisturbed run {worst:.2e} (float32)")
+    assert worst <= 1e-3, worst
