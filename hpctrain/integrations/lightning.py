@@ -12,7 +12,11 @@ expects). The callback
   linked as ``last.ckpt`` for each ``ModelCheckpoint(save_last=True)``), and leaves so the
   supervisor requeues. Lightning's own SIGTERM handling and auto-requeue are bypassed:
   hpctrain requeues, knowing from Slurm why the job stopped;
-- works with the process group Lightning makes (no second one).
+- works with the process group Lightning makes (no second one);
+- after a shrink ([elastic] min_nodes: a node lost, no spare left, the job going on on
+  fewer nodes) multiplies ``accumulate_grad_batches`` by ``ctx.accumulation``: with
+  Lightning's distributed sampler each rank sees more batches, and the global batch of
+  an optimizer step stays the same.
 
 The next run resumes with Lightning's own line: ``trainer.fit(model)`` loads the newest
 HPC checkpoint by itself under SLURM; ``trainer.fit(model, ckpt_path="last")`` loads the
@@ -28,7 +32,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.trainer.connectors.checkpoint_connector import _CheckpointConnector
 
-from hpctrain.integrations.session import Session
+from hpctrain.integrations.session import Session, accumulation
 
 __all__ = ["HpctrainCallback"]
 
@@ -44,10 +48,15 @@ class HpctrainCallback(Callback):
         report`` measures throughput, MFU and cost from it (``Context.set_work``)."""
         self._session = Session(tokens_per_step, samples_per_step, flops_per_token,
                                 flops_per_sample, params)
+        self._accumulated = False
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._session.start()
+            more = accumulation()
+            if more > 1 and not self._accumulated:      # (a second fit: applied already)
+                self._accumulated = True
+                trainer.accumulate_grad_batches *= more
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # after the Trainer set its own signal handlers (Trainer._run)

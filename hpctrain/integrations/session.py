@@ -20,6 +20,15 @@ from hpctrain.runtime.work import make_work
 pace.watch_new_ddps()
 
 
+def accumulation() -> int:
+    """The micro-batches a rank takes each step to keep the global batch: 1, but after a
+    shrink ([elastic] min_nodes) the full data-parallel width over the one now (read from
+    the step's environment: a framework sets its accumulation before it makes its group)."""
+    from hpctrain.runtime.environment import Environment
+
+    return Environment.from_env().accumulation
+
+
 class Session:
     """The runtime's side of one framework's training run (one per process)."""
 

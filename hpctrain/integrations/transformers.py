@@ -10,7 +10,10 @@ Run with ``launcher = "torchrun"``. The callback
   gets SIGTERM) agrees with the other ranks at the step's end, has the Trainer save its own
   checkpoint of that step (``checkpoint-N`` in ``output_dir``, no evaluation first), and
   leaves once it is saved so that the supervisor requeues;
-- works with the process group the Trainer (Accelerate) makes (no second one).
+- works with the process group the Trainer (Accelerate) makes (no second one);
+- after a shrink ([elastic] min_nodes: a node lost, no spare left, the job going on on
+  fewer nodes) multiplies ``gradient_accumulation_steps`` by ``ctx.accumulation`` when
+  the Trainer is made: the global batch of a step stays the same.
 
 The next run resumes with the Trainer's own line::
 
@@ -24,7 +27,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from hpctrain.integrations.session import Session
+from hpctrain.integrations.session import Session, accumulation
 
 __all__ = ["HpctrainCallback"]
 
@@ -42,6 +45,13 @@ class HpctrainCallback(TrainerCallback):
         self._session = Session(tokens_per_step, samples_per_step, flops_per_token,
                                 flops_per_sample, params)
         self._stopping = False
+
+    def on_init_end(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: Any) -> None:
+        # at the Trainer's making, before train() sizes its loop from the arguments
+        more = accumulation()
+        if more > 1:
+            args.gradient_accumulation_steps *= more
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Any) -> None:

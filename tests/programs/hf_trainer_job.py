@@ -55,7 +55,8 @@ def main() -> None:
         def on_train_begin(self, targs, state, control, **kw):
             if state.is_world_process_zero:
                 log(args.events, event="start", step=state.global_step, restart=restart,
-                    attempt=attempt, pid=os.getpid())
+                    attempt=attempt, pid=os.getpid(),
+                    accumulation=targs.gradient_accumulation_steps)
 
         def on_step_begin(self, targs, state, control, **kw):
             if hang and hang[:1] == [rank] and hang[1:] == [state.global_step, restart,

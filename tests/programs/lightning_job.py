@@ -78,7 +78,8 @@ def main() -> None:
         def on_train_start(self) -> None:
             if self.trainer.is_global_zero:
                 log(args.events, event="start", step=self.trainer.global_step,
-                    restart=restart, attempt=attempt, pid=os.getpid())
+                    restart=restart, attempt=attempt, pid=os.getpid(),
+                    accumulation=self.trainer.accumulate_grad_batches)
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)

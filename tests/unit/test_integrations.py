@@ -65,6 +65,27 @@ def test_lightning_saves_its_own_checkpoint_on_a_stop_and_resumes_there(tmp_path
     assert events[-1]["event"] == "done" and events[-1]["step"] == 12
     # the callback said a step's work, in each run, for report's throughput and MFU
     assert said_work(tmp_path) == [Work(8.0, "samples", 6 * 577.0)] * 2
+    assert [s["accumulation"] for s in starts] == [1, 1]
+
+
+@pytest.mark.lightning
+def test_lightning_keeps_the_global_batch_after_a_shrink(tmp_path: Path) -> None:
+    """A step the supervisor shrank to half the replicas ([elastic] min_nodes): the
+    callback doubles accumulate_grad_batches."""
+    code, out, events = run("lightning_job.py", tmp_path, *FAST, "--root",
+                            str(tmp_path / "lroot"), "--steps", "3",
+                            extra={**ONE_TASK, p.FULL_DP: "2"})
+    assert code == 0, out[-3000:]
+    assert [e["accumulation"] for e in events if e["event"] == "start"] == [2], events
+
+
+@pytest.mark.transformers
+def test_the_hf_trainer_keeps_the_global_batch_after_a_shrink(tmp_path: Path) -> None:
+    code, out, events = run("hf_trainer_job.py", tmp_path, *FAST, "--out",
+                            str(tmp_path / "out"), "--steps", "3", extra={p.FULL_DP: "2"})
+    assert code == 0, out[-3000:]
+    assert [e["accumulation"] for e in events if e["event"] == "start"] == [2], events
+    assert said_work(tmp_path) == [Work(8.0, "samples")]      # 4 a batch x 2 x 1 process
 
 
 def said_work(tmp_path: Path) -> list[Work | None]:
