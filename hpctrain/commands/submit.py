@@ -154,7 +154,8 @@ def plan_json(plan: Any) -> dict[str, Any]:
             "tasks_per_node": plan.tasks_per_node, "procs_per_task": plan.procs_per_task,
             "world": plan.world, "tp": plan.tp, "dp": plan.dp, "pp": plan.pp,
             "time_s": plan.time_s, "spare_nodes": plan.spare_nodes,
-            "job_nodes": plan.job_nodes, "peer_copies": plan.peer_copies}
+            "job_nodes": plan.job_nodes, "peer_copies": plan.peer_copies,
+            "min_nodes": plan.min_nodes}
 
 
 SNAPSHOT_BYTES_PER_PARAM = 12   # a training state_dict: fp32 weights and Adam's two moments
@@ -192,6 +193,20 @@ def spare_cost(plan: Any) -> str:
             f"the job asks Slurm for {plan.job_nodes} node(s)")
 
 
+def shrink_plan(plan: Any) -> str:
+    """What [elastic] min_nodes does: the widths a lost node may leave the step at."""
+    from hpctrain.mesh import shrink_widths
+
+    widths = shrink_widths(plan.nodes, plan.min_nodes, plan.gpus_per_node, plan.tp, plan.pp)
+    group = plan.tp * plan.pp
+    ways = ", ".join(f"{n} node(s) at dp {n * plan.gpus_per_node // group} (each rank "
+                     f"{plan.dp * group // (n * plan.gpus_per_node)} micro-batch(es) a step)"
+                     for n in widths)
+    return (f"shrink: a lost node with no spare left, the job goes on in the same run on "
+            f"{ways}; below {plan.min_nodes} node(s) it is requeued; the next start asks "
+            f"for {plan.nodes} again")
+
+
 def plan_table(plan: Any, max_rows: int = 16, model: Any = None,
                memory: tuple[str, str] | None = None) -> str:
     """The plan: allocation, launcher and the rank -> (node, pp, dp, tp) table."""
@@ -202,6 +217,8 @@ def plan_table(plan: Any, max_rows: int = 16, model: Any = None,
         f"layout: world={plan.world} = tp {plan.tp} x dp {plan.dp} x pp {plan.pp} "
         "(rank order: tp fastest, then dp, then pp)",
     ]
+    if plan.min_nodes is not None and plan.min_nodes < plan.nodes:
+        lines.insert(1, shrink_plan(plan))
     if plan.spare_nodes:
         lines.insert(1, spare_cost(plan))
     if plan.peer_copies:
