@@ -63,9 +63,10 @@ def resized(argv: Sequence[str], nodes: int, full: int) -> list[str] | None:
             if count % full:
                 return None
             args[i] = f"{name}={count // full * nodes}"
-        elif name == "--nnodes" and int(value) == full:
+        elif name == "--nnodes" and int(value) == full and name not in seen:
+            seen.add(name)                  # torchrun's (a script's own after it: kept)
             args[i] = f"--nnodes={nodes}"
-    return args if seen == {"--nodes", "--ntasks"} else None
+    return args if {"--nodes", "--ntasks"} <= seen else None
 
 
 def with_nodes(argv: Sequence[str], nodes: Sequence[str]) -> list[str]:

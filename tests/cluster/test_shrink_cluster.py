@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,27 @@ def job_nodes(job: str) -> list[str]:
     return hostlist.expand(out) if out else []
 
 
+def lose_the_other_node(dev: admin.Cluster, root: Path, job: str,
+                        done: Callable[[], int]) -> tuple[str, float, str]:
+    """Once ``done()`` (the newest step) reaches LOST_AFTER, the job's node that is not
+    the batch node lost for real; the job seen to its end, COMPLETED: (the batch node, when
+    the other was lost, the job log's hpctrain and srun lines)."""
+    try:
+        wait_until(lambda: done() >= LOST_AFTER, 300, f"step {LOST_AFTER}")
+        batch, lost = job_nodes(job)
+        lose_node(dev, lost, job)
+        t_lost = time.time()
+        state = wait_done(job, 300)
+    finally:
+        dev.make_nodes_usable()
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    text = (root / f"job-{job}.out").read_text(errors="replace")
+    out = "\n".join(x for x in text.splitlines() if x.startswith(("hpctrain:", "srun:")))
+    assert state == "COMPLETED", out
+    return batch, t_lost, out
+
+
 def test_a_lost_node_without_a_spare_shrinks_the_job_in_the_same_run(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = isolate(monkeypatch, tmp_path, shared=True)
@@ -72,21 +94,9 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_in_the_same_run(
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     job = json.loads(res.stdout)["job_id"]
-    try:
-        wait_until(lambda: max((e["step"] for e in events(log, "step")), default=0)
-                   >= LOST_AFTER, 240, f"step {LOST_AFTER}")
-        batch, lost = job_nodes(job)
-        lose_node(dev, lost, job)
-        t_lost = time.time()
-        state = wait_done(job, 300)
-    finally:
-        dev.make_nodes_usable()
-        if squeue_state(job):
-            client.run(["scancel", job], check=False)
-    text = (root / f"job-{job}.out").read_text(errors="replace")
-    out = "\n".join(x for x in text.splitlines() if x.startswith(("hpctrain:", "srun:")))
-    assert state == "COMPLETED", out
-    assert f"shrunk to 1 of 2 node(s): no spare left ([elastic] min_nodes = 1)" in out, out
+    batch, t_lost, out = lose_the_other_node(
+        dev, root, job, lambda: max((e["step"] for e in events(log, "step")), default=0))
+    assert "shrunk to 1 of 2 node(s): no spare left ([elastic] min_nodes = 1)" in out, out
     assert f"2 rank(s) on {batch} (spare: none)" in out, out
     starts = events(log, "start")
     assert [(s["world"], s["accumulation"]) for s in starts] == [(4, 1), (2, 2)], starts
@@ -145,18 +155,7 @@ def test_a_pipeline_job_shrinks_its_data_parallelism_only(
     def done() -> int:
         rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
         return max((r.get("step", 0) for r in rows if "loss" in r), default=0)
-    try:
-        wait_until(lambda: done() >= LOST_AFTER, 300, f"step {LOST_AFTER}")
-        batch, lost = job_nodes(job)
-        lose_node(dev, lost, job)
-        state = wait_done(job, 300)
-    finally:
-        dev.make_nodes_usable()
-        if squeue_state(job):
-            client.run(["scancel", job], check=False)
-    text = (root / f"job-{job}.out").read_text(errors="replace")
-    out = "\n".join(x for x in text.splitlines() if x.startswith(("hpctrain:", "srun:")))
-    assert state == "COMPLETED", out
+    lose_the_other_node(dev, root, job, done)
     assert "shrunk to 1 of 2 node(s)" in out and "data parallelism 1 of 2" in out, out
     assert "peer copies: restoring step" in out and "from copies kept on" not in out, out
     assert status(job)["shrunk"] == [2, 4]
