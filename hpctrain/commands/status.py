@@ -163,8 +163,9 @@ def _job_row(view: JobStatus) -> Row:
     if view.excluded_nodes:
         nodes += f" (excluded {','.join(view.excluded_nodes)})"
     if view.slow_nodes:      # found slow: the node and its factor ("-": the whole job)
-        nodes += " (slow " + ",".join(f"{'job' if n == '-' else n} {f:.1f}x"
-                                      for n, f in view.slow_nodes.items()) + ")"
+        nodes += " (slow " + ",".join(          # factor 0: it failed the preflight check
+            f"{'job' if n == '-' else n} " + (f"{f:.1f}x" if f else "failed the preflight")
+            for n, f in view.slow_nodes.items()) + ")"
     if view.shrunk:          # on fewer nodes since a node was lost with no spare left
         nodes += f" (shrunk to {view.shrunk[0]} of {view.shrunk[1]} GPUs)"
     state = f"{info.state} {view.live}" if view.live else str(info.state)

@@ -26,6 +26,7 @@ import sys
 
 from hpctrain.errors import HpctrainError
 from hpctrain.protocol import preflight
+from hpctrain.protocol.preflight import NodeSpeed
 from hpctrain.slurm.view import JobView
 from hpctrain.supervisor.config import Config
 from hpctrain.supervisor.gather import Gather
@@ -130,7 +131,9 @@ class SlowNodes:
         bad: the placement and a requeue leave them out), else report them. A check that
         cannot run, or a node that does not answer, judges nothing: the step starts."""
         nodes = self.seen.allocated(view)
-        argv = [sys.executable, "-m", preflight.MODULE, f"{preflight.SECONDS:g}"]
+        # the all-reduce's port: beside the rendezvous's (the step has not started yet)
+        port = self.cfg.master_port + 1 if self.cfg.master_port else 0
+        argv = [sys.executable, "-m", preflight.MODULE, f"{preflight.SECONDS:g}", str(port)]
         start = self.slurm.monotonic()
         try:
             out = self.slurm.run_on(argv, nodes, PREFLIGHT_TIMEOUT_S)
@@ -148,20 +151,39 @@ class SlowNodes:
             + f"; {took:.1f} s in all")
         if len(speeds) < 2 and quiet:
             say(f"preflight's output: {out.strip()[-500:]}")
+            return                       # the check itself, not the nodes: nothing judged
+        say(allreduce_line(speeds, len(nodes)))
         spares = len(nodes) - self.cfg.nodes - len(self.bad.found)
+        if quiet:                        # the others answered: these failed the check
+            said_srun = [x for x in out.strip().splitlines() if x.startswith("srun:")]
+            if said_srun:
+                say(f"preflight's srun said: {' | '.join(said_srun)[-500:]}")
+        for node in quiet:
+            action = self.leave_out(node, 0.0, spares, "did not answer the preflight (no "
+                                    f"rate within {PREFLIGHT_TIMEOUT_S:g} s, or its check "
+                                    "failed)", {})
+            spares -= action == "replace"
         for node, factor in slow_at_start({n: s.gflops for n, s in speeds.items()},
                                           self.cfg.slow_rule.factor).items():
             others = statistics.median(s.gflops for n, s in speeds.items() if n != node)
-            action, why = self.at_start(node, spares)
+            action = self.leave_out(
+                node, factor, spares, f"is {factor:.1f}x slower than the others' median "
+                f"({speeds[node].gflops:.3g} GFLOP/s against {others:.3g})",
+                {"gflops": speeds[node].gflops, "others_gflops": others})
             spares -= action == "replace"
-            say(f"preflight: node {node} is {factor:.1f}x slower than the others' median "
-                f"({speeds[node].gflops:.3g} GFLOP/s against {others:.3g}); {why}")
-            self.books.slow(node, factor, self.attempt, action, gflops=speeds[node].gflops,
-                            others_gflops=others)
-            if action == "replace":      # bad: the step is placed without it
-                self.bad.note({node: "slow"})
-            elif action == "exclude":
-                self.bad.note_later({node: "slow"})
+
+    def leave_out(self, node: str, factor: float, spares: int, what: str,
+                  figures: dict[str, float]) -> str:
+        """A node the preflight found slow (``factor``) or failing (0): said, entered and
+        acted on (:meth:`at_start`); the action."""
+        action, why = self.at_start(node, spares)
+        say(f"preflight: node {node} {what}; {why}")
+        self.books.slow(node, factor, self.attempt, action, **figures)
+        if action == "replace":          # bad: the step is placed without it
+            self.bad.note({node: "slow"})
+        elif action == "exclude":
+            self.bad.note_later({node: "slow"})
+        return action
 
     def at_start(self, node: str, spares: int) -> tuple[str, str]:
         """What a node the preflight found slow gets (``spares``: good nodes beyond the
@@ -173,3 +195,16 @@ class SlowNodes:
             return "replace", "left out of the step: a spare takes its place"
         where = "it is the batch node" if node == self.cfg.batch_node else "no spare is left"
         return "exclude", f"{where}: the run goes on with it, a requeue leaves it out"
+
+
+def allreduce_line(speeds: dict[str, NodeSpeed], nodes: int) -> str:
+    """The job log's line on the preflight's all-reduce across the nodes."""
+    done = [s for s in speeds.values() if s.allreduce_s > 0]
+    if not done:
+        return (f"preflight: the all-reduce across the {nodes} node(s) did not run or did not "
+                f"complete within {preflight.ALLREDUCE_TIMEOUT_S:g} s (a node that never "
+                "joined, its port taken, or one node): not judged")
+    slowest = max(done, key=lambda s: s.allreduce_s)
+    return (f"preflight: an all-reduce across {len(done)} node(s) took "
+            f"{slowest.allreduce_s * 1e3:.3g} ms ({slowest.busbw:.3g} GB/s bus bandwidth)")
+

@@ -391,6 +391,7 @@ class FakeSlurm:
     nodes: Sequence[str] = ("n1",)      # the allocation ([elastic]: the spares included)
     dead: set[str] = field(default_factory=set)   # nodes whose slurmd is gone
     slow: set[str] = field(default_factory=set)   # nodes that run at half speed (slow:NODE)
+    sick: set[str] = field(default_factory=set)   # their preflight check fails (sick:NODE)
     _due: list[tuple[float, str]] = field(default_factory=list)
     _down_until: float | None = None
     _requeued_at: list[float] = field(default_factory=list)   # Slurm's requeues, when
@@ -455,6 +456,8 @@ class FakeSlurm:
                 self._due.append((self.now + DETECT_S, f"down:{node}"))
         elif what.startswith("slow:"):
             self.slow.add(what.split(":", 1)[1])
+        elif what.startswith("sick:"):
+            self.sick.add(what.split(":", 1)[1])
         elif what.startswith("down:"):
             node = what.split(":", 1)[1]
             self.node_state[node] = "DOWN*"
@@ -563,8 +566,13 @@ class FakeSlurm:
         self.calls.append(("run_on", " ".join(argv[1:3]), ",".join(nodes)))
         if "hpctrain.runtime.preflight" in argv:     # a slow node multiplies at a third
             self.now += 3.0
-            return "".join(NodeSpeed(n, 3.0 if n in self.slow else 10.0).line() + "\n"
-                           for n in nodes if n not in self.dead)
+            answer = [n for n in nodes if n not in self.dead and n not in self.sick]
+            # the all-reduce completes only when every node joins
+            joined = (0.002, 4.0) if len(answer) == len(nodes) else (0.0, 0.0)
+            return "".join(NodeSpeed(n, 3.0 if n in self.slow else 10.0, "cpu", 0, 1.0,
+                                     *joined).line() + "\n" for n in answer) + \
+                "".join(f"srun: error: {n}: task {nodes.index(n)}: Exited with exit code 1\n"
+                        for n in nodes if n in self.sick)
         return ""
 
     def probe_nodes(self, nodes: list[str], timeout: float) -> FakeProbe:

@@ -91,6 +91,27 @@ def test_preflight_leaves_a_node_slow_from_the_start_out_of_the_first_step(
     assert "node=n2" in line and "action=replace" in line and "gflops=3" in line, line
 
 
+def test_preflight_times_an_all_reduce_and_leaves_a_node_that_fails_it_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """n2's check fails (its task exits 1: a GPU that errors, say) while the others
+    answer: the all-reduce cannot complete without it, and the node is left out of the
+    first step, the spare taking its place. All answering: the all-reduce's figures."""
+    code, fake, verdict, ledger = supervise(tmp_path, "runtime", events=[(0.0, "sick:n2")],
+                                            steps=STEPS, preflight=True, **SPARES)
+    log = capsys.readouterr().err
+    assert verdict["cause"] == "completed", log
+    assert "preflight's srun said: srun: error: n2: task 1: Exited with exit code 1" in log
+    assert "the all-reduce across the 3 node(s) did not run or did not complete" in log, log
+    assert "preflight: node n2 did not answer the preflight (no rate within 120 s, or its " \
+           "check failed); left out of the step: a spare takes its place" in log, log
+    assert asked(fake, "start_step") == [("start_step", "n1", "n3")], fake.calls
+    [line] = slow_lines(ledger)
+    assert "node=n2" in line and "factor=0.00" in line and "action=replace" in line, line
+    supervise(tmp_path / "ok", "runtime", steps=STEPS, preflight=True, **SPARES)
+    assert "preflight: an all-reduce across 3 node(s) took 2 ms (4 GB/s bus bandwidth)" in \
+        capsys.readouterr().err
+
+
 def test_preflight_without_a_spare_goes_on_and_a_requeue_leaves_the_node_out(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Two nodes, no spare, ``on_slow = "exclude"``: n2 is slow from the start; the run
