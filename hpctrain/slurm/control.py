@@ -130,12 +130,25 @@ def shrink_job(key: str, nodes: list[str], *, timeout: float = 10.0) -> None:
                timeout=timeout, retries=1)
 
 
+def set_nodes(key: str, count: int, *, timeout: float = 10.0, tries: int = 3) -> None:
+    """``scontrol update jobid=KEY NumNodes=COUNT`` on a job that is pending again: a run
+    that gave nodes back (``NodeList=``) leaves the job at its smaller size for the next
+    run (seen on the devcluster, Slurm 22.05: requeued with NumNodes=1 of 2); this asks for
+    the full size again. Retried as :func:`set_excluded`."""
+    _update_pending(["scontrol", "update", f"jobid={key}", f"NumNodes={count}"], timeout,
+                    tries)
+
+
 def set_excluded(key: str, nodes: list[str], *, timeout: float = 10.0, tries: int = 3) -> None:
     """``scontrol update jobid=KEY ExcNodeList=...`` on a job that is pending again (Slurm
     refuses it for a running job). Called from the batch step right after a requeue, it
     may be hit by the requeue's SIGTERM to the batch step's processes: tried again then.
     Until the batch step has ended the requeued job cannot start, so no hold is needed."""
-    argv = ["scontrol", "update", f"jobid={key}", f"ExcNodeList={','.join(nodes)}"]
+    _update_pending(["scontrol", "update", f"jobid={key}", f"ExcNodeList={','.join(nodes)}"],
+                    timeout, tries)
+
+
+def _update_pending(argv: list[str], timeout: float, tries: int) -> None:
     for attempt in range(1, tries + 1):
         try:
             client.run(argv, timeout=timeout, retries=1)

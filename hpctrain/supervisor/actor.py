@@ -45,6 +45,7 @@ class Actor:
     def __init__(self, cfg: Config, slurm: Scheduler, state: StateDir, run: RunState,
                  board: Board) -> None:
         self.cfg, self.slurm, self.state, self.board = cfg, slurm, state, board
+        self.run = run
         self.books = Recorder(state, cfg.key, cfg.restart_count, slurm.time)
         # excluded when the job is requeued; it needs what it started with, never fewer
         self.bad = BadNodes(slurm, cfg.key, cfg.nodelist, cfg.exclude_bad_nodes,
@@ -79,6 +80,7 @@ class Actor:
             self.books.requeued(d.cause, cfg.restart_count + 1, "supervisor", hang,
                                 crash=crash_of(d, facts))
             self.exclude(view, leave_out)
+            self.regrow()
         elif d.action == "stop":
             if facts is not None:
                 say(f"not requeueing job {cfg.key} after a {d.cause}: {d.detail}")
@@ -90,6 +92,7 @@ class Actor:
             if d.cause == "node_fail":
                 self.bad.check(view)   # the lost node, noted before anyone returns it
             self.exclude(view, self.bad.to_exclude(view))
+            self.regrow()
         elif d.cause == "completed":
             say(f"job {cfg.key} completed" + (f": {d.why}" if d.detail else ""))
         else:
@@ -125,6 +128,22 @@ class Actor:
     def address(self, attempt: int) -> Attempt:
         """Where a request to the ranks of ``attempt`` of this run goes."""
         return Attempt(self.state.run_id or "", self.cfg.restart_count, attempt)
+
+    def regrow(self) -> None:
+        """The job requeued after this run gave nodes back (a lost one, a slow one, a
+        shrink): Slurm would start the next run at the smaller size; it asks for the full
+        one again (the spec's nodes and spares)."""
+        if not self.run.given_back:
+            return
+        full = self.cfg.nodes + self.cfg.spare_nodes
+        try:
+            self.slurm.set_nodes(self.cfg.key, full)
+        except SlurmError as exc:
+            say(f"could not ask Slurm for {full} node(s) again ({exc}): the next run may "
+                f"start with fewer (this one gave back {','.join(self.run.given_back)})")
+            return
+        say(f"the next run asks Slurm for {full} node(s) again (this one gave back "
+            f"{','.join(self.run.given_back)})")
 
     def exclude(self, view: JobView | None, nodes: dict[str, str]) -> None:
         if nodes and view is not None:

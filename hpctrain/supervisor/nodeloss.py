@@ -253,6 +253,7 @@ class NodeLoss:
             say(f"could not take {','.join(lost)} from the job ({exc}): Slurm will end this "
                 "run NODE_FAIL and requeue it when it marks the node DOWN")
             return
+        self.run.given_back.extend(lost)
         say(f"took {','.join(lost)} from the job: it keeps {','.join(keep)}")
 
     def _kill(self, steps: list[str]) -> None:

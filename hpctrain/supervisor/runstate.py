@@ -39,6 +39,8 @@ class RunState:
     bad: dict[str, str] = field(default_factory=dict)   # node -> why it is bad: BadNodes.note
     faulty: tuple[str, ...] = ()     # nodes whose ranks died wordless, answering: NodeLoss.at_end
     retried: set[str] = field(default_factory=set)   # ...given their one retry: NodeLoss
+    given_back: list[str] = field(default_factory=list)   # nodes taken from the job (Slurm
+    #                                   keeps the smaller size for a requeue): NodeLoss.release
     step: StepProcess | None = None  # the step being supervised: StepLoop.watch
     forwarded: bool = False          # a stop was passed on to its ranks: Supervisor.on_stop
     #                                   (cleared for each step: StepLoop.watch)

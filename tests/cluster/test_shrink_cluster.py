@@ -168,3 +168,54 @@ def test_a_pipeline_job_shrinks_its_data_parallelism_only(
     print(f"\nfigures[shrink-pp]: pp=2 x dp=2 -> pp=2 x dp=1; largest parameter difference "
           f"from the undisturbed run {worst:.2e} (float32)")
     assert worst <= 1e-3, worst
+
+
+def test_a_shrunk_job_grows_back_at_its_next_start(
+        cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm keeps a job resized by ``scontrol update NodeList=`` at its smaller size for
+    the next run (seen: requeued with NumNodes=1 of 2). Shrunk to one node, the lost node
+    back in service, then requeued (``scontrol requeue``, a preemption's stand-in): the
+    supervisor asks Slurm for both nodes again and the next run trains at world size 4."""
+    from helpers.nodes import _wait_no_pending_rpcs
+
+    root = isolate(monkeypatch, tmp_path, shared=True)
+    dev = admin.Cluster()
+    empty_queue()
+    log = root / "events.jsonl"
+    args = ["--steps", "400", "--save-every", "10", "--snapshot-every", "1",
+            "--global-batch", "16", "--ckpt-dir", str(root / "ckpt"), "--events", str(log)]
+    (root / "spec.toml").write_text(spec_toml(
+        name="regrow", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
+        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
+        run={"launcher": "srun", "command": [sys.executable, str(PROGRAM), *args,
+                                             "--step-sleep", "0.1"],
+             "env": {"OMP_NUM_THREADS": "1"}},
+        checkpoint={"dir": str(root / "ckpt")}, elastic={"min_nodes": 1},
+        requeue={"max_requeues": 2}))
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    job = json.loads(res.stdout)["job_id"]
+    try:
+        wait_until(lambda: max((e["step"] for e in events(log, "step")), default=0) >= 10,
+                   240, "step 10")
+        batch, lost = job_nodes(job)
+        lose_node(dev, lost, job)
+        wait_until(lambda: [s["world"] for s in events(log, "start")][-1:] == [2], 120,
+                   "the shrunk step's start")
+        dev.make_nodes_usable()              # the lost node back in service meanwhile
+        _wait_no_pending_rpcs()
+        client.run(["scontrol", "requeue", job])
+        wait_until(lambda: any(s["restart"] == 1 for s in events(log, "start")), 400,
+                   "the next run's start")
+        client.run(["scancel", job], check=False)       # its size is what this test asks
+    finally:
+        dev.make_nodes_usable()
+        if squeue_state(job):
+            client.run(["scancel", job], check=False)
+    text = (root / f"job-{job}.out").read_text(errors="replace")
+    out = "\n".join(x for x in text.splitlines() if x.startswith(("hpctrain:", "srun:")))
+    assert "the next run asks Slurm for 2 node(s) again (this one gave back " \
+           f"{lost})" in out, out
+    starts = [(s["restart"], s["world"]) for s in events(log, "start")]
+    assert starts[:2] == [(0, 4), (0, 2)] and starts[-1] == (1, 4), (starts, out)

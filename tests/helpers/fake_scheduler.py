@@ -548,6 +548,9 @@ class FakeSlurm:
     def set_excluded(self, key: str, nodes: list[str]) -> None:
         self.calls.append(("set_excluded", ",".join(nodes)))
 
+    def set_nodes(self, key: str, count: int) -> None:
+        self.calls.append(("set_nodes", str(count)))
+
     def shrink_job(self, key: str, nodes: list[str]) -> None:
         self.calls.append(("shrink_job", ",".join(nodes)))
         self.view = replace(self.view, node_list=",".join(nodes), num_nodes=len(nodes))

@@ -393,6 +393,7 @@ WRITERS = {"caught": {"run.py"}, "pending": {"run.py"}, "requeues": {"run.py"},
            "hang": {"steploop.py"}, "on": {"spares.py"}, "lost": {"nodeloss.py"},
            "unanswered": {"nodeloss.py"}, "faulty": {"nodeloss.py"},
            "retried": {"nodeloss.py"}, "slow": {"nodeloss.py"}, "step": {"steploop.py"},
+           "given_back": {"nodeloss.py"},
            "forwarded": {"run.py", "steploop.py"}, "acted": {"run.py"}, "warn_at": {"run.py"},
            "bad": set(), "clock": set()}     # bad: through BadNodes.found; clock: at start
 MUTATORS = {"append", "extend", "update", "add", "clear", "pop", "remove", "setdefault",

@@ -101,6 +101,9 @@ def test_shrunk_then_below_the_minimum_is_requeued(tmp_path: Path,
     assert "it may shrink to no fewer than 2 ([elastic] min_nodes)" in verdict["detail"], \
         verdict
     assert asked(fake, "requeue") and code == 0
+    # Slurm keeps a resized job's smaller size for its next run: the full size asked again
+    assert asked(fake, "set_nodes") == [("set_nodes", "4")], fake.calls
+    assert "the next run asks Slurm for 4 node(s) again (this one gave back n2,n3,n4)" in err
 
 
 def test_a_spare_is_used_first_then_the_step_shrinks(tmp_path: Path,
@@ -116,5 +119,6 @@ def test_a_spare_is_used_first_then_the_step_shrinks(tmp_path: Path,
     envs = step_envs(fake)
     assert p.FULL_DP not in envs[1] and envs[2][p.WORLD_SIZE] == "2", envs
     assert err.count("shrunk to 1 of 2 node(s)") == 1, err
+    assert not asked(fake, "set_nodes")            # completed: nothing to ask for
     restarts = [line for line in ledger if line.startswith("restart ")]
     assert len(restarts) == 2 and all("cause=node_fail" in r for r in restarts), ledger
