@@ -234,6 +234,9 @@ def test_a_node_slow_from_the_start_is_left_out_by_the_preflight_check(
     print("\nfigures[preflight]: " + " | ".join(lines))
     assert any("node n2 is" in line and "left out of the step: a spare takes its place"
                in line for line in lines), out
+    # the all-reduce across the three nodes (gloo here) completed: its time is said
+    assert any(line.startswith("hpctrain: preflight: an all-reduce across 3 node(s) took ")
+               for line in lines), out
     first = next(line for line in out.splitlines() if "starting the training step" in line)
     assert "on n1,n3 (spare: none)" in first, out
     assert status(job)["slow_nodes"].get("n2", 0) >= 1.5
