@@ -29,6 +29,7 @@ from hpctrain.supervisor.decision import Decision, Facts, decide
 from hpctrain.supervisor.gather import Gather
 from hpctrain.supervisor.hang import Watch
 from hpctrain.supervisor.joblog import say
+from hpctrain.supervisor.nodeloss import others_silent
 from hpctrain.supervisor.runstate import RunState
 from hpctrain.supervisor.scheduler import Scheduler, StepProcess
 from hpctrain.supervisor.statedir import StateDir
@@ -119,7 +120,8 @@ class InProcess:
                                                    for r in records.values()):
                 return True
             # [elastic] the missing ranks' node is gone: they never will
-            lost = watch.silent(self.run.on) if self.cfg.elastic else ()
+            lost = others_silent(watch, self.run.on, self.cfg.batch_node) \
+                if self.cfg.elastic else ()
             return bool(lost)
 
         if self.waiter.until(arrived, ARRIVE_S, ARRIVE_POLL_S, step) and not lost:

@@ -101,7 +101,8 @@ class NodeLoss:
     def silent(self, step: StepProcess, watch: Watch) -> int | None:
         """[elastic] A node of the step whose every rank went silent: the step ended now (a
         failed step's status); None while none is."""
-        if self.cfg.elastic and (lost := watch.silent(self.run.on)):
+        if self.cfg.elastic and (lost := others_silent(watch, self.run.on,
+                                                       self.cfg.batch_node)):
             return self.abandon(step, lost)
         return None
 
@@ -262,3 +263,12 @@ class NodeLoss:
                 self.slurm.signal_steps(step_id, "KILL")
             except SlurmError:
                 pass   # the lost node's part: Slurm ends it when it marks the node DOWN
+
+
+def others_silent(watch: Watch, nodes: list[str], batch_node: str) -> tuple[str, ...]:
+    """The step's nodes every one of whose ranks went silent, but the batch node: this
+    supervisor runs there, so the node is up, and its ranks' silence is a hang (the
+    watchdog's), never a lost node to take from the job (a step without the batch node has
+    no rendezvous: an adversarial run's SIGSTOPped ranks on it ended a job as a crash)."""
+    return tuple(n for n in watch.silent(nodes) if n != batch_node)
+

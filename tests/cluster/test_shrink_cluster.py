@@ -155,7 +155,7 @@ def test_a_pipeline_job_shrinks_its_data_parallelism_only(
     def done() -> int:
         rows = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
         return max((r.get("step", 0) for r in rows if "loss" in r), default=0)
-    lose_the_other_node(dev, root, job, done)
+    _, _, out = lose_the_other_node(dev, root, job, done)
     assert "shrunk to 1 of 2 node(s)" in out and "data parallelism 1 of 2" in out, out
     assert "peer copies: restoring step" in out and "from copies kept on" not in out, out
     assert status(job)["shrunk"] == [2, 4]

@@ -122,3 +122,18 @@ def test_a_spare_is_used_first_then_the_step_shrinks(tmp_path: Path,
     assert not asked(fake, "set_nodes")            # completed: nothing to ask for
     restarts = [line for line in ledger if line.startswith("restart ")]
     assert len(restarts) == 2 and all("cause=node_fail" in r for r in restarts), ledger
+
+
+@pytest.mark.parametrize("kind", ["runtime", "inprocess"])
+def test_the_batch_nodes_silent_ranks_never_leave_a_step_without_it(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The supervisor runs on the batch node: its ranks silent (SIGSTOPped, say) are not a
+    lost node. An adversarial run took n1 from the job and started the shrunk step on n2
+    around a rendezvous on n1 that was gone: a crash (FAILED). Never a step without it."""
+    code, fake, verdict, ledger = supervise(tmp_path, kind, events=[(5.0, "lose:n1")],
+                                            steps=[{"steps": 40}], **TWO)
+    err = capsys.readouterr().err
+    assert ("start_step", "n2") not in asked(fake, "start_step"), (fake.calls, err)
+    assert not asked(fake, "shrink_job"), fake.calls
+    assert "lost node(s) n1" not in err, err
+    assert verdict["action"] in ("requeue", "leave"), (verdict, err)
