@@ -33,8 +33,9 @@ class ElasticSpec:
     def copies(self, nodes: int) -> bool:
         """Are peer copies on for a step on ``nodes`` nodes (a partner needs another)? On
         by default with spares or a shrink: both restore from them."""
-        wanted = self.spare_nodes > 0 or self.min_nodes is not None \
-            if self.peer_copies is None else self.peer_copies
+        shrinks = self.min_nodes is not None and self.min_nodes < nodes
+        wanted = self.spare_nodes > 0 or shrinks if self.peer_copies is None \
+            else self.peer_copies
         return wanted and nodes > 1
 
     @classmethod

@@ -104,6 +104,11 @@ def _check_shrink(spec: JobSpec, gpn: int) -> None:
     if least > spec.nodes:
         raise LayoutError(f"elastic.min_nodes={least} is more than nodes={spec.nodes}: use "
                           f"min_nodes <= {spec.nodes} (the fewest the step may shrink to)")
+    if spec.run.launcher == "deepspeed":
+        raise LayoutError(f"elastic.min_nodes={least} with launcher deepspeed: ZeRO shards the "
+                          "optimizer state across the data-parallel ranks, and DeepSpeed "
+                          "refuses to load it at another width: leave min_nodes out (a lost "
+                          "node requeues the job) or hold a spare (elastic.spare_nodes)")
     tp, pp = spec.layout.tp, spec.layout.pp
     if not shrink_widths(spec.nodes, least, gpn, tp, pp):
         full_dp = spec.nodes * gpn // (tp * pp)

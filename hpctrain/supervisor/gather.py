@@ -105,7 +105,20 @@ class Gather:
                           finish=watch.finish(), failure=failure if status else None,
                           memory=memory_kill(log) if status else None,
                           port=self.rendezvous.moved(log) if status else None,
-                          wrapped=watch.wrapped(), crashes=ledger.crashes)
+                          wrapped=watch.wrapped(), crashes=ledger.crashes,
+                          shrunk_failed=self.shrunk_failed(status, watch))
+
+    def shrunk_failed(self, status: int, watch: Watch) -> str:
+        """A shrunk step ([elastic] min_nodes) that failed before any rank finished a step
+        in it: its GPUs now and at full width ("2 of 4"); "" otherwise. The script may not
+        be able to run shrunk (a state sharded across its data-parallel ranks): the
+        decision requeues at full size rather than call it the script's crash."""
+        cfg = self.cfg
+        width = len(self.run.on) if cfg.elastic and self.run.on else cfg.nodes
+        if not status or width >= cfg.nodes or \
+                any(r.boundaries for r in watch.records().values()):
+            return ""
+        return f"{width * cfg.world // cfg.nodes} of {cfg.world}"
 
     def end_state(self) -> str | None:
         """sacct's end state of this run, which Slurm requeued (``NODE_FAIL``, ...); asked

@@ -29,12 +29,13 @@ class Spares:
         self.bad, self.books = bad, books
         self.left_out: set[str] = set()          # bad nodes the step runs without
 
-    def nodes_for(self, view: JobView | None) -> list[str] | None:
+    def nodes_for(self, view: JobView | None, full: bool = False) -> list[str] | None:
         """The nodes the next step runs on (the batch node first, bad ones left out), now
-        the run's; None when too few good ones are left."""
+        the run's; None when too few good ones are left (``full``: for the full width, a
+        shrink not counted: a node failing the health check is no loss to shrink for)."""
         cfg, run = self.cfg, self.run
         run.on = step_nodes(self.seen.allocated(view), list(self.bad.found), cfg.batch_node,
-                            cfg.widths) or []
+                            [cfg.nodes] if full else cfg.widths) or []
         return run.on or None
 
     @property

@@ -150,7 +150,7 @@ class StepLoop:
         cfg, bad = self.cfg, self.actor.bad
         count = len(self.seen.allocated(view)) if cfg.elastic else cfg.nodes
         failed = bad.run_check(cfg.health_check, count, cfg.health_check_timeout_s)
-        if not failed or (cfg.elastic and self.spares.nodes_for(view) is not None):
+        if not failed or (cfg.elastic and self.spares.nodes_for(view, full=True) is not None):
             return None
         leave_out = bad.to_exclude(view)
         return self.actor.act(health_check(failed, leave_out), self.seen.facts(view),

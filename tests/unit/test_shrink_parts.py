@@ -65,10 +65,10 @@ def test_the_ranks_read_the_accumulation_that_keeps_the_global_batch() -> None:
         Environment.from_env({**base, p.FULL_DP: "3"})
 
 
-def plan(nodes: int, least: object, tp: int = 1, pp: int = 1):
+def plan(nodes: int, least: object, tp: int = 1, pp: int = 1, launcher: str = "srun"):
     spec = JobSpec.from_dict({
         "name": "s", "partition": "gpu", "nodes": nodes, "gpus_per_node": 2,
-        "time": "01:00:00", "run": {"launcher": "srun", "command": ["python", "train.py"]},
+        "time": "01:00:00", "run": {"launcher": launcher, "command": ["python", "train.py"]},
         "layout": {"tp": tp, "pp": pp}, "elastic": {"min_nodes": least}})
     return plan_layout(spec, Partition(name="gpu", gpus_per_node=2, cpus_per_node=8,
                                        mem_per_node_gb=64))
@@ -90,9 +90,13 @@ def test_the_spec_says_at_submit_when_a_layout_cannot_shrink() -> None:
     with pytest.raises(LayoutError, match=r"min_nodes=2: no width from 2 down to 2.*set "
                                           r"min_nodes to one of 1"):
         plan(3, 2)                                  # dp 6: 2 nodes would be dp 4
+    with pytest.raises(LayoutError, match=r"launcher deepspeed: ZeRO shards the optimizer"):
+        plan(2, 1, launcher="deepspeed")
+    assert plan(2, 1, launcher="torchrun").min_nodes == 1
     with pytest.raises(SpecError, match=r"elastic.min_nodes=0 must be a whole number >= 1"):
         ElasticSpec.from_dict({"min_nodes": 0})
-    assert ElasticSpec.from_dict({"min_nodes": 2}).copies(2)
+    assert ElasticSpec.from_dict({"min_nodes": 2}).copies(3)
+    assert not ElasticSpec.from_dict({"min_nodes": 2}).copies(2)    # no shrink: no copies
 
 
 def test_the_ledger_status_and_report_show_a_shrink() -> None:

@@ -137,3 +137,25 @@ def test_the_batch_nodes_silent_ranks_never_leave_a_step_without_it(
     assert not asked(fake, "shrink_job"), fake.calls
     assert "lost node(s) n1" not in err, err
     assert verdict["action"] in ("requeue", "leave"), (verdict, err)
+
+
+def test_a_shrunk_step_that_fails_before_its_first_step_is_requeued_at_full_size(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A script that cannot run at a smaller width (DeepSpeed's ZeRO state, sharded across
+    the data-parallel ranks, refused a world of 2 where it saved 4: an adversarial run
+    ended FAILED) raises at once in the shrunk step: never worse off than without the
+    shrink, the job is requeued (node_fail) and asks Slurm for its full size."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, "runtime", events=[(5.0, "lose:n2")],
+        steps=[{"steps": 40}, {"steps": 40, "crash_at": 0}], **TWO)
+    err = capsys.readouterr().err
+    assert asked(fake, "start_step") == [("start_step", "n1", "n2"), ("start_step", "n1")]
+    assert (verdict["cause"], verdict["action"]) == ("node_fail", "requeue"), (verdict, err)
+    assert "the step shrunk to 2 of 4 GPUs ([elastic] min_nodes) failed before any rank " \
+           "finished a step" in err, err
+    assert asked(fake, "set_nodes") == [("set_nodes", "2")], fake.calls
+    # a shrunk step that trained before it crashed is the script's crash, as ever
+    code, fake, verdict, _ = supervise(
+        tmp_path / "later", "runtime", events=[(5.0, "lose:n2")],
+        steps=[{"steps": 40}, {"steps": 40, "crash_at": 5}], **TWO)
+    assert verdict["cause"] == "user_crash", verdict

@@ -124,6 +124,8 @@ class Facts:
     port: tuple[int, int] | None = None         # the rendezvous port was taken: (it, the next)
     wrapped: bool = False                       # the ranks run under hpctrain.runtime.run
     crashes: tuple[str, ...] = ()               # the job's earlier crashes (crash_signature)
+    shrunk_failed: str = ""     # [elastic] min_nodes: the step ran shrunk ("2 of 4 GPUs")
+    #                             and failed before any rank finished a step in it
 
 
 @dataclass(frozen=True)

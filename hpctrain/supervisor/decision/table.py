@@ -36,6 +36,9 @@ port-taken       its rendezvous could not bind its port at start-   port_taken  
                  up, and this node (the first) still cannot bind                    the next free port
                  it: taken by another process since the script                      (counted against no
                  checked it (:mod:`~hpctrain.supervisor.rendezvous`)                limit; PORT_TRIES)
+shrunk-failed    a step shrunk without a spare ([elastic]           node_fail       requeue (the next start
+                 min_nodes) failed before any rank finished a                       asks for the full size)
+                 step in it (the script may not run shrunk)
 crash            the step failed                                    user_crash      finish, or (within
                                                                                     max_crash_restarts)
                                                                                     restart in place, else
@@ -202,6 +205,13 @@ def decide(f: Facts) -> Decision:
                         detail=f"on port {f.port[1]}, counted against no limit")
     if cause == "port_taken":        # the allocation cannot take a restart: a crash's fate
         cause = "user_crash"
+    shrink_failed = cause == "user_crash" and bool(f.shrunk_failed)
+    if shrink_failed:                # never worse off than without the shrink: requeued
+        cause, why = "node_fail", (
+            f"the step shrunk to {f.shrunk_failed} GPUs ([elastic] min_nodes) failed before "
+            f"any rank finished a step ({why}): the script may not run at a smaller width "
+            "(a state sharded across its data-parallel ranks, ZeRO's or FSDP's); requeued "
+            "to start at full size")
     if cause in ("cancelled", "unknown", "out_of_memory") or (cause == "user_crash" and
                                  f.budget.limit_of(cause, f.wrapped) == ("max_crash_restarts", 0)):
         return Decision("finish", cause, step_code or 1, why)
@@ -216,7 +226,7 @@ def decide(f: Facts) -> Decision:
         if limit is not None:
             return Decision("stop", cause, step_code or 1, why, limit=limit,
                             detail=limit_text(limit, cause, count, f.restart_count))
-    if cause in IN_PLACE and f.inplace.allowed:
+    if cause in IN_PLACE and f.inplace.allowed and not shrink_failed:
         spare = "" if cause != "node_fail" or f.inplace.healthy is None else \
             f", shrunk: {f.inplace.healthy} good node(s) left of {f.inplace.needed}, no " \
             f"spare ([elastic] min_nodes={f.inplace.least})" if f.inplace.shrinks \
@@ -238,5 +248,6 @@ def decide(f: Facts) -> Decision:
                         detail=limit_text(limit, cause, count, restart))
     detail = budget_text(f.budget, cause, count, restart, f.wrapped)
     if cause in IN_PLACE and f.inplace.max:
-        detail += f"; not in place: {f.inplace.why_not()}"
+        detail += "; not in place: " + ("the shrunk step failed" if shrink_failed
+                                        else f.inplace.why_not())
     return Decision("requeue", cause, 0, why, detail=detail)
