@@ -149,7 +149,7 @@ class CheckpointManager:
         chunks, extras = flatten(state)
         if self._bg is None:
             self._persist(step, rank_writer(self.comm, self.plans, chunks, extras),
-                          {"kind": "torch"})
+                          self._layout())
             return
         # async: the caller waits only for the copy into staging (and the extras' pickles);
         # who writes what (a checksum of every plain tensor, then a collective) is decided
@@ -166,7 +166,14 @@ class CheckpointManager:
         self._bg.submit(lambda: self._persist(
             step, rank_writer(self.comm, self.plans, staged.chunks if staged else [], {},
                               staged, fps, failure),
-            {"kind": "torch"}))
+            self._layout()))
+
+    def _layout(self) -> dict:
+        """What a durable step records of how it was saved: a torch state, and the step's
+        tp x dp x pp layout (a load at another data-parallel width maps its ranks)."""
+        from hpctrain.checkpoint.remap import mesh_of
+
+        return {"kind": "torch", **mesh_of(self.comm.world)}
 
     def due(self, step: int) -> bool:
         """Is a save due after ``step`` steps (every ``interval_steps``, the spec's
@@ -426,11 +433,15 @@ class CheckpointManager:
         if not path.is_dir():
             raise CheckpointError(f"no checkpoint for step {step} in {self.root}: "
                                   f"choose one of {storage.committed_steps(self.root)}")
-        rank = self._source_rank()
+        from hpctrain.checkpoint.remap import saved_rank
+
+        rank = self.comm.rank
         try:   # this rank's part of it: the head and its own record
             manifest = read_rank_view(path, rank)
-            if rank != self.comm.rank and manifest.world_size != self._full_world():
-                rank = self.comm.rank      # saved after the shrink: its ranks are ours
+            # the data-parallel width changed (a shrink, a growing back): another rank's
+            # part, the same stage and slice of a replica (hpctrain.checkpoint.remap)
+            rank = saved_rank(rank, self.comm.world, manifest.layout, manifest.world_size)
+            if rank != self.comm.rank:
                 manifest = read_rank_view(path, rank)
         except CheckpointError as exc:
             raise CheckpointCorrupt(str(exc)) from None
@@ -442,21 +453,6 @@ class CheckpointManager:
                            self.verify if verify is None else verify, self.unpickle, fit,
                            ready)
         return misfit.line(self.comm.rank if self.comm.active else None)
-
-    def _source_rank(self) -> int:
-        """The rank whose part of a full-width step this rank loads: its own, but in a step
-        the supervisor shrank to fewer replicas ([elastic] min_nodes) the rank of the same
-        stage and tensor slice in the replica with its data-parallel index."""
-        from hpctrain.checkpoint.peerload import shrunk_sources
-
-        sources = shrunk_sources(self.comm.world)
-        return sources[self.comm.rank] if sources is not None else self.comm.rank
-
-    def _full_world(self) -> int:
-        from hpctrain.checkpoint.peerload import shrunk_shape
-
-        shape = shrunk_shape(self.comm.world)
-        return self.comm.world if shape is None else self.comm.world // shape[1] * shape[3]
 
     def check_trusted(self) -> None:
         """Refuse a root that somebody else could have written (planted steps, pickles that

@@ -11,7 +11,7 @@ record, so that a loading rank reads the head and its own record::
 
     {"format": "hpctrain-checkpoint", "format_version": 5, "checksum": "crc32c",
      "step": 1200, "created": 1763700000.0, "world_size": 2,
-     "layout": {"kind": "torch"} | {"kind": "deepspeed", "tag": "ds"},
+     "layout": {"kind": "torch", "tp": 1, "dp": 2, "pp": 1} | {"kind": "deepspeed", "tag": "ds"},
      "versions": {"hpctrain": "0.1.0", "torch": "2.13.0", "python": "3.11.9",
                   "snapshot": "b020c6064c95", "run_id": "0a85..."},   # when the job had them
      "files": [],                  # files no rank recorded (DeepSpeed's: rank 0 summed them)

@@ -11,10 +11,9 @@ copy that fails its checksums is set aside and the next step held whole tried.
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,8 @@ import torch
 from hpctrain.checkpoint import peerfile
 from hpctrain.checkpoint.fit import Fit, Misfit, in_memory
 from hpctrain.checkpoint.peerplan import Held, Route, restore_plan
-from hpctrain import protocol
+from hpctrain.checkpoint.remap import shrunk_sources
 from hpctrain.errors import CheckpointError
-from hpctrain.mesh import source_rank
 
 ATTEMPTS = 3                          # steps a load tries when copies prove damaged
 REFUSED = "refused: "                 # a refusal by the caller's on_*="error", not the copy's
@@ -160,32 +158,6 @@ def restore(copies: Any, state: dict, durable: int | None, unpickle_mode: str,
             held[node] = [c for c in held.get(node, []) if c.name != name
                           or c.rank != rank or c.step != route.step]
     return None, ""
-
-
-def shrunk_sources(world: int, env: Mapping[str, str] | None = None) -> list[int] | None:
-    """A step the supervisor shrank ([elastic] min_nodes: ``HPCTRAIN_FULL_DP`` beside the
-    step's layout): the full-width rank each rank takes its state from (the same stage and
-    tensor slice of the replica with its data-parallel index); None at full width."""
-    shape = shrunk_shape(world, env)
-    if shape is None:
-        return None
-    tp, dp, pp, full = shape
-    return [source_rank(r, tp, dp, pp, full) for r in range(world)]
-
-
-def shrunk_shape(world: int, env: Mapping[str, str] | None = None
-                 ) -> tuple[int, int, int, int] | None:
-    """(tp, dp, pp, full dp) of a shrunk step of ``world`` ranks; None at full width."""
-    env = os.environ if env is None else env
-    try:
-        full = int(env.get(protocol.FULL_DP) or 0)
-        tp, pp = int(env.get(protocol.TP) or 1), int(env.get(protocol.PP) or 1)
-    except ValueError:
-        return None              # the runtime's environment refused these at start
-    dp = world // (tp * pp) if tp > 0 and pp > 0 and world % (tp * pp) == 0 else 0
-    if not full or not dp or full <= dp or full % dp:
-        return None
-    return tp, dp, pp, full
 
 
 def fitted(decoded: peerfile.Decoded, state: dict, step: int, fit: Fit | None) -> Misfit:

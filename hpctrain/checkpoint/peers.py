@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from hpctrain import access
-from hpctrain.checkpoint import peerfile, peerload
+from hpctrain.checkpoint import peerfile, peerload, remap
 from hpctrain.checkpoint.fit import Fit
 from hpctrain.checkpoint.peerload import say
 from hpctrain.checkpoint.peerplan import ONE_NODE, Pairing, assign
@@ -421,7 +421,7 @@ class PeerCopies:
         peerload.forget`, then this rank's own copies of ``step`` adopted."""
         # a step shrunk to fewer replicas took other ranks' copies (a pipeline stage's
         # rank numbers move): no copy of the step kept under its old rank may be adopted
-        sources = peerload.shrunk_sources(self.comm.world)
+        sources = remap.shrunk_sources(self.comm.world)
         moved = sources is not None and any(s != r for r, s in enumerate(sources))
         peerload.forget(self.dir, self.rank, self.wards, self.keep, self.lister,
                         None if moved else step)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from hpctrain import protocol as p
-from hpctrain.checkpoint.peerload import shrunk_sources
+from hpctrain.checkpoint.remap import saved_rank, shrunk_sources
 from hpctrain.checkpoint.peerplan import Held, restore_plan
 from hpctrain.errors import LayoutError, SpecError
 from hpctrain.jobs.accounting import RunFacts
@@ -54,6 +54,27 @@ def test_the_peer_copies_of_a_shrunk_step_come_from_the_source_ranks() -> None:
     assert [r.local for r in plan.routes] == ["0.0", "2.a.copy"]
     gone = restore_plan(["n1", "n1"], {"n1": held["n1"][:2]}, 5, sources=[0, 2])
     assert gone.routes[0].step is None and "missing for ranks 2" in gone.line, gone.line
+
+
+def test_a_durable_step_is_read_by_the_same_stage_at_any_data_parallel_width() -> None:
+    """A durable step records its layout: pp=2 saved at dp=4 (8 ranks) loads at dp=1 and
+    dp=2 (a shrink, twice), one saved at dp=1 loads at dp=2 (growing back): each rank the
+    saved rank of its stage, of the replica with its dp index modulo the saved width (an
+    adversarial run's growing back read stage 0's optimizer into stage 1, and the second
+    shrink rank 1's own number at width 4)."""
+    env = lambda dp: {p.TP: "1", p.PP: "2", p.DP: str(dp)}          # noqa: E731
+    full = {"kind": "torch", "tp": 1, "dp": 4, "pp": 2}
+    assert [saved_rank(r, 2, full, 8, env(1)) for r in range(2)] == [0, 4]
+    assert [saved_rank(r, 4, full, 8, env(2)) for r in range(4)] == [0, 1, 4, 5]
+    half = {"kind": "torch", "tp": 1, "dp": 2, "pp": 2}
+    assert [saved_rank(r, 2, half, 4, env(1)) for r in range(2)] == [0, 2]
+    one = {"kind": "torch", "tp": 1, "dp": 1, "pp": 2}
+    assert [saved_rank(r, 4, one, 2, env(2)) for r in range(4)] == [0, 0, 1, 1]
+    assert [saved_rank(r, 8, full, 8, env(4)) for r in range(8)] == list(range(8))
+    # a step saved before layouts were recorded: the full width's, when the step was shrunk
+    old = {"kind": "torch"}
+    assert [saved_rank(r, 2, old, 8, {**env(1), p.FULL_DP: "4"}) for r in range(2)] == [0, 4]
+    assert [saved_rank(r, 2, old, 2, {**env(1), p.FULL_DP: "4"}) for r in range(2)] == [0, 1]
 
 
 def test_the_ranks_read_the_accumulation_that_keeps_the_global_batch() -> None:
