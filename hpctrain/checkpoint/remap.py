@@ -28,15 +28,23 @@ def mesh_of(world: int, env: Mapping[str, str] | None = None) -> dict[str, int]:
         dp = int(env.get(protocol.DP) or 0) or world // max(tp * pp, 1)
     except ValueError:
         return {}
-    return {"tp": tp, "dp": dp, "pp": pp} if tp * dp * pp == world > 0 else {}
+    if tp * dp * pp != world or world < 1:
+        return {}
+    shape = shrunk_shape(world, env)      # saved while shrunk: the width it came from
+    return {"tp": tp, "dp": dp, "pp": pp, **({"full_dp": shape[3]} if shape else {})}
 
 
 def saved_rank(rank: int, world: int, saved: Mapping[str, Any], saved_world: int,
                env: Mapping[str, str] | None = None) -> int:
     """The rank of a durable step (saved by ``saved_world`` ranks at layout ``saved``,
     its manifest's) whose part ``rank`` of this step loads: its own, unless the
-    data-parallel width differs with the same tp and pp."""
+    supervisor changed the data-parallel width (this step is shrunk, or it grows back to
+    the width the step was saved shrunk from) with the same tp and pp. A world the user
+    changed keeps its own rank (a per-rank value the step lacks is refused, not copied
+    from another replica: its RNG state would repeat another's)."""
     mine = mesh_of(world, env)
+    if not mine.get("full_dp") and saved.get("full_dp") != mine.get("dp"):
+        return rank
     try:
         tp, dp, pp = (int(saved[k]) for k in ("tp", "dp", "pp"))
     except (KeyError, TypeError, ValueError):        # a step saved before layouts were

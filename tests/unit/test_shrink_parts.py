@@ -62,15 +62,25 @@ def test_a_durable_step_is_read_by_the_same_stage_at_any_data_parallel_width() -
     saved rank of its stage, of the replica with its dp index modulo the saved width (an
     adversarial run's growing back read stage 0's optimizer into stage 1, and the second
     shrink rank 1's own number at width 4)."""
-    env = lambda dp: {p.TP: "1", p.PP: "2", p.DP: str(dp)}          # noqa: E731
+    def env(dp: int, full: int = 0) -> dict[str, str]:
+        return {p.TP: "1", p.PP: "2", p.DP: str(dp), **({p.FULL_DP: str(full)} if full else {})}
     full = {"kind": "torch", "tp": 1, "dp": 4, "pp": 2}
-    assert [saved_rank(r, 2, full, 8, env(1)) for r in range(2)] == [0, 4]
-    assert [saved_rank(r, 4, full, 8, env(2)) for r in range(4)] == [0, 1, 4, 5]
-    half = {"kind": "torch", "tp": 1, "dp": 2, "pp": 2}
-    assert [saved_rank(r, 2, half, 4, env(1)) for r in range(2)] == [0, 2]
-    one = {"kind": "torch", "tp": 1, "dp": 1, "pp": 2}
+    assert [saved_rank(r, 2, full, 8, env(1, 4)) for r in range(2)] == [0, 4]
+    assert [saved_rank(r, 4, full, 8, env(2, 4)) for r in range(4)] == [0, 1, 4, 5]
+    half = {"kind": "torch", "tp": 1, "dp": 2, "pp": 2, "full_dp": 4}
+    assert [saved_rank(r, 2, half, 4, env(1, 4)) for r in range(2)] == [0, 2]
+    one = {"kind": "torch", "tp": 1, "dp": 1, "pp": 2, "full_dp": 2}
     assert [saved_rank(r, 4, one, 2, env(2)) for r in range(4)] == [0, 0, 1, 1]
     assert [saved_rank(r, 8, full, 8, env(4)) for r in range(8)] == list(range(8))
+    # a world the user changed (no shrink said): each rank its own number, as ever
+    assert [saved_rank(r, 4, full, 8, env(2)) for r in range(4)] == [0, 1, 2, 3]
+    user = {"kind": "torch", "tp": 1, "dp": 2, "pp": 2}
+    assert [saved_rank(r, 8, user, 4, env(4)) for r in range(8)] == list(range(8))
+    # ...but growing back to the width a step was saved shrunk from: the replicas' states
+    assert [saved_rank(r, 8, half, 4, env(4)) for r in range(8)] == [0, 1, 0, 1, 2, 3, 2, 3]
+    from hpctrain.checkpoint.remap import mesh_of
+    assert mesh_of(2, env(1, 4)) == {"tp": 1, "dp": 1, "pp": 2, "full_dp": 4}
+    assert mesh_of(8, env(4)) == {"tp": 1, "dp": 4, "pp": 2}
     # a step saved before layouts were recorded: the full width's, when the step was shrunk
     old = {"kind": "torch"}
     assert [saved_rank(r, 2, old, 8, {**env(1), p.FULL_DP: "4"}) for r in range(2)] == [0, 4]
