@@ -83,8 +83,10 @@ class JobStatus:
 
     @property
     def shrunk(self) -> tuple[int, int] | None:
-        """(GPUs now, at full width) while the job runs shrunk ([elastic] min_nodes)."""
-        return self.ledger.shrunk if self.ledger is not None else None
+        """(GPUs now, at full width) while the job runs shrunk ([elastic] min_nodes); None
+        once it ended or waits to run again (its next start asks for the full size)."""
+        running = str(self.info.state) in ("RUNNING", "COMPLETING")
+        return self.ledger.shrunk if self.ledger is not None and running else None
 
     @property
     def hangs(self) -> int:
