@@ -132,7 +132,10 @@ class Reporter:
         if self.phase == "startup":
             self.set_phase("training")
         self.pace.boundary()
-        self._note(event="step", step=self.step, n=self.boundaries)
+        # the step: the script's own, else counted from the checkpoint this attempt loaded
+        # (report tells a step re-done after a restart from one done once by it: counts of
+        # boundaries alone begin anew in each attempt and would collide)
+        self._note(event="step", step=self.position(), n=self.boundaries)
 
     def set_phase(self, phase: str) -> str:
         """Enter ``phase``; the phase before (to go back to)."""
