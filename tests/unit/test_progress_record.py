@@ -88,3 +88,23 @@ def test_a_crashs_position_is_the_scripts_step_else_counted_from_its_checkpoint(
     assert requeued.position() is None                   # a new process of a later run
     requeued.resumed(30)                                 # load_latest, load, load_deepspeed
     assert requeued.position() == 30
+
+
+def test_a_boundary_in_the_history_says_its_step_counted_from_the_checkpoint(tmp_path) -> None:
+    """``report`` tells a step re-done after a restart from a new one by the history's
+    step: a script that never says it gets the count from the checkpoint its attempt
+    loaded (a shrink's new steps, 28.., read as the first attempt's 1.. by the count of
+    boundaries alone, and 23 of them as re-done)."""
+    from hpctrain import protocol
+
+    first = Reporter(str(tmp_path), 0, run_id="r", restart_count=0, attempt=0)
+    for _ in range(3):
+        first.boundary()
+    later = Reporter(str(tmp_path), 0, run_id="r", restart_count=0, attempt=1)
+    later.resumed(2)
+    later.boundary()
+    first.drain()
+    later.drain()
+    steps = [(e["attempt"], e["step"], e["n"]) for e in protocol.read_history(tmp_path)
+             if e.get("event") == "step"]
+    assert steps == [(0, 1, 1), (0, 2, 2), (0, 3, 3), (1, 3, 1)], steps
