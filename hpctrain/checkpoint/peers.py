@@ -116,6 +116,7 @@ class PeerCopies:
         self.lister, self.keep = pairing.lister, set(pairing.keep)
         self.secret, self.server = secret, server
         self.off = ""                           # why this rank keeps no copies now
+        self.alone = False                      # no partner: own copies kept, none sent
         self._cond = threading.Condition()
         self._pages: list[mmap.mmap | None] = [None] * BUFFERS
         self._payload: list[tuple[int, Sequence[Chunk], bytes] | None] = [None] * BUFFERS
@@ -173,10 +174,12 @@ class PeerCopies:
             nodemem.remove_earlier(env, run_id, restart, node)
         copies = cls(comm, directory, node, mine._replace(why=""), secret, server)
         if restore_only:
-            copies.off = "the step shrank onto one node: no partner node for new copies"
+            copies.alone = True
             if comm.rank == 0:
-                say(f"peer copies of snapshots: {copies.off}; the copies this node kept "
-                    "before are restored, and the snapshots stay in each process's memory")
+                say("peer copies of snapshots: the step shrank onto one node, no partner for "
+                    "new copies: the copies this node kept before are restored, and each "
+                    "rank's new snapshots stay in this node's memory only (a crash restores "
+                    "from there; a lost node would take them)")
         return copies
 
     # ---- a snapshot: kept in node memory, sent to the partner -----------------------------
@@ -306,6 +309,8 @@ class PeerCopies:
                 os.replace(tmp, self._meta(index))
         except OSError as exc:
             return self._fail(f"could not keep step {step} in node memory ({exc})")
+        if self.alone:                    # kept in this node's memory; no partner to send to
+            return
         try:
             with self._cond:
                 if self._cancel:

@@ -133,17 +133,19 @@ class Actor:
         """The job requeued after this run gave nodes back (a lost one, a slow one, a
         shrink): Slurm would start the next run at the smaller size; it asks for the full
         one again (the spec's nodes and spares)."""
-        if not self.run.given_back:
-            return
         full = self.cfg.nodes + self.cfg.spare_nodes
+        small = 0 < self.cfg.job_nodes < full     # it started smaller (an earlier resize)
+        if not self.run.given_back and not small:
+            return
+        why = f"this one gave back {','.join(self.run.given_back)}" if self.run.given_back \
+            else f"this one started with {self.cfg.job_nodes}"
         try:
             self.slurm.set_nodes(self.cfg.key, full)
         except SlurmError as exc:
             say(f"could not ask Slurm for {full} node(s) again ({exc}): the next run may "
-                f"start with fewer (this one gave back {','.join(self.run.given_back)})")
+                f"start with fewer ({why})")
             return
-        say(f"the next run asks Slurm for {full} node(s) again (this one gave back "
-            f"{','.join(self.run.given_back)})")
+        say(f"the next run asks Slurm for {full} node(s) again ({why})")
 
     def exclude(self, view: JobView | None, nodes: dict[str, str]) -> None:
         if nodes and view is not None:

@@ -31,14 +31,19 @@ def step_nodes(allocation: Sequence[str], bad: Sequence[str], batch_node: str,
     then the ones it may shrink to, [elastic] min_nodes) the good nodes allow, the
     allocation's in its order without the bad ones, the batch node first (it hosts the
     rendezvous and the supervisor); None when too few are left for the smallest (no spare
-    left and no shrink: the job must be requeued). Good nodes beyond the width are held,
-    as spares are."""
+    left and no shrink: the job must be requeued) or the batch node is bad. Good nodes
+    beyond the width are held, as spares are."""
+    if batch_node and batch_node in set(bad):
+        return None                   # no step without it (the rendezvous is there)
     good = [n for n in allocation if n not in set(bad)]
     if batch_node in good:
         good.remove(batch_node)
         good.insert(0, batch_node)
     fits = next((w for w in widths if len(good) >= w), None)
     return good[:fits] if fits is not None else None
+
+
+TORCHRUN = ("torchrun", "torch.distributed.run")     # the agent whose --nnodes= is the step's
 
 
 def resized(argv: Sequence[str], nodes: int, full: int) -> list[str] | None:
@@ -52,20 +57,23 @@ def resized(argv: Sequence[str], nodes: int, full: int) -> list[str] | None:
     if "srun" not in args:
         return None
     at = args.index("srun")
+    agent = next((i for i, w in enumerate(args) if w in TORCHRUN or w.endswith("/torchrun")),
+                 None)
     seen = set()
     for i, word in enumerate(args):
         name, eq, value = word.partition("=")
-        if not eq or not value.isdigit():
-            continue
         if i > at and name in ("--nodes", "--ntasks") and name not in seen:
-            seen.add(name)
-            count = int(value)
-            if count % full:
+            if not value.isdigit() or int(value) % full:
                 return None
-            args[i] = f"{name}={count // full * nodes}"
-        elif name == "--nnodes" and int(value) == full and name not in seen:
+            seen.add(name)
+            args[i] = f"{name}={int(value) // full * nodes}"
+        elif agent is not None and i > agent and name == "--nnodes" and name not in seen:
+            if not eq or value != str(full):   # "--nnodes 2", an elastic "1:2": not ours
+                return None
             seen.add(name)                  # torchrun's (a script's own after it: kept)
             args[i] = f"--nnodes={nodes}"
+    if agent is not None and "--nnodes" not in seen:
+        return None
     return args if {"--nodes", "--ntasks"} <= seen else None
 
 

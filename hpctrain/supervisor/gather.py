@@ -163,8 +163,12 @@ class Gather:
             healthy = len([n for n in self.allocated(view) if n not in self.run_bad])
         batch = cfg.batch_node if cfg.batch_node in run.unanswered else ""
         fault = cfg.batch_node if run.bad.get(cfg.batch_node) == "node_fault" else ""
+        # its ranks froze in a hang, it failed the health check: placed without it, the
+        # step would have no rendezvous (an adversarial run's frozen batch node, shrunk)
+        why = run.bad.get(cfg.batch_node) if healthy is not None else None
         return InPlace(cfg.max_step_restarts, used, frozen, bad, left, cfg.signal_lead_s,
-                       healthy, cfg.nodes, batch, fault, fewest=cfg.widths[-1])
+                       healthy, cfg.nodes, batch, fault, fewest=cfg.widths[-1],
+                       batch_bad=f"{cfg.batch_node} ({why})" if why and not fault else "")
 
     # ---- the allocation's nodes ----------------------------------------------------------------
     @property

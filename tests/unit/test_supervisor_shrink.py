@@ -71,6 +71,13 @@ def test_the_launchers_argv_is_resized_or_the_shrink_refused() -> None:
                                        "--nproc_per_node=2", "train.py", "--nodes=4"]
     # a site's template in a form hpctrain does not render: no shrink, never a wrong world
     assert resized(["srun", "-N", "2", "-n", "4", "python", "x.py"], 1, 2) is None
+    agent = ["srun", "--nodes=2", "--ntasks=2", "torchrun"]
+    assert resized([*agent, "--nnodes", "2", "x.py"], 1, 2) is None
+    assert resized([*agent, "--nnodes=1:2", "x.py"], 1, 2) is None
+    assert resized([*agent, "x.py"], 1, 2) is None            # torchrun's own count unsaid
+    # a plain script's own --nnodes (no torchrun): its argument, kept
+    assert resized(["srun", "--nodes=2", "--ntasks=4", "python", "x.py", "--nnodes=2"], 1, 2) \
+        == ["srun", "--nodes=1", "--ntasks=2", "python", "x.py", "--nnodes=2"]
     assert resized(["mpirun", "-np", "4", "x"], 1, 2) is None
     assert resized(ARGV, 2, 2) == list(ARGV)
 
@@ -159,3 +166,18 @@ def test_a_shrunk_step_that_fails_before_its_first_step_is_requeued_at_full_size
         tmp_path / "later", "runtime", events=[(5.0, "lose:n2")],
         steps=[{"steps": 40}, {"steps": 40, "crash_at": 5}], **TWO)
     assert verdict["cause"] == "user_crash", verdict
+
+
+@pytest.mark.parametrize("kind", ["runtime", "inprocess"])
+def test_a_batch_node_noted_bad_never_leaves_a_step_without_it(
+        tmp_path: Path, kind: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """An adversarial run froze the batch node's ranks for longer than the hang timeout:
+    the watchdog noted n1 bad (hang), and the shrink placed the next step on n2 alone,
+    around a rendezvous on n1 (a hang again, then a requeue that excluded n1). A batch
+    node noted bad leaves no step to place: the job is requeued."""
+    code, fake, verdict, ledger = supervise(
+        tmp_path, kind, steps=[{"steps": 40, "hang_at": 5, "hung_rank": 0, "frozen": 0}],
+        **TWO)
+    err = capsys.readouterr().err
+    assert ("start_step", "n2") not in asked(fake, "start_step"), (fake.calls, err)
+    assert verdict["action"] == "requeue", (verdict, err)

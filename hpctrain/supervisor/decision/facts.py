@@ -48,6 +48,7 @@ class InPlace:
     batch_lost: str = ""         # the batch node, found lost: the step cannot run without it
     batch_fault: str = ""        # ...or its ranks died wordless again (a fault of the node)
     fewest: int = 0              # ...and the fewest it may shrink to ([elastic] min_nodes)
+    batch_bad: str = ""          # [elastic] the batch node noted bad otherwise ("n1 (hang)")
 
     @property
     def obstacle(self) -> str:
@@ -61,6 +62,9 @@ class InPlace:
             return f"the ranks on the batch node {self.batch_fault} died without a word " \
                    "again (the supervisor and the rendezvous are there: no step runs " \
                    "without it)"
+        if self.batch_bad:    # a spare or a shrink would place the step without it
+            return f"the batch node {self.batch_bad} is noted bad (the supervisor and the " \
+                   "rendezvous are there: no step runs without it)"
         if self.healthy is not None:    # spare nodes: a bad node is left out, if one is left
             if self.healthy < self.least:
                 shrink = f" and it may shrink to no fewer than {self.least} ([elastic] " \
