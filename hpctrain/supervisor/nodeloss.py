@@ -271,4 +271,3 @@ def others_silent(watch: Watch, nodes: list[str], batch_node: str) -> tuple[str,
     watchdog's), never a lost node to take from the job (a step without the batch node has
     no rendezvous: an adversarial run's SIGSTOPped ranks on it ended a job as a crash)."""
     return tuple(n for n in watch.silent(nodes) if n != batch_node)
-

@@ -128,8 +128,10 @@ class SlowNodes:
     def preflight(self, view: JobView | None) -> None:
         """Time a matrix multiply on every node of the allocation; leave the ones far slower
         than the others' median out of the step when a spare can take their place (noted
-        bad: the placement and a requeue leave them out), else report them. A check that
-        cannot run, or a node that does not answer, judges nothing: the step starts."""
+        bad: the placement and a requeue leave them out), else report them; so too a node that
+        does not answer while the others do. An all-reduce across the nodes is timed and
+        said. A check that cannot run, or that no node answers, judges nothing: the step
+        starts."""
         nodes = self.seen.allocated(view)
         # the all-reduce's port: beside the rendezvous's (the step has not started yet)
         port = self.cfg.master_port + 1 if self.cfg.master_port else 0
@@ -207,4 +209,3 @@ def allreduce_line(speeds: dict[str, NodeSpeed], nodes: int) -> str:
     slowest = max(done, key=lambda s: s.allreduce_s)
     return (f"preflight: an all-reduce across {len(done)} node(s) took "
             f"{slowest.allreduce_s * 1e3:.3g} ms ({slowest.busbw:.3g} GB/s bus bandwidth)")
-
