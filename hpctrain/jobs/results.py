@@ -59,14 +59,21 @@ def decode_results(job_id: str, state: object, blobs: Sequence[bytes | None],
     """The value of a one-rank job, the list by rank of a multi-rank one, from the ranks'
     result files' bytes. A rank without a result (cancelled, preempted and not requeued,
     a node lost) is a JobError naming the job's ``state`` and ``logs_hint`` (the command
-    that shows why); a rank that raised is a JobError with its traceback."""
+    that shows why); a rank that raised is a JobError with its traceback, first: srun ends
+    the others when one fails, and they may leave no result (seen under load: rank 1
+    raised, rank 0 was ended before it wrote one; the error had been "without a result
+    for rank 0")."""
+    decoded = [None if blob is None else pickle.loads(blob) for blob in blobs]
+    for i, found in enumerate(decoded):
+        if found is not None and found[0] == "error":
+            missing = [r for r, f in enumerate(decoded) if f is None]
+            more = f" (rank(s) {','.join(map(str, missing))} left no result: the step " \
+                   "was ended)" if missing else ""
+            raise JobError(f"job {job_id}, rank {i} raised{more}:\n{found[1]}")
     values = []
-    for i, blob in enumerate(blobs):
-        if blob is None:
+    for i, found in enumerate(decoded):
+        if found is None:
             raise JobError(f"job {job_id} ended {state} without a result for rank {i}: "
                            f"{logs_hint} shows why")
-        outcome, value = pickle.loads(blob)
-        if outcome == "error":
-            raise JobError(f"job {job_id}, rank {i} raised:\n{value}")
-        values.append(value)
+        values.append(found[1])
     return values if len(values) > 1 else values[0]

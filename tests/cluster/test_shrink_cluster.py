@@ -184,7 +184,9 @@ def test_a_shrunk_job_grows_back_at_its_next_start(
     dev = admin.Cluster()
     empty_queue()
     log = root / "events.jsonl"
-    args = ["--steps", "400", "--save-every", "10", "--snapshot-every", "1",
+    # never done before the test ends it: the requeue must find it running (on CI's loaded
+    # machine the node's return took long enough for 400 steps to finish first)
+    args = ["--steps", "100000", "--save-every", "10", "--snapshot-every", "1",
             "--global-batch", "16", "--ckpt-dir", str(root / "ckpt"), "--events", str(log)]
     (root / "spec.toml").write_text(spec_toml(
         name="regrow", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
@@ -208,6 +210,7 @@ def test_a_shrunk_job_grows_back_at_its_next_start(
         assert status(job)["shrunk"] == [2, 4]         # status marks it while it runs
         dev.make_nodes_usable()              # the lost node back in service meanwhile
         _wait_no_pending_rpcs()
+        assert squeue_state(job) == "RUNNING", squeue_state(job)
         client.run(["scontrol", "requeue", job])
         wait_until(lambda: any(s["restart"] == 1 for s in events(log, "start")), 400,
                    "the next run's start")

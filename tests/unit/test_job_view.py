@@ -75,6 +75,12 @@ def test_results_are_values_by_rank_or_the_error_of_the_rank(tmp_path: Path) -> 
     with pytest.raises(JobError, match="job 9, rank 1 raised:\nValueError: bad"):
         results.decode_results("9", "FAILED", [blob[0], pickle.dumps(("error", "ValueError: bad"))],
                                "x")
+    # rank 1 raised and srun ended rank 0 before it wrote a result (CI, under load): the
+    # error comes back, not the missing result
+    with pytest.raises(JobError, match=r"job 9, rank 1 raised \(rank\(s\) 0 left no result: "
+                                       r"the step was ended\):\nValueError: bad"):
+        results.decode_results("9", "FAILED", [None, pickle.dumps(("error", "ValueError: bad"))],
+                               "x")
     with pytest.raises(JobError, match="job 9 ended CANCELLED without a result for rank 0: "
                                        "`hpctrain logs 9` shows why"):
         results.decode_results("9", "CANCELLED", [None], "`hpctrain logs 9`")
