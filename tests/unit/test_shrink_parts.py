@@ -5,8 +5,6 @@ accumulation the ranks read, the peer-copy plan with those sources, and how the 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from hpctrain import protocol as p
@@ -152,9 +150,9 @@ def test_the_ledger_status_and_report_show_a_shrink() -> None:
     assert (first.gpus, second.gpus, second.shrunk) == (4, 2, True)
     assert (r.shrinks, r.spare_restarts, r.spare_gpu_s) == (1, 0, 0.0)
     assert sum(r.gpu_s.values()) == pytest.approx(r.allocated_gpu_s)
-    kept_s = sum(a.seconds.get("kept", 0.0) for a in (first,))
-    assert r.gpu_s["kept"] == pytest.approx(kept_s * 4 + second.seconds.get("kept", 0) * 2)
+    assert r.gpu_s["kept"] == pytest.approx(first.seconds.get("kept", 0.0) * 4
+                                            + second.seconds.get("kept", 0.0) * 2)
+    assert second.seconds.get("kept", 0.0) > 0          # the shrunk attempt's steps count
     out = format_text(r)
     assert "on 2 GPU(s), shrunk: no spare left" in out, out
     assert "shrunk: 1 lost node(s) recovered on fewer nodes" in out, out
-    assert replace(r, shrinks=0).shrinks == 0
