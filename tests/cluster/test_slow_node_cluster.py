@@ -214,14 +214,16 @@ def test_a_node_slowed_mid_run_is_replaced_by_the_spare(
 def test_a_node_slow_from_the_start_is_left_out_by_the_preflight_check(
         cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """n2 slowed before the job (its slurmd's group: everything it starts is slow); with
-    ``[health] preflight = true`` and a spare, the job's first step runs on n1,n3."""
+    ``[health] preflight = true`` and a spare, the job's first step runs on n1,n3. Held to
+    0.08 CPU: at 0.2, CI's three workers on two cores left the healthy nodes' GEMM little
+    more (16.3 and 15.2 GFLOP/s against n2's 12.6: 1.24x, no alarm at 1.5x)."""
     root = isolate(monkeypatch, tmp_path, shared=True)
     (root / SLOW_EXPECTED).touch()
     dev = admin.Cluster()
     empty_queue()
     args = ["--steps", "10", "--save-every", "5", "--step-sleep", "0.05", "--ckpt-dir",
             str(root / "ckpt"), "--events", str(root / "events.jsonl"), "--init"]
-    dev.slow_node("n2", 0.2)
+    dev.slow_node("n2", 0.08)
     try:
         job = loop_job(root, "preflight", args, elastic={"spare_nodes": 1},
                        health={"preflight": True})
