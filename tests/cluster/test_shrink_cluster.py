@@ -47,6 +47,22 @@ def job_nodes(job: str) -> list[str]:
     return hostlist.expand(out) if out else []
 
 
+def submit_loop(root: Path, name: str, args: list[str], max_requeues: int) -> str:
+    """The plain DP loop with ``args``, DP=4 on two nodes of ``wide`` with
+    ``[elastic] min_nodes = 1`` and no spare, submitted with the CLI: its job id."""
+    (root / "spec.toml").write_text(spec_toml(
+        name=name, partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
+        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
+        run={"launcher": "srun", "command": [sys.executable, str(PROGRAM), *args],
+             "env": {"OMP_NUM_THREADS": "1"}},
+        checkpoint={"dir": str(root / "ckpt")}, elastic={"min_nodes": 1},
+        requeue={"max_requeues": max_requeues}))
+    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)["job_id"]
+
+
 def lose_the_other_node(dev: admin.Cluster, root: Path, job: str,
                         done: Callable[[], int]) -> tuple[str, float, str]:
     """Once ``done()`` (the newest step) reaches LOST_AFTER, the job's node that is not
@@ -77,23 +93,12 @@ def test_a_lost_node_without_a_spare_shrinks_the_job_in_the_same_run(
     args = ["--steps", str(TOTAL), "--save-every", str(EVERY), "--snapshot-every", "1",
             "--global-batch", "16", "--float64", "--ckpt-dir", str(root / "ckpt"),
             "--events", str(log), "--final", str(root / "final")]
-    (root / "spec.toml").write_text(spec_toml(
-        name="shrink", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
-        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
-        run={"launcher": "srun", "command": [sys.executable, str(PROGRAM), *args,
-                                             "--step-sleep", "0.2"],
-             "env": {"OMP_NUM_THREADS": "1"}},
-        checkpoint={"dir": str(root / "ckpt")}, elastic={"min_nodes": 1},
-        requeue={"max_requeues": 1}))
     # undisturbed, at full width, before the job (the recovery's CPU is not shared)
     paths = {str(root / "ckpt"): "{out}/ckpt", str(log): "{out}/ref.jsonl",
              str(root / "final"): "{out}/ref"}
     ref = reference(PROGRAM, 4, [paths.get(a, a) for a in args])
     assert ref.wait(300) == 0, ref.out.read_text()[-3000:]
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml", "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    job = json.loads(res.stdout)["job_id"]
+    job = submit_loop(root, "shrink", [*args, "--step-sleep", "0.2"], max_requeues=1)
     batch, t_lost, out = lose_the_other_node(
         dev, root, job, lambda: max((e["step"] for e in events(log, "step")), default=0))
     assert "shrunk to 1 of 2 node(s): no spare left ([elastic] min_nodes = 1)" in out, out
@@ -188,18 +193,7 @@ def test_a_shrunk_job_grows_back_at_its_next_start(
     # machine the node's return took long enough for 400 steps to finish first)
     args = ["--steps", "100000", "--save-every", "10", "--snapshot-every", "1",
             "--global-batch", "16", "--ckpt-dir", str(root / "ckpt"), "--events", str(log)]
-    (root / "spec.toml").write_text(spec_toml(
-        name="regrow", partition="wide", nodes=2, gpus_per_node=2, time="00:10:00",
-        output=f"{root}/job-%j.out", workdir=str(root), layout={"dp": 4},
-        run={"launcher": "srun", "command": [sys.executable, str(PROGRAM), *args,
-                                             "--step-sleep", "0.1"],
-             "env": {"OMP_NUM_THREADS": "1"}},
-        checkpoint={"dir": str(root / "ckpt")}, elastic={"min_nodes": 1},
-        requeue={"max_requeues": 2}))
-    res = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "spec.toml", "--json"],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    job = json.loads(res.stdout)["job_id"]
+    job = submit_loop(root, "regrow", [*args, "--step-sleep", "0.1"], max_requeues=2)
     try:
         wait_until(lambda: max((e["step"] for e in events(log, "step")), default=0) >= 10,
                    240, "step 10")
